@@ -1,0 +1,140 @@
+"""Argument checks shared by every loss entry point: clear errors that name the argument, what was
+expected and what came, raised before any computation."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+REDUCTIONS = ("mean", "sum", "none")
+
+
+def check_reduction(reduction: object) -> str:
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    return str(reduction)
+
+
+def check_bool(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {value!r}")
+    return value
+
+
+def check_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    return value
+
+
+def check_squash_factor(squash_factor: object) -> float | None:
+    if squash_factor is None:
+        return None
+    if isinstance(squash_factor, bool) or not isinstance(squash_factor, (int, float)):
+        raise TypeError(f"squash_factor must be a number > 1 or None, got {squash_factor!r}")
+    if not (math.isfinite(squash_factor) and squash_factor > 1):
+        raise ValueError(
+            f"squash_factor must be a finite number > 1 (the farthest wrong number costs that many "
+            f"times the nearest one), got {squash_factor!r}"
+        )
+    return float(squash_factor)
+
+
+def check_logits_and_labels(
+    logits: object, labels: object, *, vocab_size: int, ignore_index: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits (..., V) floating point with V == vocab_size; labels (...) integer ids in [0, V)
+    or ``ignore_index``. The range check reads one boolean back from the device."""
+    if not isinstance(logits, torch.Tensor):
+        raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
+    if not isinstance(labels, torch.Tensor):
+        raise TypeError(f"labels must be a torch.Tensor, got {type(labels).__name__}")
+    if not logits.is_floating_point():
+        raise TypeError(
+            f"logits must be floating point (float32, bfloat16, float16 or float64), "
+            f"got {logits.dtype}"
+        )
+    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+        raise TypeError(f"labels must be an integer tensor of token ids, got {labels.dtype}")
+    if logits.dim() < 1 or tuple(logits.shape[:-1]) != tuple(labels.shape):
+        raise ValueError(
+            f"logits must have shape (*labels.shape, vocab_size): labels have shape "
+            f"{tuple(labels.shape)}, logits have shape {tuple(logits.shape)}"
+        )
+    if logits.shape[-1] != vocab_size:
+        raise ValueError(
+            f"logits have {logits.shape[-1]} columns but the NumberVocab was built for "
+            f"vocab_size={vocab_size}; if the model's output layer is padded beyond the tokenizer, "
+            f"build the vocabulary with NumberVocab.from_tokenizer(tokenizer, "
+            f"vocab_size={logits.shape[-1]})"
+        )
+    labels = labels.long()
+    out_of_range = (labels != ignore_index) & ((labels < 0) | (labels >= vocab_size))
+    if bool(out_of_range.any()):
+        bad = int(labels[out_of_range][0])
+        raise ValueError(
+            f"labels must be token ids in [0, {vocab_size}) or ignore_index={ignore_index}, "
+            f"got {bad}"
+        )
+    return logits, labels
+
+
+def check_loss_weights(loss_weights: object, labels_shape: torch.Size) -> torch.Tensor | None:
+    if loss_weights is None:
+        return None
+    if not isinstance(loss_weights, torch.Tensor):
+        raise TypeError(f"loss_weights must be a torch.Tensor or None, got {type(loss_weights)}")
+    if loss_weights.is_complex():
+        raise TypeError(f"loss_weights must be real, got {loss_weights.dtype}")
+    if tuple(loss_weights.shape) != tuple(labels_shape):
+        raise ValueError(
+            f"loss_weights must have the labels' shape {tuple(labels_shape)}, "
+            f"got {tuple(loss_weights.shape)}"
+        )
+    if bool((loss_weights < 0).any()):
+        raise ValueError(
+            f"loss_weights must be >= 0, got a minimum of {float(loss_weights.min()):g}"
+        )
+    return loss_weights
+
+
+def check_num_items(num_items_in_batch: object) -> torch.Tensor | int | None:
+    if num_items_in_batch is None:
+        return None
+    if isinstance(num_items_in_batch, torch.Tensor):
+        if num_items_in_batch.numel() != 1:
+            raise ValueError(
+                f"num_items_in_batch must be a single number, got a tensor of shape "
+                f"{tuple(num_items_in_batch.shape)}"
+            )
+        return num_items_in_batch
+    if isinstance(num_items_in_batch, bool) or not isinstance(num_items_in_batch, int):
+        raise TypeError(
+            f"num_items_in_batch must be an int or a tensor, got {num_items_in_batch!r}"
+        )
+    if num_items_in_batch <= 0:
+        raise ValueError(f"num_items_in_batch must be > 0, got {num_items_in_batch}")
+    return num_items_in_batch
+
+
+def shift_left(tensor: torch.Tensor, fill: float | int) -> torch.Tensor:
+    """``tensor[..., 1:]`` padded with ``fill`` at the end: position t holds what t+1 held, so
+    logits at t are compared with the next token, as causal language models need."""
+    if tensor.dim() < 1:
+        raise ValueError("shift=True needs labels with a sequence dimension, got a scalar")
+    return F.pad(tensor[..., 1:], (0, 1), value=fill)
+
+
+def check_elementwise_callable(name: str, fn: Callable[..., Any]) -> None:
+    """A user loss ``fn(prediction, target)`` must return one value per element."""
+    probe = fn(torch.zeros(3), torch.ones(3))
+    if not isinstance(probe, torch.Tensor) or tuple(probe.shape) != (3,):
+        shape = tuple(probe.shape) if isinstance(probe, torch.Tensor) else type(probe).__name__
+        raise ValueError(
+            f"{name} must be a callable (prediction, target) -> elementwise loss of the same "
+            f"shape; for inputs of shape (3,) it returned {shape}"
+        )
