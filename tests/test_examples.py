@@ -1,0 +1,18 @@
+"""The examples a user copies from must run as shipped."""
+
+from __future__ import annotations
+
+import runpy
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def test_quickstart_runs_offline(capsys: pytest.CaptureFixture[str]) -> None:
+    runpy.run_path(str(EXAMPLES / "quickstart.py"), run_name="__main__")
+    printed = capsys.readouterr().out
+    assert "1691 number tokens in a vocabulary of 50304" in printed
+    ce, ntl = (float(printed.split(name)[1].split()[0]) for name in ("cross-entropy", "NTL"))
+    assert ce > 0 and ntl > 0
