@@ -441,12 +441,19 @@ def test_module_state_dict_round_trip() -> None:
     torch.testing.assert_close(source(logits, labels), target(logits, labels))
 
 
-def test_module_under_torch_compile() -> None:
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_module_under_torch_compile(backend: str) -> None:
+    torch._dynamo.reset()
     vocab = make_vocab("chunks")
     module = NumberTokenLoss(vocab, kind="was", reweigh=True)
-    compiled = torch.compile(module, backend="aot_eager")
+    compiled = torch.compile(module, backend=backend)
     logits, labels = make_batch("chunks", shape=(2, 6), seed=14, dtype=torch.float32)
     eager, eager_grad = loss_and_grad(lambda x: module(x, labels), logits)
     fast, fast_grad = loss_and_grad(lambda x: compiled(x, labels), logits)
     torch.testing.assert_close(fast, eager)
     torch.testing.assert_close(fast_grad, eager_grad)
+    # Inside a compiled graph the label check is a device assert instead of a host read-back.
+    bad = labels.clone()
+    bad[0, 0] = 59
+    with pytest.raises(RuntimeError, match=r"labels must be token ids in \[0, 59\)"):
+        compiled(logits, bad)

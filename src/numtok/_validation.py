@@ -74,7 +74,10 @@ def check_logits_and_labels(
         )
     labels = labels.long()
     out_of_range = (labels != ignore_index) & ((labels < 0) | (labels >= vocab_size))
-    if bool(out_of_range.any()):
+    if torch.compiler.is_compiling():
+        # No host read-back inside a compiled graph: the device asserts instead.
+        torch._assert_async(~out_of_range.any(), f"labels must be token ids in [0, {vocab_size})")
+    elif bool(out_of_range.any()):
         bad = int(labels[out_of_range][0])
         raise ValueError(
             f"labels must be token ids in [0, {vocab_size}) or ignore_index={ignore_index}, "
@@ -95,7 +98,9 @@ def check_loss_weights(loss_weights: object, labels_shape: torch.Size) -> torch.
             f"loss_weights must have the labels' shape {tuple(labels_shape)}, "
             f"got {tuple(loss_weights.shape)}"
         )
-    if bool((loss_weights < 0).any()):
+    if torch.compiler.is_compiling():
+        torch._assert_async(~(loss_weights < 0).any(), "loss_weights must be >= 0")
+    elif bool((loss_weights < 0).any()):
         raise ValueError(
             f"loss_weights must be >= 0, got a minimum of {float(loss_weights.min()):g}"
         )
