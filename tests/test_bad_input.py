@@ -123,7 +123,7 @@ def test_bad_tensors(
         (
             {"kind": "wasserstein"},
             ValueError,
-            r"kind must be one of \('was', 'mse', 'mae', 'huber'\) or a callable, "
+            r"kind must be one of \('was', 'mse', 'mae', 'huber', 'number'\) or a callable, "
             r"got 'wasserstein'",
         ),
         (

@@ -1,7 +1,39 @@
 """numtok: the Number Token Loss for language models, right on every tokenizer."""
 
-from numtok.losses import NumberTokenLoss, number_token_loss
+from numtok.decoding import ExpectedNumbers, expected_numbers, expected_span_values
+from numtok.fused import CEWithNTLOutput, cross_entropy_with_ntl
+from numtok.hf import NTLossForTrainer
+from numtok.label_smoothing import GaussianLabelSmoothingLoss, gaussian_label_smoothing_ce
+from numtok.linear import linear_cross_entropy_with_ntl
+from numtok.losses import number_token_loss
+from numtok.metrics import NumericMetrics, make_compute_metrics, numeric_metrics
+from numtok.module import NumberTokenLoss
+from numtok.number_level import NumberLevelLoss, number_level_loss
+from numtok.numbers import NumberSpans, SpanVocab, find_number_spans, last_number, parse_number
 from numtok.vocab import NumberVocab
 
-__all__ = ["NumberTokenLoss", "NumberVocab", "number_token_loss"]
+__all__ = [
+    "CEWithNTLOutput",
+    "ExpectedNumbers",
+    "GaussianLabelSmoothingLoss",
+    "NTLossForTrainer",
+    "NumberLevelLoss",
+    "NumberSpans",
+    "NumberTokenLoss",
+    "NumberVocab",
+    "NumericMetrics",
+    "SpanVocab",
+    "cross_entropy_with_ntl",
+    "expected_numbers",
+    "expected_span_values",
+    "find_number_spans",
+    "gaussian_label_smoothing_ce",
+    "last_number",
+    "linear_cross_entropy_with_ntl",
+    "make_compute_metrics",
+    "number_level_loss",
+    "number_token_loss",
+    "numeric_metrics",
+    "parse_number",
+]
 __version__ = "0.1.0"

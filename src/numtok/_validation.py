@@ -10,6 +10,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from numtok.vocab import NumberVocab
+
 REDUCTIONS = ("mean", "sum", "none")
 
 
@@ -44,27 +46,26 @@ def check_squash_factor(squash_factor: object) -> float | None:
     return float(squash_factor)
 
 
-def check_logits_and_labels(
-    logits: object, labels: object, *, vocab_size: int, ignore_index: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logits (..., V) floating point with V == vocab_size; labels (...) integer ids in [0, V)
-    or ``ignore_index``. The range check reads one boolean back from the device."""
+def check_number_vocab(vocab: object) -> NumberVocab:
+    if not isinstance(vocab, NumberVocab):
+        raise TypeError(
+            f"vocab must be a NumberVocab (NumberVocab.from_tokenizer(tokenizer)), "
+            f"got {type(vocab).__name__}"
+        )
+    return vocab
+
+
+def check_logits(logits: object, *, vocab_size: int) -> torch.Tensor:
+    """Logits (..., V), floating point, with V == vocab_size."""
     if not isinstance(logits, torch.Tensor):
         raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
-    if not isinstance(labels, torch.Tensor):
-        raise TypeError(f"labels must be a torch.Tensor, got {type(labels).__name__}")
     if not logits.is_floating_point():
         raise TypeError(
             f"logits must be floating point (float32, bfloat16, float16 or float64), "
             f"got {logits.dtype}"
         )
-    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
-        raise TypeError(f"labels must be an integer tensor of token ids, got {labels.dtype}")
-    if logits.dim() < 1 or tuple(logits.shape[:-1]) != tuple(labels.shape):
-        raise ValueError(
-            f"logits must have shape (*labels.shape, vocab_size): labels have shape "
-            f"{tuple(labels.shape)}, logits have shape {tuple(logits.shape)}"
-        )
+    if logits.dim() < 1:
+        raise ValueError(f"logits must have shape (..., vocab_size={vocab_size}), got a scalar")
     if logits.shape[-1] != vocab_size:
         raise ValueError(
             f"logits have {logits.shape[-1]} columns but the NumberVocab was built for "
@@ -72,17 +73,56 @@ def check_logits_and_labels(
             f"build the vocabulary with NumberVocab.from_tokenizer(tokenizer, "
             f"vocab_size={logits.shape[-1]})"
         )
-    labels = labels.long()
-    out_of_range = (labels != ignore_index) & ((labels < 0) | (labels >= vocab_size))
+    return logits
+
+
+def check_token_ids(
+    name: str, token_ids: object, *, vocab_size: int, ignore_index: int
+) -> torch.Tensor:
+    """Integer token ids in [0, vocab_size) or ``ignore_index``, returned as int64. The range check
+    reads one boolean back from the device; inside ``torch.compile`` the device asserts instead."""
+    if not isinstance(token_ids, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(token_ids).__name__}")
+    if token_ids.is_floating_point() or token_ids.is_complex() or token_ids.dtype == torch.bool:
+        raise TypeError(f"{name} must be an integer tensor of token ids, got {token_ids.dtype}")
+    token_ids = token_ids.long()
+    out_of_range = (token_ids != ignore_index) & ((token_ids < 0) | (token_ids >= vocab_size))
     if torch.compiler.is_compiling():
         # No host read-back inside a compiled graph: the device asserts instead.
-        torch._assert_async(~out_of_range.any(), f"labels must be token ids in [0, {vocab_size})")
+        torch._assert_async(~out_of_range.any(), f"{name} must be token ids in [0, {vocab_size})")
     elif bool(out_of_range.any()):
-        bad = int(labels[out_of_range][0])
+        bad = int(token_ids[out_of_range][0])
         raise ValueError(
-            f"labels must be token ids in [0, {vocab_size}) or ignore_index={ignore_index}, "
+            f"{name} must be token ids in [0, {vocab_size}) or ignore_index={ignore_index}, "
             f"got {bad}"
         )
+    return token_ids
+
+
+def check_ntl_weight(ntl_weight: object) -> float:
+    if isinstance(ntl_weight, bool) or not isinstance(ntl_weight, (int, float)):
+        raise TypeError(f"ntl_weight must be a number, got {ntl_weight!r}")
+    if not (math.isfinite(ntl_weight) and ntl_weight >= 0):
+        raise ValueError(f"ntl_weight must be a finite number >= 0, got {ntl_weight!r}")
+    return float(ntl_weight)
+
+
+def check_logits_and_labels(
+    logits: object, labels: object, *, vocab_size: int, ignore_index: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits (..., V) floating point with V == vocab_size; labels (...) integer ids in [0, V)
+    or ``ignore_index``."""
+    if not isinstance(logits, torch.Tensor):
+        raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
+    if not isinstance(labels, torch.Tensor):
+        raise TypeError(f"labels must be a torch.Tensor, got {type(labels).__name__}")
+    if logits.dim() < 1 or tuple(logits.shape[:-1]) != tuple(labels.shape):
+        raise ValueError(
+            f"logits must have shape (*labels.shape, vocab_size): labels have shape "
+            f"{tuple(labels.shape)}, logits have shape {tuple(logits.shape)}"
+        )
+    logits = check_logits(logits, vocab_size=vocab_size)
+    labels = check_token_ids("labels", labels, vocab_size=vocab_size, ignore_index=ignore_index)
     return logits, labels
 
 

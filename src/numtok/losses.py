@@ -17,6 +17,10 @@ the softmax over those tokens, and the loss is ``P_L · f(ŷ_L, ỹ) + (1 - P_L)
 ``P_L = Σ_{j∈L} p_j`` and ``D_f = max(|f(lo, hi)|, |f(hi, lo)|)`` over the scaled value range.
 With single-digit number tokens only, ``P_L = 1`` and both flavours are exactly the plain
 definitions above.
+
+``kind="number"`` is the number-level loss of :mod:`numtok.number_level` (whole numbers assembled
+with their place values, sign and decimals, compared by smape); it needs a
+:class:`~numtok.numbers.SpanVocab` instead of a :class:`NumberVocab`.
 """
 
 from __future__ import annotations
@@ -26,9 +30,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from numtok._logsumexp import selected_rows_logsumexp
+from numtok._number_logits import compute_dtype, number_logits_at
 from numtok._validation import (
     check_bool,
     check_elementwise_callable,
@@ -36,17 +40,20 @@ from numtok._validation import (
     check_logits_and_labels,
     check_loss_weights,
     check_num_items,
+    check_number_vocab,
     check_reduction,
     check_squash_factor,
     shift_left,
 )
+from numtok.number_level import number_level_loss
+from numtok.numbers import SpanVocab
 from numtok.vocab import NumberTables, NumberVocab
 
-__all__ = ["Kind", "NumberTokenLoss", "number_token_loss"]
+__all__ = ["Kind", "number_token_loss"]
 
 PointwiseLoss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-#: ``"was"``, ``"mse"``, ``"mae"``, ``"huber"`` or a callable ``f(prediction, target)`` returning
-#: an elementwise loss.
+#: ``"was"``, ``"mse"``, ``"mae"``, ``"huber"``, ``"number"`` (number level, with a SpanVocab) or a
+#: callable ``f(prediction, target)`` returning an elementwise loss.
 Kind = str | PointwiseLoss
 
 _POINTWISE: dict[str, PointwiseLoss] = {
@@ -55,6 +62,17 @@ _POINTWISE: dict[str, PointwiseLoss] = {
     "huber": lambda prediction, target: F.huber_loss(prediction, target, reduction="none"),
 }
 _KINDS = ("was", *_POINTWISE)
+#: The number-level kind, served by numtok.number_level.
+NUMBER_LEVEL = "number"
+
+
+def check_number_level_squash(squash_factor: float | None) -> None:
+    if squash_factor is not None:
+        raise ValueError(
+            f"squash_factor applies to kind='was' only, got squash_factor={squash_factor!r} "
+            "with kind='number'"
+        )
+
 
 # Reweighing charges mass outside the number tokens slightly more than the worst number token
 # (ntloss's constant), so that any number token beats any text token.
@@ -90,11 +108,7 @@ class _LossSpec:
         reduction: str,
         shift: bool,
     ) -> _LossSpec:
-        if not isinstance(vocab, NumberVocab):
-            raise TypeError(
-                f"vocab must be a NumberVocab (NumberVocab.from_tokenizer(tokenizer)), "
-                f"got {type(vocab).__name__}"
-            )
+        check_number_vocab(vocab)
         pointwise: PointwiseLoss | None
         if callable(kind):
             check_elementwise_callable("kind", kind)
@@ -102,7 +116,9 @@ class _LossSpec:
         elif kind in _KINDS:
             pointwise, kind_name = _POINTWISE.get(str(kind)), str(kind)
         else:
-            raise ValueError(f"kind must be one of {_KINDS} or a callable, got {kind!r}")
+            raise ValueError(
+                f"kind must be one of {(*_KINDS, NUMBER_LEVEL)} or a callable, got {kind!r}"
+            )
         squash = check_squash_factor(squash_factor)
         if squash is not None and pointwise is not None:
             raise ValueError(
@@ -151,10 +167,6 @@ def _squashed(
     return torch.where(distance == 0, torch.zeros_like(distance), squashed)
 
 
-def _compute_dtype(logits: torch.Tensor) -> torch.dtype:
-    return torch.float64 if logits.dtype == torch.float64 else torch.float32
-
-
 def _wasserstein(
     probs: torch.Tensor,
     target: torch.Tensor,
@@ -192,19 +204,39 @@ def _expected_value_loss(
     return share * spec.pointwise(prediction, target) + (1.0 - share) * spec.max_cost
 
 
-def _number_mass(
-    logits_2d: torch.Tensor,
-    number_logits: torch.Tensor,
-    is_number: torch.Tensor,
+def _number_positions(
+    flat_labels: torch.Tensor, tables: NumberTables, spec: _LossSpec
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The full-vocabulary number mass ``m = exp(lse(number logits) - lse(all logits))`` at the
-    number-labelled rows. Returns (rows (K,), m (K,)); finding the rows reads their count back
-    from the device."""
-    rows = is_number.nonzero().squeeze(1)  # (K,)
-    lse_all = selected_rows_logsumexp(logits_2d, rows, number_logits.dtype)  # (K,)
-    lse_numbers = torch.logsumexp(number_logits.index_select(0, rows), dim=-1)  # (K,)
-    # m <= 1; the clamp also keeps a row whose logits are all -inf (lse_all = -inf) finite.
-    return rows, torch.exp((lse_numbers - lse_all).clamp_max(0.0))
+    """Whether each label (M,) is a number token, and its index among the N number tokens (0
+    where it is not)."""
+    is_target = flat_labels != spec.ignore_index
+    position = tables.position_of_id[torch.where(is_target, flat_labels, 0)]  # (M,) in [-1, N)
+    return is_target & (position >= 0), position.clamp_min(0)
+
+
+def _position_losses(
+    number_logits: torch.Tensor, position: torch.Tensor, tables: NumberTables, spec: _LossSpec
+) -> torch.Tensor:
+    """NTL per position before reweighing and weights, (M,), from the finite number logits
+    (M, N) in the compute dtype and each label's index among the number tokens (M,)."""
+    values = tables.scaled_values.to(number_logits.dtype)  # (N,)
+    target = values[position]  # (M,)
+    same_group = (
+        None
+        if spec.single_group
+        else tables.groups[position][:, None] == tables.groups[None, :]  # (M, N)
+    )
+    probs = torch.softmax(number_logits, dim=-1)  # (M, N)
+    if spec.pointwise is None:
+        return _wasserstein(probs, target, values, same_group, spec)
+    return _expected_value_loss(number_logits, probs, target, values, same_group, spec)
+
+
+def _reweighed(loss: torch.Tensor, log_number_mass: torch.Tensor, spec: _LossSpec) -> torch.Tensor:
+    """``loss·m + 1.01·D·(1 - m)`` with ``m = exp(log_number_mass)`` the full-vocabulary mass on
+    number tokens; ``m <= 1``, also where rounding (or a row of -inf logits) says otherwise."""
+    mass = torch.exp(log_number_mass.clamp_max(0.0))
+    return loss * mass + _REWEIGH_MARGIN * spec.max_cost * (1 - mass)
 
 
 def _number_token_loss(
@@ -223,35 +255,22 @@ def _number_token_loss(
     if spec.shift:
         labels = shift_left(labels, spec.ignore_index)
         loss_weights = None if loss_weights is None else shift_left(loss_weights, 0)
-    dtype = _compute_dtype(logits)
-    vocab_size, num_number_tokens = logits.shape[-1], tables.ids.numel()
+    dtype = compute_dtype(logits)
+    vocab_size = logits.shape[-1]
 
     flat_labels = labels.reshape(-1)  # (M,)
-    is_target = flat_labels != spec.ignore_index
-    position = tables.position_of_id[torch.where(is_target, flat_labels, 0)]  # (M,) in [-1, N)
-    is_number = is_target & (position >= 0)
-    position = position.clamp_min(0)
+    is_number, position = _number_positions(flat_labels, tables, spec)
 
-    # Only the N number columns are gathered and upcast; -inf (masked) logits become the most
-    # negative finite value so that no softmax below can produce NaN.
-    number_logits = logits.index_select(-1, tables.ids).reshape(-1, num_number_tokens).to(dtype)
-    number_logits = number_logits.clamp_min(torch.finfo(dtype).min)  # (M, N)
-    values = tables.scaled_values.to(dtype)  # (N,)
-    target = values[position]  # (M,)
-    same_group = (
-        None
-        if spec.single_group
-        else tables.groups[position][:, None] == tables.groups[None, :]  # (M, N)
-    )
-    probs = torch.softmax(number_logits, dim=-1)  # (M, N)
-    if spec.pointwise is None:
-        loss = _wasserstein(probs, target, values, same_group, spec)
-    else:
-        loss = _expected_value_loss(number_logits, probs, target, values, same_group, spec)
+    number_logits = number_logits_at(logits, None, tables.ids, dtype)  # (M, N), finite
+    loss = _position_losses(number_logits, position, tables, spec)
 
     if spec.reweigh:
-        rows, mass = _number_mass(logits.reshape(-1, vocab_size), number_logits, is_number)
-        reweighed = loss.index_select(0, rows) * mass + _REWEIGH_MARGIN * spec.max_cost * (1 - mass)
+        # The full-vocabulary number mass m = exp(lse(number logits) - lse(all logits)) at the
+        # number-labelled rows; finding the rows reads their count back from the device.
+        rows = is_number.nonzero().squeeze(1)  # (K,)
+        lse_all = selected_rows_logsumexp(logits.reshape(-1, vocab_size), rows, dtype)  # (K,)
+        lse_numbers = torch.logsumexp(number_logits.index_select(0, rows), dim=-1)  # (K,)
+        reweighed = _reweighed(loss.index_select(0, rows), lse_numbers - lse_all, spec)
         loss = loss.index_copy(0, rows, reweighed)
 
     weights = is_number.to(dtype)
@@ -272,10 +291,20 @@ def _number_token_loss(
     return total / denominator
 
 
+def require_number_vocab(vocab: object, kind: Kind) -> NumberVocab:
+    """The token-level kinds read a NumberVocab; a SpanVocab (for kind="number") is refused."""
+    if isinstance(vocab, SpanVocab):
+        raise TypeError(
+            f"a SpanVocab serves kind='number'; for kind={kind!r} pass its NumberVocab "
+            "(span_vocab.numbers)"
+        )
+    return check_number_vocab(vocab)
+
+
 def number_token_loss(
     logits: torch.Tensor,
     labels: torch.Tensor,
-    vocab: NumberVocab,
+    vocab: NumberVocab | SpanVocab,
     *,
     kind: Kind = "was",
     reweigh: bool = False,
@@ -292,7 +321,9 @@ def number_token_loss(
     logits only (see the module docstring for tokens of several digits):
 
     * ``kind="was"``: ``ℓ = Σ_j p_j · d(v_j, y)``, ``d = |v_j - y|`` (or its squashed form);
-    * ``kind="mse"|"mae"|"huber"|callable``: ``ℓ = f(Σ_j p_j v_j, y)``.
+    * ``kind="mse"|"mae"|"huber"|callable``: ``ℓ = f(Σ_j p_j v_j, y)``;
+    * ``kind="number"``: :func:`numtok.number_level.number_level_loss` (smape) on whole numbers;
+      ``vocab`` must then be a :class:`~numtok.numbers.SpanVocab`.
 
     Every other position (text labels, ``ignore_index``) contributes exactly 0.
 
@@ -301,9 +332,10 @@ def number_token_loss(
             Only the N number-token columns are gathered and computed in float32 (float64 stays
             float64); the logits are never upcast or copied as a whole.
         labels: (...) integer token ids in [0, V) or ``ignore_index``.
-        vocab: the :class:`NumberVocab` of the tokenizer.
-        kind: ``"was"`` (NTL-WAS), ``"mse"``, ``"mae"``, ``"huber"`` (delta 1) or a callable
-            ``f(prediction, target) -> elementwise loss`` (NTL-Lp).
+        vocab: the :class:`NumberVocab` of the tokenizer (a :class:`~numtok.numbers.SpanVocab`
+            for ``kind="number"``).
+        kind: ``"was"`` (NTL-WAS), ``"mse"``, ``"mae"``, ``"huber"`` (delta 1), ``"number"``
+            (number level) or a callable ``f(prediction, target) -> elementwise loss`` (NTL-Lp).
         reweigh: multiply by the full-vocabulary number mass ``m`` at the position and add
             ``1.01 · D · (1 - m)`` (ntloss's definition; ``D`` the largest cost), which penalises
             putting mass on text where a number is due. Off by default, as in the paper.
@@ -330,8 +362,22 @@ def number_token_loss(
         >>> float(number_token_loss(logits, torch.tensor([5]), vocab))  # label "5"
         1.0
     """
+    if isinstance(kind, str) and kind == NUMBER_LEVEL:
+        check_number_level_squash(squash_factor)
+        return number_level_loss(
+            logits,
+            labels,
+            vocab,  # type: ignore[arg-type]  # number_level_loss checks it is a SpanVocab
+            reweigh=reweigh,
+            loss_weights=loss_weights,
+            ignore_index=ignore_index,
+            reduction=reduction,
+            num_items_in_batch=num_items_in_batch,
+            shift=shift,
+        )
+    numbers = require_number_vocab(vocab, kind)
     spec = _LossSpec.build(
-        vocab,
+        numbers,
         kind=kind,
         reweigh=reweigh,
         squash_factor=squash_factor,
@@ -341,74 +387,5 @@ def number_token_loss(
     )
     device = logits.device if isinstance(logits, torch.Tensor) else None
     return _number_token_loss(
-        logits, labels, vocab.tables(device), spec, loss_weights, num_items_in_batch
+        logits, labels, numbers.tables(device), spec, loss_weights, num_items_in_batch
     )
-
-
-class NumberTokenLoss(nn.Module):
-    """``nn.Module`` form of :func:`number_token_loss`: settings are validated once here and the
-    vocabulary's lookup tables are buffers, so ``.to(device)``, ``state_dict`` and
-    ``torch.compile`` work as for any module.
-
-    ``forward(logits, labels, *, loss_weights=None, num_items_in_batch=None)``.
-    """
-
-    ids: torch.Tensor
-    scaled_values: torch.Tensor
-    groups: torch.Tensor
-    position_of_id: torch.Tensor
-
-    def __init__(
-        self,
-        vocab: NumberVocab,
-        *,
-        kind: Kind = "was",
-        reweigh: bool = False,
-        squash_factor: float | None = None,
-        ignore_index: int = -100,
-        reduction: str = "mean",
-        shift: bool = False,
-    ) -> None:
-        super().__init__()
-        self.spec = _LossSpec.build(
-            vocab,
-            kind=kind,
-            reweigh=reweigh,
-            squash_factor=squash_factor,
-            ignore_index=ignore_index,
-            reduction=reduction,
-            shift=shift,
-        )
-        for name, tensor in vocab.tables()._asdict().items():
-            self.register_buffer(name, tensor.clone())
-
-    def _apply(
-        self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True
-    ) -> NumberTokenLoss:
-        # model.to(torch.bfloat16) would round the value table (9.99 becomes 10.0): whatever the
-        # module is moved to, the table keeps float64 and only follows the device.
-        exact = self.scaled_values
-        super()._apply(fn, recurse)  # type: ignore[no-untyped-call]
-        self.scaled_values = exact.to(self.scaled_values.device)
-        return self
-
-    def forward(
-        self,
-        logits: torch.Tensor,
-        labels: torch.Tensor,
-        *,
-        loss_weights: torch.Tensor | None = None,
-        num_items_in_batch: torch.Tensor | int | None = None,
-    ) -> torch.Tensor:
-        tables = NumberTables(self.ids, self.scaled_values, self.groups, self.position_of_id)
-        return _number_token_loss(
-            logits, labels, tables, self.spec, loss_weights, num_items_in_batch
-        )
-
-    def extra_repr(self) -> str:
-        spec = self.spec
-        return (
-            f"kind={spec.kind!r}, reweigh={spec.reweigh}, squash_factor={spec.squash_factor}, "
-            f"ignore_index={spec.ignore_index}, reduction={spec.reduction!r}, shift={spec.shift}, "
-            f"number_tokens={self.ids.numel()}, vocab_size={spec.vocab_size}"
-        )

@@ -1,0 +1,119 @@
+"""``NumberTokenLoss``: the one module a training loop holds for NTL (or for CE + NTL)."""
+
+from __future__ import annotations
+
+import torch
+
+from numtok._buffers import VocabBuffers
+from numtok._validation import check_ntl_weight
+from numtok.fused import CEWithNTLOutput, _cross_entropy_with_ntl
+from numtok.losses import (
+    NUMBER_LEVEL,
+    Kind,
+    _LossSpec,
+    _number_token_loss,
+    check_number_level_squash,
+    require_number_vocab,
+)
+from numtok.number_level import NumberLevelLoss
+from numtok.numbers import SpanVocab
+from numtok.vocab import NumberVocab
+
+__all__ = ["NumberTokenLoss"]
+
+
+class NumberTokenLoss(VocabBuffers):
+    """``nn.Module`` form of :func:`~numtok.number_token_loss`: settings are validated once here and
+    the vocabulary's lookup tables are buffers, so ``.to(device)``, ``state_dict`` and
+    ``torch.compile`` work as for any module (the value table stays float64 under
+    ``.to(dtype)``).
+
+    ``forward(logits, labels, *, loss_weights=None, num_items_in_batch=None)`` returns NTL.
+
+    With ``ntl_weight=w`` it returns cross-entropy plus ``w`` times NTL instead, as
+    :func:`numtok.cross_entropy_with_ntl` computes it in one fused pass (a
+    :class:`~numtok.CEWithNTLOutput`: ``.loss`` to back-propagate, detached ``.ce`` and ``.ntl``
+    to log), so that a training loop holds one module for the whole loss.
+
+    With ``kind="number"`` (and a :class:`~numtok.numbers.SpanVocab`) it holds and calls a
+    :class:`~numtok.number_level.NumberLevelLoss` as ``self.number_level``.
+    """
+
+    def __init__(
+        self,
+        vocab: NumberVocab | SpanVocab,
+        *,
+        kind: Kind = "was",
+        reweigh: bool = False,
+        squash_factor: float | None = None,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+        shift: bool = False,
+        ntl_weight: float | None = None,
+    ) -> None:
+        super().__init__()
+        self.ntl_weight = None if ntl_weight is None else check_ntl_weight(ntl_weight)
+        self.number_level: NumberLevelLoss | None = None
+        if isinstance(kind, str) and kind == NUMBER_LEVEL:
+            if ntl_weight is not None:
+                raise ValueError(
+                    "ntl_weight (cross-entropy + NTL in one fused pass) is not available with "
+                    "kind='number'; add F.cross_entropy to the module's output instead"
+                )
+            check_number_level_squash(squash_factor)
+            self.number_level = NumberLevelLoss(
+                vocab,  # type: ignore[arg-type]  # NumberLevelLoss checks it is a SpanVocab
+                reweigh=reweigh,
+                ignore_index=ignore_index,
+                reduction=reduction,
+                shift=shift,
+            )
+            return
+        numbers = require_number_vocab(vocab, kind)
+        self.spec = _LossSpec.build(
+            numbers,
+            kind=kind,
+            reweigh=reweigh,
+            squash_factor=squash_factor,
+            ignore_index=ignore_index,
+            reduction=reduction,
+            shift=shift,
+        )
+        self.register_tables(numbers)
+
+    def forward(
+        self,
+        logits: torch.Tensor,
+        labels: torch.Tensor,
+        *,
+        loss_weights: torch.Tensor | None = None,
+        num_items_in_batch: torch.Tensor | int | None = None,
+    ) -> torch.Tensor | CEWithNTLOutput:
+        if self.number_level is not None:
+            return self.number_level(  # type: ignore[no-any-return]
+                logits, labels, loss_weights=loss_weights, num_items_in_batch=num_items_in_batch
+            )
+        if self.ntl_weight is not None:
+            return _cross_entropy_with_ntl(
+                logits,
+                labels,
+                self.tables(),
+                self.spec,
+                self.ntl_weight,
+                loss_weights,
+                num_items_in_batch,
+            )
+        return _number_token_loss(
+            logits, labels, self.tables(), self.spec, loss_weights, num_items_in_batch
+        )
+
+    def extra_repr(self) -> str:
+        if self.number_level is not None:
+            return "kind='number'"
+        spec = self.spec
+        return (
+            f"kind={spec.kind!r}, reweigh={spec.reweigh}, squash_factor={spec.squash_factor}, "
+            f"ignore_index={spec.ignore_index}, reduction={spec.reduction!r}, shift={spec.shift}, "
+            f"number_tokens={self.ids.numel()}, vocab_size={spec.vocab_size}"
+            + ("" if self.ntl_weight is None else f", ntl_weight={self.ntl_weight}")
+        )

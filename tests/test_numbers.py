@@ -1,0 +1,525 @@
+"""numtok.numbers: numbers in text (parse_number, last_number, find_numbers) and in token
+sequences (SpanVocab, find_number_spans, span_values), against a plain loop reference."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from numtok import NumberVocab
+from numtok.numbers import (
+    NumberSpans,
+    SpanVocab,
+    find_number_spans,
+    find_numbers,
+    last_number,
+    minus_token_kind,
+    parse_number,
+    span_values,
+)
+
+# ------------------------------------------------------------------ text: examples
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("42", 42.0),
+        ("-42", -42.0),
+        ("+42", 42.0),
+        ("\u221242", -42.0),  # unicode minus
+        ("3.25", 3.25),
+        (".5", 0.5),
+        ("-.5", -0.5),
+        ("1,234,567", 1234567.0),
+        ("-1,234.5", -1234.5),
+        ("1e3", 1000.0),
+        ("2.5E-3", 0.0025),
+        ("1e\u22122", 0.01),
+        ("The answer is 42.", 42.0),  # a trailing full stop is punctuation
+        ("x = -7 apples", -7.0),
+        ("(-3)", -3.0),
+        ("[answer]: 0.125!", 0.125),
+        ("007", 7.0),
+        ("1e999", math.inf),
+        ("-" + "9" * 400, -math.inf),
+    ],
+)
+def test_parse_number_reads_one_number(text: str, expected: float) -> None:
+    assert parse_number(text) == expected
+    assert last_number(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "numbers"),
+    [
+        ("3-4", [3.0, 4.0]),  # a minus after a digit is an operator
+        ("x-1", [1.0]),  # ... and after a letter
+        ("(2)-1", [2.0, 1.0]),
+        ("1,23", [1.0, 23.0]),  # not a thousands grouping: a list
+        ("1,2345", [1.0, 2345.0]),
+        ("1,234,2345", [1.0, 234.0, 2345.0]),
+        ("-1,23.5e2", [-1.0, 2350.0]),  # sign to the first, decimals and exponent to the last
+        ("1, 2, 3", [1.0, 2.0, 3.0]),
+        ("1.2.3.4", [1.2, 3.4]),
+        ("2/3", [2.0, 3.0]),
+        ("3 eggs, 2e5 hens", [3.0, 200000.0]),
+        ("", []),
+        ("no numbers here", []),
+        ("inf nan", []),
+        ("١٢", []),  # other scripts' digits are not read
+    ],
+)
+def test_find_numbers(text: str, numbers: list[float]) -> None:
+    assert find_numbers(text) == numbers
+    assert last_number(text) == (numbers[-1] if numbers else None)
+    assert parse_number(text) == (numbers[0] if len(numbers) == 1 else None)
+
+
+def test_parse_number_is_none_for_several_numbers_and_last_number_takes_the_last() -> None:
+    assert parse_number("between 3 and 4") is None
+    assert last_number("3 + 4 = 7") == 7.0
+    assert last_number("So the total is 1,200. Final answer: -3.5") == -3.5
+
+
+@pytest.mark.parametrize("function", [parse_number, last_number, find_numbers])
+def test_non_strings_are_a_type_error(function: object) -> None:
+    assert callable(function)
+    with pytest.raises(TypeError, match="text must be a str, got int"):
+        function(42)
+    with pytest.raises(TypeError, match="got bytes"):
+        function(b"42")
+
+
+# ------------------------------------------------------------------ text: properties
+
+finite_floats = st.floats(allow_nan=False, allow_infinity=False)
+
+
+def _formats(x: float) -> list[str]:
+    """Ways of writing x that are exact (parse back to x itself)."""
+    signed = "\u2212" + repr(-x) if x < 0 else "+" + repr(x)
+    return [repr(x), f"{x:,}", repr(x).upper(), signed]
+
+
+@given(finite_floats)
+def test_formatted_numbers_parse_back_to_themselves(x: float) -> None:
+    for text in _formats(x):
+        for wrapped in (text, f"The answer is {text}.", f"answer:{text}\n", f"= {text} units"):
+            assert parse_number(wrapped) == x, wrapped
+            assert last_number(f"first 12, then {wrapped}") == x, wrapped
+
+
+@given(st.integers(min_value=-(10**30), max_value=10**30))
+def test_integers_with_thousands_separators_parse_back(n: int) -> None:
+    for text in (str(n), f"{n:,}"):
+        assert parse_number(text) == float(n)
+
+
+@given(st.decimals(allow_nan=False, allow_infinity=False, places=4, min_value=-1e6, max_value=1e6))
+def test_fixed_point_decimals_parse_back(d: object) -> None:
+    assert parse_number(f"{d}") == float(str(d))
+
+
+@given(st.text())
+@settings(max_examples=300)
+def test_random_text_never_raises(text: str) -> None:
+    numbers = find_numbers(text)
+    assert all(isinstance(x, float) and not math.isnan(x) for x in numbers)
+    assert last_number(text) == (numbers[-1] if numbers else None)
+    assert parse_number(text) == (numbers[0] if len(numbers) == 1 else None)
+
+
+@given(st.text(alphabet="0123456789,.-+eE\u2212 x", max_size=40))
+@settings(max_examples=300)
+def test_number_like_garbage_never_raises(text: str) -> None:
+    for x in find_numbers(text):
+        assert not math.isnan(x)
+
+
+def test_a_long_broken_comma_chain_is_split_into_its_groups() -> None:
+    # One chain whose last group breaks the thousands grouping: a list of 200,002 numbers. (A
+    # regex validating the grouping itself would backtrack quadratically on it.)
+    text = "1," + "234," * 200_000 + "5678"
+    numbers = find_numbers(text)
+    assert len(numbers) == 200_002
+    assert (numbers[0], numbers[1], numbers[-1]) == (1.0, 234.0, 5678.0)
+
+
+# ------------------------------------------------------------------ tokens: a plain reference
+
+
+class TokenKind(NamedTuple):
+    """How the reference scanner sees a token: ``digits`` for number tokens, ``marked`` for a
+    word-boundary marker, ``minus``/``point`` for the span grammar's other tokens."""
+
+    digits: str | None = None
+    marked: bool = False
+    minus: bool = False
+    point: bool = False
+
+
+class ReferenceSpan(NamedTuple):
+    positions: list[int]  # every position of the span, minus sign and decimal point included
+    numbers: list[tuple[int, int]]  # (position, place) of each number token
+    text: str  # the decimal number the span writes, e.g. "-12.34"
+    negative: bool
+
+
+def token_kinds(vocab: SpanVocab) -> dict[int, TokenKind]:
+    """Read a SpanVocab's grammar into plain Python (ids absent here are ordinary tokens)."""
+    marked = set(vocab.word_start_ids)
+    kinds = {
+        i: TokenKind(digits=d, marked=i in marked)
+        for i, d in zip(vocab.numbers.ids.tolist(), vocab.numbers.digits, strict=True)
+    }
+    kinds |= {i: TokenKind(minus=True, marked=i in marked) for i in vocab.minus_ids}
+    kinds |= {i: TokenKind(point=True) for i in vocab.decimal_point_ids}
+    return kinds
+
+
+def reference_spans(row: list[int], kinds: dict[int, TokenKind]) -> list[ReferenceSpan]:
+    """The span grammar of find_number_spans, read left to right with a plain loop."""
+    kind = [kinds.get(token, TokenKind()) for token in row]
+    is_digits = [k.digits is not None for k in kind]
+    unmarked_digits = [d and not k.marked for d, k in zip(is_digits, kind, strict=True)]
+    spans: list[ReferenceSpan] = []
+    i = 0
+    while i < len(row):
+        next_unmarked = i + 1 < len(row) and unmarked_digits[i + 1]
+        after_number = i > 0 and (is_digits[i - 1] or kind[i - 1].point)
+        if kind[i].minus and next_unmarked and (kind[i].marked or not after_number):
+            positions, j, negative = [i], i + 1, True
+        elif is_digits[i]:
+            positions, j, negative = [], i, False
+        else:
+            i += 1
+            continue
+        run = [j]
+        j += 1
+        while j < len(row) and unmarked_digits[j]:
+            run.append(j)
+            j += 1
+        fraction: list[int] = []
+        if j + 1 < len(row) and kind[j].point and unmarked_digits[j + 1]:
+            positions.append(j)
+            j += 1
+            while j < len(row) and unmarked_digits[j]:
+                fraction.append(j)
+                j += 1
+        integer_text = "".join(str(kind[t].digits) for t in run)
+        fraction_text = "".join(str(kind[t].digits) for t in fraction)
+        numbers = []
+        remaining = len(integer_text)
+        for t in run:
+            remaining -= len(str(kind[t].digits))
+            numbers.append((t, remaining))
+        place = 0
+        for t in fraction:
+            place -= len(str(kind[t].digits))
+            numbers.append((t, place))
+        text = ("-" if negative else "") + integer_text
+        if fraction:
+            text += "." + fraction_text
+        spans.append(ReferenceSpan(sorted(positions + run + fraction), numbers, text, negative))
+        i = j
+    return spans
+
+
+def assert_spans_match_reference(token_ids: torch.Tensor, vocab: SpanVocab) -> NumberSpans:
+    spans = find_number_spans(token_ids, vocab)
+    kinds = token_kinds(vocab)
+    rows = token_ids.reshape(-1, token_ids.shape[-1]).tolist()
+    width = token_ids.shape[-1]
+    expected = [(r, s) for r, row in enumerate(rows) for s in reference_spans(row, kinds)]
+    assert len(spans) == len(expected)
+    span_of_token = spans.span_of_token.reshape(-1).tolist()
+    in_any_span = {r * width + p for r, s in expected for p in s.positions}
+    assert [i for i, s in enumerate(span_of_token) if s >= 0] == sorted(in_any_span)
+    number_place = dict(
+        zip(spans.number_positions.tolist(), spans.number_place.tolist(), strict=True)
+    )
+    for index, (r, span) in enumerate(expected):
+        flat = [r * width + p for p in span.positions]
+        assert [span_of_token[p] for p in flat] == [index] * len(flat)
+        assert (int(spans.start[index]), int(spans.end[index])) == (flat[0], flat[-1] + 1)
+        assert int(spans.first_number[index]) == r * width + span.numbers[0][0]
+        assert bool(spans.negative[index]) == span.negative
+        assert {r * width + p: place for p, place in span.numbers} == {
+            p: number_place[p] for p in (r * width + q for q, _ in span.numbers)
+        }
+        assert float(spans.values[index]) == float(span.text), span.text
+    return spans
+
+
+# ------------------------------------------------------------------ tokens: a synthetic vocabulary
+
+# ids: 0-9 digits, 10-19 marked digits ("Ġ0".."Ġ9"), 20 "12", 21 "345", 22 "007", 23 "Ġ45",
+# 24 "-", 25 "Ġ-", 26 ".", 27-29 words.
+SYNTHETIC_DIGITS = {i: str(i) for i in range(10)} | {10 + i: str(i) for i in range(10)}
+SYNTHETIC_DIGITS |= {20: "12", 21: "345", 22: "007", 23: "45"}
+
+
+@pytest.fixture(scope="module")
+def synthetic() -> SpanVocab:
+    numbers = NumberVocab.from_values(SYNTHETIC_DIGITS, vocab_size=30)
+    return SpanVocab(
+        numbers,
+        minus_ids=[24, 25],
+        decimal_point_ids=[26],
+        word_start_ids=[*range(10, 20), 23, 25],
+    )
+
+
+@pytest.mark.parametrize(
+    ("ids", "values"),
+    [
+        ([1, 2, 27, 3], [12.0, 3.0]),
+        ([24, 1, 2, 26, 3, 4], [-12.34]),
+        ([20, 21, 7], [123457.0]),  # place value across chunks: 12|345|7
+        ([22, 26, 22], [7.007]),  # "007.007"
+        ([1, 11, 2], [1.0, 12.0]),  # a marked digit starts a new number
+        ([1, 23], [1.0, 45.0]),
+        ([3, 24, 4], [3.0, 4.0]),  # an unmarked minus after a number is an operator
+        ([3, 25, 4], [3.0, -4.0]),  # a marked one is a sign
+        ([3, 26, 24, 4], [3.0, 4.0]),  # "3.-4": no sign right after a point, as in text
+        ([26, 24, 4], [4.0]),
+        ([27, 24, 14], [4.0]),  # a minus before a marked digit is no sign ("- 4")
+        ([1, 26, 2, 26, 3], [1.2, 3.0]),
+        ([1, 26, 2, 26, 3, 26, 4], [1.2, 3.4]),
+        ([1, 26, 2, 26, 3, 26, 4, 26, 5], [1.2, 3.4, 5.0]),
+        ([1, 26, 27, 2], [1.0, 2.0]),
+        ([1, 26, 12], [1.0, 2.0]),  # a marked digit after the point is not a decimal
+        ([1, -100, 2], [1.0, 2.0]),  # ignore_index ends a number
+        ([24, 24, 1], [-1.0]),
+        ([27, 28, 29], []),
+        ([-100, -100], []),
+    ],
+)
+def test_span_grammar_examples(synthetic: SpanVocab, ids: list[int], values: list[float]) -> None:
+    spans = assert_spans_match_reference(torch.tensor([ids]), synthetic)
+    assert spans.values.tolist() == values
+
+
+@given(
+    st.lists(
+        st.lists(st.sampled_from([*range(30), -100]), min_size=1, max_size=12),
+        min_size=1,
+        max_size=4,
+    ).map(lambda rows: [r + [-100] * (12 - len(r)) for r in rows])
+)
+@settings(max_examples=300, deadline=None)
+def test_span_finder_matches_the_reference_on_random_token_sequences(
+    synthetic: SpanVocab, rows: list[list[int]]
+) -> None:
+    assert_spans_match_reference(torch.tensor(rows), synthetic)
+
+
+def test_batches_of_any_shape_and_span_positions(synthetic: SpanVocab) -> None:
+    ids = torch.tensor([[[1, 2, 27], [24, 3, 27]], [[27, 27, 27], [20, 26, 5]]])  # (2, 2, 3)
+    spans = assert_spans_match_reference(ids, synthetic)
+    assert spans.span_of_token.shape == ids.shape
+    assert spans.values.tolist() == [12.0, -3.0, 12.5]
+    assert spans.start.tolist() == [0, 3, 9]
+    assert spans.end.tolist() == [2, 5, 12]
+    assert spans.first_number.tolist() == [0, 4, 9]
+    assert spans.digits.tolist() == [2, 1, 3]
+    assert spans.fraction_digits.tolist() == [0, 0, 1]
+    one_row = find_number_spans(torch.tensor([20, 26, 5]), synthetic)
+    assert one_row.values.tolist() == [12.5]
+
+
+def test_ignore_index_can_be_chosen(synthetic: SpanVocab) -> None:
+    spans = find_number_spans(torch.tensor([[1, 0, 2]]), synthetic, ignore_index=0)
+    assert spans.values.tolist() == [1.0, 2.0]
+
+
+# ------------------------------------------------------------------ tokens: real tokenizers
+
+TOKENIZERS = ["digit_tokenizer", "llama3_style_tokenizer", "gpt2_tokenizer", "mistral_tokenizer"]
+
+
+@pytest.fixture(scope="module", params=TOKENIZERS)
+def tokenizer_and_spans(request: pytest.FixtureRequest) -> tuple[Any, SpanVocab]:
+    tokenizer = request.getfixturevalue(request.param)
+    return tokenizer, SpanVocab.from_tokenizer(tokenizer)
+
+
+def _encode(tokenizer: Any, text: str) -> torch.Tensor:
+    return torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]])
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "x = -12.34 and 1234567 or 3-4, then 1.2.3.4 and -0.05",
+        "12 34 -7",
+        "007 apples",
+        "9876543210.0123",
+    ],
+)
+def test_spans_read_text_like_find_numbers(
+    tokenizer_and_spans: tuple[Any, SpanVocab], text: str
+) -> None:
+    tokenizer, vocab = tokenizer_and_spans
+    ids = _encode(tokenizer, text)
+    spans = assert_spans_match_reference(ids, vocab)
+    assert spans.values.tolist() == find_numbers(text)
+    assert bool(spans.exact.all())
+
+
+def test_thousands_separators_in_tokens_are_two_numbers(
+    tokenizer_and_spans: tuple[Any, SpanVocab],
+) -> None:
+    tokenizer, vocab = tokenizer_and_spans
+    assert find_number_spans(_encode(tokenizer, "1,234"), vocab).values.tolist() == [1.0, 234.0]
+
+
+def test_from_tokenizer_reads_the_grammar(gpt2_tokenizer: Any, mistral_tokenizer: Any) -> None:
+    gpt2 = SpanVocab.from_tokenizer(gpt2_tokenizer)
+    tokens = gpt2_tokenizer.convert_ids_to_tokens
+    minus = tokens(list(gpt2.minus_ids))
+    assert {"-", "Ġ-", "(-", "=-"} <= set(minus)
+    assert not {"a-", "3-", "->"} & set(minus)
+    assert tokens(list(gpt2.decimal_point_ids)) == ["."]
+    marked = tokens(list(gpt2.word_start_ids))
+    assert "Ġ-" in marked and "Ġ123" in marked and "123" not in marked
+    number_ids = set(gpt2.numbers.ids.tolist())
+    assert all(
+        t.startswith("Ġ")
+        for i, t in zip(gpt2.word_start_ids, marked, strict=True)
+        if i in number_ids
+    )
+    mistral = SpanVocab.from_tokenizer(mistral_tokenizer, multi_digit=False)
+    assert {"-", "▁-"} <= set(mistral_tokenizer.convert_ids_to_tokens(list(mistral.minus_ids)))
+    assert len(mistral.numbers) == 10
+    assert "SpanVocab(1691 number tokens" in repr(gpt2)
+
+
+@given(st.integers(min_value=-(10**15), max_value=10**15), st.integers(0, 3))
+@settings(max_examples=25, deadline=None)
+def test_span_values_of_tokenised_numbers_are_the_numbers(
+    tokenizer_and_spans: tuple[Any, SpanVocab], n: int, decimals: int
+) -> None:
+    tokenizer, vocab = tokenizer_and_spans
+    text = f"{n / 10**decimals:.{decimals}f}" if decimals else str(n)
+    for context in (text, f"x = {text} and", f"({text})"):
+        spans = find_number_spans(_encode(tokenizer, context), vocab)
+        assert spans.values.tolist() == [float(text)], (context, spans)
+        assert spans.exact.tolist() == [True]
+
+
+# ------------------------------------------------------------------ tokens: exactness and range
+
+
+def _digits_ids(digits: str) -> list[int]:
+    return [int(d) for d in digits]
+
+
+def _decimal_ids(text: str) -> list[int]:
+    """Synthetic ids of a decimal number written with single digits."""
+    return [26 if c == "." else 24 if c == "-" else int(c) for c in text]
+
+
+def test_exactness_flag(synthetic: SpanVocab) -> None:
+    below = str(2**53 - 1)  # 16 digits as one integer, below 2**53
+    above = str(2**53 + 1)  # not a float64
+    places_22 = "0." + "0" * 21 + "1"  # 1e-22 = 1 / 10**22, both exact
+    places_23 = "0." + "0" * 22 + "1"  # 10**23 is not a float64
+    digits_22 = "1." + "0" * 21 + "1"  # 22 places, but 10**22 + 1 is not below 2**53
+    texts = [below, above, places_22, places_23, digits_22]
+    ids = [token for text in texts for token in [*_decimal_ids(text), 27]]
+    spans = find_number_spans(torch.tensor(ids), synthetic)
+    assert spans.exact.tolist() == [True, False, True, False, False]
+    assert spans.values[0] == float(below) and spans.values[2] == float(places_22)
+    for value, text in zip(spans.values.tolist(), texts, strict=True):
+        assert value == pytest.approx(float(text), rel=1e-15)
+
+
+def test_numbers_beyond_float64(synthetic: SpanVocab) -> None:
+    huge = [24, 1, *_digits_ids("0" * 400)]  # -1e400
+    long_fraction = [1, 26, *_digits_ids("0" * 400), 1]  # 1.000...001
+    leading_zeros = _digits_ids("0" * 400 + "5")
+    ids = torch.tensor([[*huge, 27, *long_fraction, 27, *leading_zeros]])
+    spans = find_number_spans(ids, synthetic)
+    assert spans.values.tolist() == [-math.inf, 1.0, 5.0]
+    assert spans.exact.tolist() == [False, False, True]  # 5 is exactly 5
+    assert spans.digits.tolist() == [401, 402, 401]
+
+
+def test_span_values_assembles_any_token_values(synthetic: SpanVocab) -> None:
+    spans = find_number_spans(torch.tensor([24, 20, 26, 5, 27, 3]), synthetic)  # -12.5, 3
+    assert torch.equal(span_values(spans.values.new_tensor([12.0, 5.0, 3.0]), spans), spans.values)
+    halves = span_values(torch.tensor([1.5, 0.5, 2.0]), spans)  # -(1.5 + 0.5/10), 2
+    assert halves.tolist() == [-1.55, 2.0]
+    with pytest.raises(ValueError, match=r"one value per number token of the spans, shape \(3,\)"):
+        span_values(torch.zeros(2), spans)
+
+
+# ------------------------------------------------------------------ tokens: bad input
+
+
+def test_span_vocab_bad_input(synthetic: SpanVocab) -> None:
+    numbers = synthetic.numbers
+    with pytest.raises(TypeError, match="numbers must be a NumberVocab, got dict"):
+        SpanVocab({1: "1"})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"digit strings; token id 3 has the value '2\.5'"):
+        SpanVocab(NumberVocab.from_values({3: 2.5}, vocab_size=5))
+    with pytest.raises(ValueError, match="at most 18 digits; token id 2 has 19"):
+        SpanVocab(NumberVocab.from_values({2: "1" * 19}, vocab_size=5))
+    with pytest.raises(ValueError, match=r"minus_ids holds 30, outside the vocabulary \[0, 30\)"):
+        SpanVocab(numbers, minus_ids=[30])
+    with pytest.raises(TypeError, match=r"decimal_point_ids must hold int token ids, got '\.'"):
+        SpanVocab(numbers, decimal_point_ids=["."])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match=r"minus_ids must not be number tokens, got .*\[3\]"):
+        SpanVocab(numbers, minus_ids=[3])
+    with pytest.raises(ValueError, match=r"disjoint, both hold \[27\]"):
+        SpanVocab(numbers, minus_ids=[27], decimal_point_ids=[27])
+    with pytest.raises(ValueError, match=r"word_start_ids must be number tokens or minus_ids"):
+        SpanVocab(numbers, word_start_ids=[27])
+    with pytest.raises(TypeError, match="get_vocab"):
+        SpanVocab.from_tokenizer(object(), numbers)
+    with pytest.raises(TypeError, match="either numbers or NumberVocab options"):
+        SpanVocab.from_tokenizer(object(), numbers, multi_digit=False)
+
+
+def test_find_number_spans_bad_input(synthetic: SpanVocab) -> None:
+    with pytest.raises(TypeError, match="vocab must be a SpanVocab"):
+        find_number_spans(torch.tensor([1]), synthetic.numbers)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"token_ids must be a torch\.Tensor, got list"):
+        find_number_spans([1, 2], synthetic)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"integer tensor of token ids, got torch\.float32"):
+        find_number_spans(torch.tensor([1.0]), synthetic)
+    with pytest.raises(ValueError, match="sequence dimension"):
+        find_number_spans(torch.tensor(1), synthetic)
+    with pytest.raises(ValueError, match=r"in \[0, 30\) or ignore_index=-100, got 30"):
+        find_number_spans(torch.tensor([1, 30]), synthetic)
+    with pytest.raises(ValueError, match="got -5"):
+        find_number_spans(torch.tensor([-5]), synthetic)
+
+
+@pytest.mark.parametrize(
+    ("token", "kind"),
+    [
+        ("-", "minus"),
+        ("\u2212", "minus"),
+        ("Ġ-", "sign"),
+        ("▁-", "sign"),
+        (" -", "sign"),
+        ("(-", "sign"),
+        ("=-", "sign"),
+        ("--", "sign"),
+        ("a-", None),
+        ("3-", None),
+        (").-", None),
+        ("->", None),
+        ("", None),
+    ],
+)
+def test_minus_token_kind(token: str, kind: str | None) -> None:
+    assert minus_token_kind(token) == kind
