@@ -23,5 +23,10 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 
+# CE + NTL speed and memory against F.cross_entropy and ntloss (about 70 min on one thread;
+# results in benchmarks/results/). `make bench BENCH_ARGS=--quick` is a smoke run of minutes.
+bench: $(STAMP)
+	$(PY) benchmarks/bench_loss.py $(BENCH_ARGS)
+
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

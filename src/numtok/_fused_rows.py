@@ -1,0 +1,192 @@
+"""Row statistics of a logits matrix for cross-entropy + NTL, and their gradient.
+
+Cross-entropy and the Number Token Loss read a logits row ``x`` (V,) only through
+
+* ``lse = log Σ_v exp(x_v)`` (full-vocabulary log-sum-exp),
+* ``x[y]`` (the label's logit) and
+* ``z = x[number_ids]`` (the N number-token logits),
+
+so one pass over the logits gives everything the loss needs. Backward is the transpose of those
+three maps: with upstream gradients ``g_lse`` (M,), ``g_y`` (M,) and ``g_z`` (M, N),
+
+    ∂L/∂x[r] = g_lse[r] · softmax(x[r]) + g_y[r] · onehot(y[r]) + scatter(g_z[r] -> number_ids)
+
+i.e. one dense term (softmax times a per-row coefficient) and N + 1 sparse fix-ups per row. It is
+written in a single pass into a single (M, V) buffer. Rows are processed in chunks small enough to
+stay in cache; bfloat16/float16 chunks are upcast to float32 one at a time, never the whole tensor.
+
+The two kernels are ``torch.library`` custom ops so that ``torch.compile`` sees one opaque node
+each instead of unrolling the chunk loop; :func:`row_statistics` is their differentiable form.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = ["compute_row_statistics", "row_statistics", "rows_per_chunk", "write_row_gradient"]
+
+# A chunk of about a million elements (4 MiB in float32) stays in a CPU core's L2 cache across the
+# three element-wise passes of the backward (subtract, exp, scale). GPUs want large launches.
+_CPU_CHUNK_ELEMENTS = 1 << 20
+_GPU_CHUNK_ELEMENTS = 1 << 26
+
+
+def rows_per_chunk(num_columns: int, device: torch.device) -> int:
+    budget = _CPU_CHUNK_ELEMENTS if device.type == "cpu" else _GPU_CHUNK_ELEMENTS
+    return max(1, budget // max(1, num_columns))
+
+
+def compute_row_statistics(
+    logits: torch.Tensor,
+    target_ids: torch.Tensor,
+    number_ids: torch.Tensor,
+    compute_dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(lse (M,), logits[r, target_ids[r]] (M,), logits[:, number_ids] (M, N))`` of a 2-D
+    ``logits`` (M, V), all in ``compute_dtype``. ``-inf`` number logits (masked vocabulary entries)
+    are raised to the most negative finite value, so that no softmax over them can produce NaN."""
+    num_rows, num_columns = logits.shape
+    lse = torch.empty(num_rows, dtype=compute_dtype, device=logits.device)
+    step = rows_per_chunk(num_columns, logits.device)
+    for start in range(0, num_rows, step):
+        block = logits[start : start + step].to(compute_dtype)  # (rows, V), a view in float32
+        torch.logsumexp(block, dim=-1, out=lse[start : start + step])
+    target_logit = logits.gather(1, target_ids[:, None]).squeeze(1).to(compute_dtype)  # (M,)
+    number_logits = logits.index_select(1, number_ids).to(compute_dtype)  # (M, N)
+    number_logits = number_logits.clamp_min(torch.finfo(compute_dtype).min)
+    return lse, target_logit, number_logits
+
+
+def write_row_gradient(
+    out: torch.Tensor,
+    logits: torch.Tensor,
+    lse: torch.Tensor,
+    target_ids: torch.Tensor,
+    number_ids: torch.Tensor,
+    grad_lse: torch.Tensor,
+    grad_target: torch.Tensor,
+    grad_numbers: torch.Tensor,
+    first_column: int = 0,
+) -> None:
+    """Write ``grad_lse[r]·softmax(x[r]) + grad_target[r]·onehot(target_ids[r])
+    + scatter(grad_numbers[r] -> number_ids)`` into ``out``, which may be ``logits`` itself.
+
+    ``logits`` (M, C) holds the columns ``first_column .. first_column + C - 1`` of the full rows
+    ``x`` (M, V), whose log-sum-exp is ``lse`` (M,); fix-ups at ids outside those columns are
+    skipped. ``lse`` and ``grad_*`` are in the compute dtype, ``out`` has the logits' dtype. A row
+    whose log-sum-exp is ``-inf`` (every logit masked) gets softmax 0 instead of NaN.
+    """
+    width = logits.shape[1]
+    # A fix-up whose column lies outside this block adds 0 at a clamped column inside it.
+    target_column = target_ids - first_column  # (M,)
+    target_inside = (target_column >= 0) & (target_column < width)
+    grad_target = torch.where(target_inside, grad_target, torch.zeros_like(grad_target))
+    target_column = target_column.clamp(0, width - 1)
+    number_column = number_ids - first_column  # (N,)
+    number_inside = (number_column >= 0) & (number_column < width)
+    grad_numbers = torch.where(number_inside, grad_numbers, torch.zeros_like(grad_numbers))
+    number_column = number_column.clamp(0, width - 1)
+
+    in_place = logits.dtype == lse.dtype  # otherwise each chunk is upcast to lse.dtype
+    finite_lse = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
+    step = rows_per_chunk(width, logits.device)
+    for start in range(0, logits.shape[0], step):
+        rows = slice(start, start + step)
+        if in_place:
+            work = torch.sub(logits[rows], finite_lse[rows, None], out=out[rows])  # (rows, C)
+        else:
+            work = logits[rows].to(lse.dtype).sub_(finite_lse[rows, None])  # (rows, C)
+        work.exp_().mul_(grad_lse[rows, None])
+        work.scatter_add_(1, target_column[rows, None], grad_target[rows, None])
+        work.index_add_(1, number_column, grad_numbers[rows])
+        if not in_place:
+            out[rows].copy_(work)
+
+
+@torch.library.custom_op("numtok::row_statistics", mutates_args=())
+def _row_statistics(
+    logits: torch.Tensor,
+    target_ids: torch.Tensor,
+    number_ids: torch.Tensor,
+    compute_dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return compute_row_statistics(logits, target_ids, number_ids, compute_dtype)
+
+
+@_row_statistics.register_fake
+def _(
+    logits: torch.Tensor,
+    target_ids: torch.Tensor,
+    number_ids: torch.Tensor,
+    compute_dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    num_rows = logits.shape[0]
+    return (
+        logits.new_empty(num_rows, dtype=compute_dtype),
+        logits.new_empty(num_rows, dtype=compute_dtype),
+        logits.new_empty(num_rows, number_ids.shape[0], dtype=compute_dtype),
+    )
+
+
+@torch.library.custom_op("numtok::row_statistics_backward", mutates_args=())
+def _row_statistics_backward(
+    logits: torch.Tensor,
+    lse: torch.Tensor,
+    target_ids: torch.Tensor,
+    number_ids: torch.Tensor,
+    grad_lse: torch.Tensor,
+    grad_target: torch.Tensor,
+    grad_numbers: torch.Tensor,
+) -> torch.Tensor:
+    grad_logits = torch.empty_like(logits)
+    write_row_gradient(
+        grad_logits, logits, lse, target_ids, number_ids, grad_lse, grad_target, grad_numbers
+    )
+    return grad_logits
+
+
+@_row_statistics_backward.register_fake
+def _(
+    logits: torch.Tensor,
+    lse: torch.Tensor,
+    target_ids: torch.Tensor,
+    number_ids: torch.Tensor,
+    grad_lse: torch.Tensor,
+    grad_target: torch.Tensor,
+    grad_numbers: torch.Tensor,
+) -> torch.Tensor:
+    return torch.empty_like(logits)
+
+
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, ...]) -> None:
+    logits, target_ids, number_ids, _ = inputs
+    ctx.save_for_backward(logits, output[0], target_ids, number_ids)
+
+
+def _backward(
+    ctx: Any, grad_lse: torch.Tensor, grad_target: torch.Tensor, grad_numbers: torch.Tensor
+) -> tuple[torch.Tensor, None, None, None]:
+    logits, lse, target_ids, number_ids = ctx.saved_tensors
+    grad_logits = _row_statistics_backward(
+        logits, lse, target_ids, number_ids, grad_lse, grad_target, grad_numbers
+    )
+    return grad_logits, None, None, None
+
+
+_row_statistics.register_autograd(_backward, setup_context=_setup_context)
+
+
+def row_statistics(
+    logits: torch.Tensor,
+    target_ids: torch.Tensor,
+    number_ids: torch.Tensor,
+    compute_dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Differentiable :func:`compute_row_statistics` of a 2-D ``logits`` (M, V): its backward
+    writes the logits' gradient into one fresh (M, V) buffer with :func:`write_row_gradient`."""
+    lse, target_logit, number_logits = _row_statistics(
+        logits, target_ids, number_ids, compute_dtype
+    )
+    return lse, target_logit, number_logits

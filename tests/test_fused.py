@@ -1,0 +1,459 @@
+"""cross_entropy_with_ntl against the unfused reference ``F.cross_entropy + w * number_token_loss``
+(float64, values and gradients within 1e-9), gradcheck, low precision, chunking, torch.compile
+and bad input."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from numtok import NumberTokenLoss, NumberVocab, _fused_rows, number_token_loss
+from numtok.fused import CEWithNTLOutput, cross_entropy_with_ntl
+
+DIGITS: dict[int, str | float] = {3 + d: str(d) for d in range(10)}  # ids 3..12 in V=17
+# Tokenizers with 1-3 digit chunks: "0".."9", "00".."99" (every 7th) and "000".."999" (every 97th).
+CHUNKS: dict[int, str | float] = {
+    **{d: str(d) for d in range(10)},
+    **{20 + k: f"{i:02d}" for k, i in enumerate(range(0, 100, 7))},
+    **{40 + k: f"{i:03d}" for k, i in enumerate(range(0, 1000, 97))},
+}
+CUSTOM: dict[int, str | float] = {1: 0.5, 4: -2.0, 6: 3.25, 7: 10.0}
+VOCABS: dict[str, tuple[Mapping[int, str | float], int]] = {
+    "digits": (DIGITS, 17),
+    "chunks": (CHUNKS, 59),
+    "custom": (CUSTOM, 11),
+}
+KINDS: list[Any] = ["was", "mse", "mae", "huber", lambda p, t: (p - t).abs() ** 1.5]
+KIND_IDS = ["was", "mse", "mae", "huber", "callable"]
+WEIGHT = 0.7
+
+
+def make_vocab(name: str) -> NumberVocab:
+    values, vocab_size = VOCABS[name]
+    return NumberVocab.from_values(dict(values), vocab_size=vocab_size)
+
+
+def make_labels(
+    name: str, shape: tuple[int, ...], generator: torch.Generator, ignore_index: int = -100
+) -> torch.Tensor:
+    """Labels mixing number tokens (~65%), other tokens (~25%) and ignore_index (~10%)."""
+    values, vocab_size = VOCABS[name]
+    number_ids = torch.tensor(sorted(values))
+    labels = number_ids[torch.randint(len(number_ids), shape, generator=generator)]
+    text = torch.randint(vocab_size, shape, generator=generator)
+    choice = torch.rand(shape, generator=generator)
+    labels = torch.where(choice < 0.25, text, labels)
+    return torch.where(choice > 0.9, torch.full_like(labels, ignore_index), labels)
+
+
+def make_batch(
+    name: str, shape: tuple[int, ...] = (3, 5), seed: int = 0, dtype: torch.dtype = torch.float64
+) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    logits = 2 * torch.randn(*shape, VOCABS[name][1], generator=generator, dtype=dtype)
+    return logits.requires_grad_(), make_labels(name, shape, generator)
+
+
+def shifted(labels: torch.Tensor, ignore_index: int) -> torch.Tensor:
+    return torch.cat([labels[..., 1:], torch.full_like(labels[..., :1], ignore_index)], dim=-1)
+
+
+def reference(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    vocab: NumberVocab,
+    ntl_weight: float = WEIGHT,
+    **settings: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(CE + w·NTL, CE) computed separately by PyTorch and by the unfused number_token_loss."""
+    ignore_index = settings.get("ignore_index", -100)
+    reduction = settings.get("reduction", "mean")
+    ce_labels = shifted(labels, ignore_index) if settings.get("shift") else labels
+    ce = F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]),
+        ce_labels.reshape(-1),
+        ignore_index=ignore_index,
+        reduction="sum" if "num_items_in_batch" in settings else reduction,
+    )
+    if reduction == "none":
+        ce = ce.reshape(labels.shape)
+    elif "num_items_in_batch" in settings and reduction == "mean":
+        ce = ce / settings["num_items_in_batch"]
+    return ce + ntl_weight * number_token_loss(logits, labels, vocab, **settings), ce
+
+
+def value_and_grads(
+    fn: Callable[[], torch.Tensor], inputs: list[torch.Tensor]
+) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """The value and the gradients for a fixed random upstream gradient (so that a "none"
+    result is tested position by position)."""
+    value = fn()
+    upstream = torch.randn(value.shape, generator=torch.Generator().manual_seed(99)).to(value)
+    return value.detach(), torch.autograd.grad(value, inputs, upstream)
+
+
+def assert_fused_matches_reference(
+    name: str, logits: torch.Tensor, labels: torch.Tensor, **settings: Any
+) -> CEWithNTLOutput:
+    vocab = make_vocab(name)
+    outputs: list[CEWithNTLOutput] = []
+
+    def fused() -> torch.Tensor:
+        outputs.append(cross_entropy_with_ntl(logits, labels, vocab, ntl_weight=WEIGHT, **settings))
+        return outputs[-1].loss
+
+    value, grads = value_and_grads(fused, [logits])
+    ref_value, ref_grads = value_and_grads(
+        lambda: reference(logits, labels, vocab, **settings)[0], [logits]
+    )
+    torch.testing.assert_close(value, ref_value, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(grads, ref_grads, rtol=1e-9, atol=1e-12)
+    return outputs[-1]
+
+
+# ------------------------------------------------------------------ agreement with the reference
+
+
+@pytest.mark.parametrize("name", list(VOCABS))
+@pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
+@pytest.mark.parametrize("reweigh", [False, True])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_matches_reference(name: str, kind: Any, reweigh: bool, reduction: str) -> None:
+    logits, labels = make_batch(name)
+    assert_fused_matches_reference(
+        name, logits, labels, kind=kind, reweigh=reweigh, reduction=reduction
+    )
+
+
+@pytest.mark.parametrize("name", list(VOCABS))
+@pytest.mark.parametrize("reweigh", [False, True])
+@pytest.mark.parametrize("squash_factor", [1.5, 9.0, 50])
+def test_squash_matches_reference(name: str, reweigh: bool, squash_factor: float) -> None:
+    logits, labels = make_batch(name, seed=1)
+    assert_fused_matches_reference(
+        name, logits, labels, reweigh=reweigh, squash_factor=squash_factor
+    )
+
+
+@pytest.mark.parametrize("name", list(VOCABS))
+@pytest.mark.parametrize("kind", ["was", "mse"])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"shift": True},
+        {"shift": True, "reduction": "none"},
+        {"num_items_in_batch": 7},
+        {"num_items_in_batch": 7, "reduction": "sum"},
+        {"ignore_index": 0},
+        {"reweigh": True, "shift": True, "num_items_in_batch": 3},
+    ],
+    ids=str,
+)
+def test_settings_match_reference(name: str, kind: str, extra: dict[str, Any]) -> None:
+    logits, labels = make_batch(name, shape=(2, 7), seed=2)
+    labels = labels.masked_fill(labels == -100, extra.get("ignore_index", -100))
+    assert_fused_matches_reference(name, logits, labels, kind=kind, **extra)
+
+
+def test_num_items_as_a_tensor() -> None:
+    logits, labels = make_batch("digits", seed=2)
+    assert_fused_matches_reference(
+        "digits", logits, labels, num_items_in_batch=torch.tensor(11), reweigh=True
+    )
+
+
+@pytest.mark.parametrize("name", list(VOCABS))
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("shift", [False, True])
+def test_loss_weights_match_reference(name: str, reduction: str, shift: bool) -> None:
+    logits, labels = make_batch(name, shape=(2, 6), seed=3)
+    weights = torch.rand(2, 6, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    weights[0, :3] = 0.0
+    for kind in ["was", "huber"]:
+        assert_fused_matches_reference(
+            name, logits, labels, kind=kind, loss_weights=weights, reduction=reduction, shift=shift
+        )
+
+
+@pytest.mark.parametrize(
+    ("name", "shape"), [("digits", (13,)), ("chunks", (2, 3, 5)), ("custom", (7, 1))]
+)
+def test_odd_shapes_match_reference(name: str, shape: tuple[int, ...]) -> None:
+    logits, labels = make_batch(name, shape=shape, seed=4)
+    assert_fused_matches_reference(name, logits, labels, reduction="none", reweigh=True)
+    assert_fused_matches_reference(name, logits, labels, kind="mse")
+
+
+def test_ce_and_ntl_terms_are_reported_detached() -> None:
+    vocab = make_vocab("chunks")
+    logits, labels = make_batch("chunks", seed=5)
+    for reduction in ["mean", "none"]:
+        out = cross_entropy_with_ntl(logits, labels, vocab, reweigh=True, reduction=reduction)
+        ntl = number_token_loss(logits, labels, vocab, reweigh=True, reduction=reduction)
+        _, ce = reference(logits, labels, vocab, reduction=reduction)
+        assert not out.ce.requires_grad and not out.ntl.requires_grad
+        torch.testing.assert_close(out.ce, ce.detach(), rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(out.ntl, ntl.detach(), rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(out.loss.detach(), out.ce + 0.3 * out.ntl)
+
+
+def test_ntl_weight_zero_is_cross_entropy() -> None:
+    vocab = make_vocab("digits")
+    logits, labels = make_batch("digits", seed=6)
+    out = cross_entropy_with_ntl(logits, labels, vocab, ntl_weight=0)
+    assert float(out.ntl) > 0
+    torch.testing.assert_close(
+        out.loss, F.cross_entropy(logits.reshape(-1, 17), labels.reshape(-1))
+    )
+
+
+@pytest.mark.parametrize("name", list(VOCABS))
+@pytest.mark.parametrize("kind", ["was", "mse", "huber"])
+@pytest.mark.parametrize("reweigh", [False, True])
+def test_gradcheck(name: str, kind: str, reweigh: bool) -> None:
+    vocab = make_vocab(name)
+    logits, labels = make_batch(name, shape=(2, 3), seed=7)
+    weights = torch.rand(2, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+    squash = 4.0 if kind == "was" else None
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return cross_entropy_with_ntl(
+            x, labels, vocab, kind=kind, reweigh=reweigh, squash_factor=squash, loss_weights=weights
+        ).loss
+
+    assert torch.autograd.gradcheck(fn, (logits.detach().requires_grad_(),))
+
+
+# ------------------------------------------------------------------ edge cases
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_ignore_only_batch_gives_zero_and_zero_gradient(reduction: str) -> None:
+    """PyTorch's mean over no target is 0/0 = NaN; ours is 0, still connected to the graph."""
+    vocab = make_vocab("digits")
+    logits, _ = make_batch("digits")
+    labels = torch.full((3, 5), -100)
+    out = cross_entropy_with_ntl(logits, labels, vocab, reweigh=True, reduction=reduction)
+    (grad,) = torch.autograd.grad(out.loss.sum(), logits)
+    assert torch.all(out.loss == 0) and torch.all(out.ce == 0) and torch.all(out.ntl == 0)
+    assert torch.all(grad == 0)
+
+
+@pytest.mark.parametrize("reweigh", [False, True])
+def test_batch_without_number_tokens_is_plain_cross_entropy(reweigh: bool) -> None:
+    vocab = make_vocab("digits")
+    logits, _ = make_batch("digits")
+    labels = torch.tensor([[0, 1, 2, 13, 16]] * 3)
+    labels[1, 2] = -100
+    assert_fused_matches_reference("digits", logits, labels, reweigh=reweigh)
+    out = cross_entropy_with_ntl(logits, labels, vocab, reweigh=reweigh)
+    assert float(out.ntl) == 0
+    (grad,) = torch.autograd.grad(out.loss, logits)
+    (ce_grad,) = torch.autograd.grad(
+        F.cross_entropy(logits.reshape(-1, 17), labels.reshape(-1)), logits
+    )
+    torch.testing.assert_close(grad, ce_grad, rtol=1e-12, atol=1e-15)
+
+
+def test_masked_vocabulary_entries_give_no_nan() -> None:
+    """-inf logits (masked tokens, padded output layers), also on number tokens."""
+    logits, labels = make_batch("chunks", shape=(2, 6), seed=8)
+    masked = logits.detach().clone()
+    masked[..., 50:] = -torch.inf  # padding columns beyond the tokenizer
+    masked[0, :, 5] = -torch.inf  # the number token "5" masked in a whole sequence
+    labels = torch.where(labels >= 50, 1, labels)
+    labels[0] = torch.where(labels[0] == 5, 2, labels[0])
+    masked.requires_grad_()
+    for reweigh in [False, True]:
+        assert_fused_matches_reference("chunks", masked, labels, reweigh=reweigh)
+
+
+def test_fully_masked_ignored_position_gets_zero_gradient() -> None:
+    """A position whose every logit is -inf but whose label is ignored: 0 gradient there, where
+    F.cross_entropy's backward gives NaN for the whole row."""
+    vocab = make_vocab("chunks")
+    logits, labels = make_batch("chunks", shape=(2, 6), seed=8)
+    masked = logits.detach().clone()
+    masked[1, 3] = -torch.inf
+    labels[1, 3] = -100
+    masked.requires_grad_()
+    for reweigh in [False, True]:
+        out = cross_entropy_with_ntl(masked, labels, vocab, reweigh=reweigh)
+        (grad,) = torch.autograd.grad(out.loss, masked)
+        assert torch.isfinite(out.loss) and torch.all(torch.isfinite(grad))
+        assert torch.all(grad[1, 3] == 0)
+        unmasked = cross_entropy_with_ntl(logits, labels, vocab, reweigh=reweigh)
+        torch.testing.assert_close(out.loss, unmasked.loss, rtol=1e-12, atol=0)
+
+
+def test_chunks_that_do_not_divide_the_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three rows per chunk over 5·7 = 35 rows: the last chunk is partial."""
+    monkeypatch.setattr(_fused_rows, "_CPU_CHUNK_ELEMENTS", 3 * 59 + 5)
+    assert _fused_rows.rows_per_chunk(59, torch.device("cpu")) == 3
+    logits, labels = make_batch("chunks", shape=(5, 7), seed=9)
+    for reduction in ["mean", "none"]:
+        assert_fused_matches_reference("chunks", logits, labels, reweigh=True, reduction=reduction)
+    bf16 = logits.detach().to(torch.bfloat16).requires_grad_()
+    assert_close_to_float32_reference("chunks", bf16, labels)
+
+
+# ------------------------------------------------------------------ low precision
+
+# The fused path computes in float32 from the bfloat16/float16 logits, so its value matches a
+# float32 reference on the same (upcast) logits to float32 rounding; its gradient is that float32
+# gradient rounded once to the logits' dtype: within half a unit in the last place (2^-9 relative
+# for bfloat16, 2^-11 for float16, plus float16's subnormal spacing 2^-24 near zero).
+LOW_PRECISION = {torch.bfloat16: (2.0**-8, 1e-30), torch.float16: (2.0**-10, 2.0**-24)}
+
+
+def assert_close_to_float32_reference(
+    name: str, logits: torch.Tensor, labels: torch.Tensor, **settings: Any
+) -> None:
+    vocab = make_vocab(name)
+    grad_rtol, grad_atol = LOW_PRECISION[logits.dtype]
+    out = cross_entropy_with_ntl(logits, labels, vocab, ntl_weight=WEIGHT, **settings)
+    assert out.loss.dtype == torch.float32
+    (grad,) = torch.autograd.grad(out.loss, logits)
+    assert grad.dtype == logits.dtype
+    upcast = logits.detach().float().requires_grad_()
+    ref, _ = reference(upcast, labels, vocab, **settings)
+    (ref_grad,) = torch.autograd.grad(ref, upcast)
+    torch.testing.assert_close(out.loss, ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grad.float(), ref_grad, rtol=grad_rtol, atol=grad_atol)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("name", list(VOCABS))
+@pytest.mark.parametrize("reweigh", [False, True])
+def test_low_precision_matches_float32_reference(
+    dtype: torch.dtype, name: str, reweigh: bool
+) -> None:
+    logits, labels = make_batch(name, shape=(4, 9), seed=10, dtype=torch.float32)
+    low = logits.detach().to(dtype).requires_grad_()
+    assert_close_to_float32_reference(name, low, labels, reweigh=reweigh, shift=True)
+
+
+def test_low_precision_is_not_upcast_as_a_whole() -> None:
+    """The bf16 logits stay bf16: the gradient is bf16 and no float32 copy of the logits is
+    kept for backward (the only saved tensors are the logits themselves and (M,) statistics)."""
+    vocab = make_vocab("digits")
+    logits, labels = make_batch("digits", shape=(4, 9), seed=11, dtype=torch.bfloat16)
+    saved: list[torch.Tensor] = []
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        saved.append(tensor)
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = cross_entropy_with_ntl(logits, labels, vocab, reweigh=True)
+    full_size = [t for t in saved if t.numel() >= logits.numel()]
+    assert len(full_size) == 1 and full_size[0].dtype == torch.bfloat16
+    assert full_size[0].untyped_storage().data_ptr() == logits.untyped_storage().data_ptr()
+    out.loss.backward()
+    assert logits.grad is not None and logits.grad.dtype == torch.bfloat16
+
+
+# ------------------------------------------------------------------ torch.compile
+
+
+@pytest.mark.slow  # the first inductor compilation in a process takes about 10 s
+def test_torch_compile_matches_eager() -> None:
+    torch._dynamo.reset()
+    vocab = make_vocab("chunks")
+    logits, labels = make_batch("chunks", shape=(2, 6), seed=12, dtype=torch.float32)
+
+    def loss(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        out = cross_entropy_with_ntl(x, labels, vocab, reweigh=True, shift=True)
+        return out.loss, out.ce, out.ntl
+
+    compiled = torch.compile(loss)
+    eager_values = loss(logits)
+    compiled_values = compiled(logits)
+    torch.testing.assert_close(compiled_values, eager_values)
+    (eager_grad,) = torch.autograd.grad(eager_values[0], logits)
+    (compiled_grad,) = torch.autograd.grad(compiled_values[0], logits)
+    torch.testing.assert_close(compiled_grad, eager_grad)
+
+
+def test_row_statistics_is_one_opaque_node_under_compile() -> None:
+    """The custom ops trace (fake implementations, autograd) without graph breaks of their own:
+    a full graph compiles when the label check is left out."""
+    logits = torch.randn(5, 17, requires_grad=True)
+    targets, number_ids = torch.tensor([3, 0, 7, 16, 4]), torch.arange(3, 13)
+
+    def stats(x: torch.Tensor) -> torch.Tensor:
+        lse, target_logit, number_logits = _fused_rows.row_statistics(
+            x, targets, number_ids, torch.float32
+        )
+        return (lse - target_logit).sum() + number_logits.square().sum()
+
+    compiled = torch.compile(stats, backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(compiled(logits), stats(logits))
+    (eager_grad,) = torch.autograd.grad(stats(logits), logits)
+    (compiled_grad,) = torch.autograd.grad(compiled(logits), logits)
+    torch.testing.assert_close(compiled_grad, eager_grad)
+
+
+# ------------------------------------------------------------------ bad input
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "match"),
+    [
+        ({"logits": torch.zeros(3, 5, 17, dtype=torch.long)}, TypeError, "logits must be floating"),
+        ({"labels": torch.zeros(3, 5)}, TypeError, "labels must be an integer"),
+        ({"labels": torch.zeros(3, 4, dtype=torch.long)}, ValueError, "logits must have shape"),
+        ({"logits": torch.zeros(3, 5, 16)}, ValueError, "vocab_size=17"),
+        ({"labels": torch.full((3, 5), 17)}, ValueError, r"\[0, 17\).*got 17"),
+        ({"ntl_weight": -0.1}, ValueError, "ntl_weight must be a finite number >= 0, got -0.1"),
+        ({"ntl_weight": math.nan}, ValueError, "ntl_weight"),
+        ({"ntl_weight": "0.3"}, TypeError, "ntl_weight must be a number"),
+        ({"ntl_weight": True}, TypeError, "ntl_weight must be a number"),
+        ({"kind": "l2"}, ValueError, "kind must be one of"),
+        ({"kind": "number"}, ValueError, "kind='number' .* has no fused path"),
+        ({"reduction": "avg"}, ValueError, "reduction must be one of"),
+        ({"squash_factor": 1.0}, ValueError, "squash_factor"),
+        (
+            {"loss_weights": torch.ones(3, 4)},
+            ValueError,
+            "loss_weights must have the labels' shape",
+        ),
+        ({"loss_weights": -torch.ones(3, 5)}, ValueError, "loss_weights must be >= 0"),
+        ({"num_items_in_batch": 0}, ValueError, "num_items_in_batch must be > 0"),
+        ({"vocab": {3: "0"}}, TypeError, "vocab must be a NumberVocab"),
+    ],
+    ids=lambda value: str(value)[:40],
+)
+def test_bad_input(change: dict[str, Any], error: type[Exception], match: str) -> None:
+    arguments: dict[str, Any] = {
+        "logits": torch.zeros(3, 5, 17),
+        "labels": torch.zeros(3, 5, dtype=torch.long),
+        "vocab": make_vocab("digits"),
+        **change,
+    }
+    with pytest.raises(error, match=match):
+        cross_entropy_with_ntl(
+            arguments.pop("logits"), arguments.pop("labels"), arguments.pop("vocab"), **arguments
+        )
+
+
+def test_number_token_loss_module_returns_ce_plus_ntl() -> None:
+    """NumberTokenLoss(..., ntl_weight=w) is cross_entropy_with_ntl with the module's buffers."""
+    vocab = make_vocab("chunks")
+    logits, labels = make_batch("chunks", seed=13)
+    module = NumberTokenLoss(vocab, reweigh=True, shift=True, ntl_weight=WEIGHT)
+    out = module(logits, labels)
+    assert isinstance(out, CEWithNTLOutput)
+    ref = cross_entropy_with_ntl(logits, labels, vocab, ntl_weight=WEIGHT, reweigh=True, shift=True)
+    torch.testing.assert_close(out.loss, ref.loss, rtol=0, atol=0)
+    (grad,) = torch.autograd.grad(out.loss, logits)
+    torch.testing.assert_close(grad, torch.autograd.grad(ref.loss, logits)[0], rtol=0, atol=0)
+    assert f"ntl_weight={WEIGHT}" in repr(module)
+    assert isinstance(NumberTokenLoss(vocab)(logits, labels), torch.Tensor)
+    with pytest.raises(ValueError, match="ntl_weight must be a finite number >= 0"):
+        NumberTokenLoss(vocab, ntl_weight=-1.0)
