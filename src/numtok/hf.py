@@ -1,0 +1,480 @@
+"""Cross-entropy + NTL for the Hugging Face ``Trainer`` and TRL, exact under gradient accumulation
+and data parallelism.
+
+One line on an existing trainer::
+
+    trainer = Trainer(model=model, args=args, train_dataset=train, data_collator=collator)
+    NTLossForTrainer(tokenizer, ntl_weight=0.3).attach(trainer)
+
+or, without the exact accumulation and the CE/NTL logs (see below),
+``Trainer(..., compute_loss_func=NTLossForTrainer(tokenizer))``.
+
+**What is minimised.** Over the positions of one optimizer step (all micro-batches of the
+accumulation, on all processes), with ``T`` the positions that have a label (not ``ignore_index``)
+and ``P ⊆ T`` those whose label is a number token:
+
+    loss = Σ_{t∈T} ce_t / |T|  +  ntl_weight · Σ_{t∈P} ntl_t / |P|
+
+the same value and gradients as one batch holding the whole step. The Trainer divides the loss of
+each micro-batch by ``num_items_in_batch``, which it counts over the step's labels, so
+cross-entropy alone is exact. NTL's mean is over ``|P|``, which the Trainer does not count, and
+``|P|/|T|`` varies between micro-batches (one holds a long number, the next none), so dividing each
+micro-batch's NTL by its own number positions over-weights micro-batches with few numbers.
+
+**How it is made exact.** The Trainer fetches all micro-batches of a step before the first
+forward pass (``Trainer.get_batch_samples``). :meth:`NTLossForTrainer.attach` wraps that method:
+it counts ``|T|`` and ``|P|`` over the fetched labels (after the causal shift) and, where the
+Trainer sums its token count over processes (``average_tokens_across_devices``, the default, under
+DDP/FSDP/DeepSpeed through accelerate or torchrun), sums both counts over processes with one
+``gather``. Each micro-batch then returns ``Σ_micro ce / |T| + ntl_weight · Σ_micro ntl / |P|``.
+The Trainer adds the micro-batches' gradients without rescaling them, multiplies the loss by the
+number of processes, and DDP averages the gradients over processes: the sum of the pieces is the
+step's loss above. The Trainer's own ``num_items_in_batch`` is replaced by the same ``|T|``
+(counted with this loss's shift), so that the value passed on identifies the step's counts.
+
+Without :meth:`~NTLossForTrainer.attach`, each micro-batch's NTL mean is weighted by its share of
+the step's target tokens, ``Σ_micro ntl / |P_micro| · |T_micro| / num_items_in_batch``: exact for a
+single micro-batch on a single process, approximate otherwise, with a warning the first time.
+
+Evaluation (``trainer.evaluate()``) adds ``eval_ce`` and ``eval_ntl`` (``Σ ce / |T|`` and
+``Σ ntl / |P|`` over the whole evaluation set) to the metrics; training logs get ``ce`` and
+``ntl`` beside ``loss`` (averaged over the optimizer steps since the last log, like ``loss``, so
+``loss = ce + ntl_weight · ntl``). They reach ``trainer.state.log_history``, the progress bar and
+every reporting integration (TensorBoard, W&B, ...).
+
+Nothing here imports ``transformers``: the trainer is read by duck typing.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from numtok._validation import check_bool, check_ntl_weight, shift_left
+from numtok.fused import CEWithNTLOutput, _cross_entropy_with_ntl
+from numtok.losses import Kind, _LossSpec
+from numtok.vocab import NumberTables, NumberVocab
+
+__all__ = ["NTLossForTrainer"]
+
+
+def _ce_plus_ntl(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    tables: NumberTables,
+    tokens: torch.Tensor,
+    numbers: torch.Tensor,
+    *,
+    spec: _LossSpec,
+    ntl_weight: float,
+) -> CEWithNTLOutput:
+    """``Σ ce / tokens + ntl_weight · Σ ntl / numbers`` over logits (B, T, V) and labels (B, T),
+    through the fused path, with ``.ce = Σ ce / tokens`` and ``.ntl = Σ ntl / numbers``.
+
+    ``cross_entropy_with_ntl`` divides both sums by one ``num_items_in_batch``; NTL gets its own
+    denominator by weighing every position by ``tokens / numbers`` (a constant, so NTL's
+    ``loss_weights`` scale its sum): ``Σ (tokens/numbers)·ntl / tokens = Σ ntl / numbers``.
+    """
+    ratio = (tokens / numbers).expand(labels.shape)  # (B, T), a view of one scalar
+    return _cross_entropy_with_ntl(logits, labels, tables, spec, ntl_weight, ratio, tokens)
+
+
+def _count_targets(
+    labels: torch.Tensor, position_of_id: torch.Tensor, spec: _LossSpec
+) -> torch.Tensor:
+    """``[|T|, |P|]`` (2,) int64 for labels (...): the positions with a label, and those whose
+    label is a number token, after the causal shift when ``spec.shift``. Ids outside the
+    vocabulary count as targets that are not numbers (the loss itself rejects them)."""
+    if spec.shift:
+        labels = shift_left(labels, spec.ignore_index)
+    is_target = labels != spec.ignore_index
+    in_range = is_target & (labels >= 0) & (labels < position_of_id.numel())
+    is_number = in_range & (position_of_id[torch.where(in_range, labels, 0)] >= 0)
+    return torch.stack([is_target.sum(), is_number.sum()])
+
+
+def _logits_of(outputs: Any) -> torch.Tensor:
+    """The logits of a model output: a ``ModelOutput``/dict with ``logits``, a tuple whose first
+    element is the logits (``return_dict=False`` without labels), or a tensor."""
+    logits: Any
+    if isinstance(outputs, torch.Tensor):
+        logits = outputs
+    elif isinstance(outputs, Mapping):
+        logits = outputs.get("logits")
+        if logits is None:
+            raise ValueError(
+                "the model's output has no logits (it has "
+                f"{', '.join(map(repr, outputs.keys())) or 'no fields'}): NTLossForTrainer needs "
+                "the language-modelling head's logits. Load the model with "
+                "AutoModelForCausalLM (or AutoModelForSeq2SeqLM with shift=False), not AutoModel, "
+                "and do not enable use_liger_kernel, which skips the logits"
+            )
+    elif isinstance(outputs, (tuple, list)) and outputs and isinstance(outputs[0], torch.Tensor):
+        logits = outputs[0]
+    else:
+        raise TypeError(
+            "outputs must be a model output with logits (a ModelOutput or dict with 'logits', a "
+            f"tuple starting with the logits, or a tensor), got {type(outputs).__name__}"
+        )
+    if not isinstance(logits, torch.Tensor):
+        raise TypeError(f"the model's logits must be a tensor, got {type(logits).__name__}")
+    return logits
+
+
+def _is_encoder_decoder_output(outputs: Any) -> bool:
+    """Seq2seq outputs (``Seq2SeqLMOutput``) carry the encoder's last hidden state."""
+    fields = getattr(type(outputs), "__dataclass_fields__", {})
+    return "encoder_last_hidden_state" in fields or (
+        isinstance(outputs, Mapping) and "encoder_last_hidden_state" in outputs
+    )
+
+
+@dataclass
+class _Link:
+    """What an attached loss knows about its trainer: how to sum over processes, and the current
+    optimizer step's counts."""
+
+    gather: Callable[[torch.Tensor], torch.Tensor]
+    #: The Trainer sums its token count over processes and multiplies the loss by their number.
+    sum_over_processes: bool
+    #: Tensor/context/sequence-parallel ranks share a batch; the Trainer divides its count by this.
+    replicas: int
+    #: The step's ``|T|``, also the ``num_items_in_batch`` the Trainer passes for this step.
+    step_tokens: torch.Tensor | None = None
+    step_numbers: torch.Tensor | None = None
+    #: ``[Σ ce/|T|, Σ ntl/|P|]`` of the optimizer steps since the last log, on this process.
+    train_sums: torch.Tensor | None = None
+    steps_since_log: int = 0
+    #: ``[Σ ce, Σ ntl, |T|, |P|]`` during an evaluation loop, on this process; None outside one.
+    eval_sums: torch.Tensor | None = None
+
+    def reduce(self, tensor: torch.Tensor, *, mean: bool) -> torch.Tensor:
+        per_process = self.gather(tensor[None]).reshape(-1, tensor.numel())  # (processes, n)
+        return per_process.mean(dim=0) if mean else per_process.sum(dim=0)
+
+
+class NTLossForTrainer:
+    """Cross-entropy + ``ntl_weight`` · NTL as a Hugging Face ``compute_loss_func``.
+
+    ``loss_fn(outputs, labels, num_items_in_batch=None)`` returns
+    ``Σ ce / |T| + ntl_weight · Σ ntl / |P|`` (see the module docstring for ``T``, ``P`` and the
+    exact accumulation), computed by :func:`numtok.fused.cross_entropy_with_ntl` from
+    ``outputs.logits`` (B, T, V) and ``labels`` (B, T). Use :meth:`attach` (one line) for exact
+    gradient accumulation and data parallelism and for ``ce``/``ntl`` in the logs.
+
+    Args:
+        vocab_or_tokenizer: a :class:`~numtok.NumberVocab`, or a Hugging Face tokenizer from which
+            one is built with ``NumberVocab.from_tokenizer(tokenizer, vocab_size=vocab_size)``.
+        ntl_weight: the factor of NTL (the paper's λ, 0.3).
+        kind, reweigh, squash_factor, ignore_index: as in :func:`numtok.number_token_loss`.
+        shift: compare the logits at ``t`` with the label at ``t + 1``: right for causal LMs, whose
+            labels are their inputs (the Trainer's convention). Encoder-decoder models feed
+            right-shifted labels to the decoder and need ``shift=False``.
+        vocab_size: the number of logits the model produces, when building from a tokenizer and
+            the output layer is padded beyond it (``model.config.vocab_size``).
+        compile: ``torch.compile`` the loss. ``None`` (default): compile when attached to a
+            trainer whose ``args.torch_compile`` is set, with its backend and mode.
+
+    Example::
+
+        loss_fn = NTLossForTrainer(tokenizer, ntl_weight=0.3)
+        trainer = loss_fn.attach(Trainer(model=model, args=args, train_dataset=train))
+        trainer.train()  # logs loss, ce and ntl
+    """
+
+    def __init__(
+        self,
+        vocab_or_tokenizer: NumberVocab | Any,
+        *,
+        ntl_weight: float = 0.3,
+        kind: Kind = "was",
+        reweigh: bool = False,
+        squash_factor: float | None = None,
+        ignore_index: int = -100,
+        shift: bool = True,
+        vocab_size: int | None = None,
+        compile: bool | None = None,
+    ) -> None:
+        if isinstance(vocab_or_tokenizer, NumberVocab):
+            if vocab_size is not None and vocab_size != vocab_or_tokenizer.vocab_size:
+                raise ValueError(
+                    f"vocab_size={vocab_size} differs from the NumberVocab's vocab_size="
+                    f"{vocab_or_tokenizer.vocab_size}; pass vocab_size only with a tokenizer"
+                )
+            self.vocab = vocab_or_tokenizer
+        else:
+            self.vocab = NumberVocab.from_tokenizer(vocab_or_tokenizer, vocab_size=vocab_size)
+        self.spec = _LossSpec.build(
+            self.vocab,
+            kind=kind,
+            reweigh=reweigh,
+            squash_factor=squash_factor,
+            ignore_index=ignore_index,
+            reduction="mean",
+            shift=shift,
+        )
+        self.ntl_weight = check_ntl_weight(ntl_weight)
+        if compile is not None:
+            check_bool("compile", compile)
+        self._compile = compile
+        self._terms = self._loss_terms(compile=bool(compile))
+        self._link: _Link | None = None
+        self._warned_inexact = False
+
+    def _loss_terms(
+        self, *, compile: bool, **compile_options: Any
+    ) -> Callable[..., CEWithNTLOutput]:
+        terms = functools.partial(_ce_plus_ntl, spec=self.spec, ntl_weight=self.ntl_weight)
+        if not compile:
+            return terms
+        compiled: Callable[..., CEWithNTLOutput] = torch.compile(terms, **compile_options)
+        return compiled
+
+    def __repr__(self) -> str:
+        spec = self.spec
+        return (
+            f"NTLossForTrainer(ntl_weight={self.ntl_weight}, kind={spec.kind!r}, "
+            f"reweigh={spec.reweigh}, squash_factor={spec.squash_factor}, "
+            f"ignore_index={spec.ignore_index}, shift={spec.shift}, {self.vocab!r})"
+        )
+
+    # ------------------------------------------------------------------ the loss
+    def __call__(
+        self,
+        outputs: Any,
+        labels: torch.Tensor | None,
+        num_items_in_batch: torch.Tensor | int | None = None,
+    ) -> torch.Tensor:
+        """The loss of one micro-batch; ``outputs.logits`` (B, T, V), ``labels`` (B, T)."""
+        logits = _logits_of(outputs)
+        if labels is None:
+            raise ValueError(
+                "labels are missing: the batch has no 'labels' entry. Use a data collator that "
+                "adds them (DataCollatorForLanguageModeling(tokenizer, mlm=False), or copy "
+                "input_ids with -100 on padding and prompt tokens), and keep 'labels' in the "
+                "dataset (remove_unused_columns drops columns the model's forward does not name)"
+            )
+        if self.spec.shift and _is_encoder_decoder_output(outputs):
+            raise ValueError(
+                "the model is an encoder-decoder (its output has encoder_last_hidden_state) and "
+                "shift=True: its decoder already reads right-shifted labels, so the logits at t "
+                "predict the label at t. Use NTLossForTrainer(..., shift=False)"
+            )
+        self._check_vocab_size(logits)
+        tables = self.vocab.tables(logits.device)
+        link = self._link
+        in_step = (
+            link is not None
+            and link.step_tokens is not None
+            and num_items_in_batch is link.step_tokens
+        )
+        local_counts = None
+        if in_step:
+            assert link is not None and link.step_tokens is not None
+            assert link.step_numbers is not None
+            tokens, numbers = link.step_tokens, link.step_numbers
+        else:
+            local_counts = _count_targets(labels, tables.position_of_id, self.spec)
+            local_tokens, local_numbers = local_counts.unbind()
+            if num_items_in_batch is None:
+                tokens, numbers = local_tokens.clamp_min(1), local_numbers.clamp_min(1)
+            else:
+                # Token-share weighting: this micro-batch's NTL mean counts as much as its share
+                # of the target tokens (exact when it is the only micro-batch).
+                tokens = torch.as_tensor(num_items_in_batch, device=logits.device)
+                numbers = tokens * local_numbers.clamp_min(1) / local_tokens.clamp_min(1)
+                self._warn_if_inexact(local_tokens, tokens)
+        # Denominators in the loss's compute dtype (float64 only for float64 logits, which not
+        # every device has): counts up to 2**24 tokens per step are exact in float32.
+        dtype = torch.promote_types(logits.dtype, torch.float32)
+        tokens = tokens.to(device=logits.device, dtype=dtype)
+        numbers = numbers.to(device=logits.device, dtype=dtype)
+        out = self._terms(logits, labels, tables, tokens, numbers)
+        if link is not None and in_step:
+            terms = torch.stack([out.ce, out.ntl])
+            link.train_sums = terms if link.train_sums is None else link.train_sums + terms
+        elif link is not None and link.eval_sums is not None and local_counts is not None:
+            # Raw sums, so that the evaluation set's means are exact: [Σ ce, Σ ntl, |T|, |P|].
+            sums = torch.stack([out.ce * tokens, out.ntl * numbers, *local_counts.to(dtype)])
+            link.eval_sums += sums.to(link.eval_sums)
+        return out.loss
+
+    def _check_vocab_size(self, logits: torch.Tensor) -> None:
+        columns, expected = (logits.shape[-1] if logits.dim() else 0), self.vocab.vocab_size
+        if columns == expected:
+            return
+        hint = (
+            f"the output layer is larger than the tokenizer: build the loss with "
+            f"NTLossForTrainer(tokenizer, vocab_size={columns}) (model.config.vocab_size)"
+            if columns > expected
+            else "the tokenizer has tokens the model lacks: call "
+            "model.resize_token_embeddings(len(tokenizer)) before training, or build the loss "
+            "from the model's own tokenizer"
+        )
+        raise ValueError(
+            f"the model produces {columns} logits per position but the NumberVocab was built for "
+            f"vocab_size={expected} (the tokenizer and the model do not match): {hint}"
+        )
+
+    def _warn_if_inexact(self, local_tokens: torch.Tensor, tokens: torch.Tensor) -> None:
+        if self._warned_inexact or not torch.is_grad_enabled():
+            return
+        if bool(local_tokens.to(tokens.device) != tokens):
+            self._warned_inexact = True
+            warnings.warn(
+                "num_items_in_batch counts more tokens than this micro-batch holds (gradient "
+                "accumulation or several processes): NTL's mean over number positions is "
+                "approximated by weighing each micro-batch by its share of tokens. Call "
+                "loss_fn.attach(trainer) to make it exact",
+                stacklevel=3,
+            )
+
+    # ------------------------------------------------------------------ the trainer
+    def attach(self, trainer: Any) -> Any:
+        """Make this loss the trainer's loss, exact over accumulated micro-batches and processes,
+        with ``ce`` and ``ntl`` in its logs. Returns the trainer.
+
+        Works with ``transformers.Trainer`` and its subclasses (TRL's ``SFTTrainer``,
+        ``Seq2SeqTrainer``). It sets ``trainer.compute_loss_func`` to this loss when it is unset
+        and wraps three of the trainer's methods on the instance: ``get_batch_samples`` (counts
+        the step's target and number positions), ``log`` (adds ``ce`` and ``ntl``) and
+        ``evaluation_loop`` (adds ``eval_ce`` and ``eval_ntl``).
+
+        Raises:
+            ValueError: the trainer has another ``compute_loss_func``; this loss is already
+                attached; the model's output layer does not match the vocabulary; an
+                encoder-decoder model with ``shift=True``; ``torch.nn.DataParallel`` (several
+                GPUs in one process; use DDP through torchrun or accelerate).
+        """
+        for method in ("get_batch_samples", "log", "evaluation_loop"):
+            if not callable(getattr(trainer, method, None)):
+                raise TypeError(
+                    f"trainer must be a transformers.Trainer (it has no {method}() method), "
+                    f"got {type(trainer).__name__}"
+                )
+        if self._link is not None:
+            raise ValueError("this NTLossForTrainer is already attached to a trainer")
+        current = getattr(trainer, "compute_loss_func", None)
+        if current is None:
+            trainer.compute_loss_func = self
+        elif current is not self:
+            raise ValueError(
+                f"the trainer already has another compute_loss_func ({current!r}); pass "
+                "compute_loss_func=loss_fn to the Trainer or leave it unset"
+            )
+        args = trainer.args
+        if getattr(args, "n_gpu", 1) > 1:
+            raise ValueError(
+                f"the trainer uses torch.nn.DataParallel over {args.n_gpu} GPUs in one process, "
+                "which NTLossForTrainer does not support: launch one process per GPU with "
+                "torchrun or accelerate launch (DDP)"
+            )
+        self._check_model(trainer.model)
+        if self._compile is None and getattr(args, "torch_compile", False):
+            self._terms = self._loss_terms(
+                compile=True,
+                backend=args.torch_compile_backend or "inductor",
+                mode=args.torch_compile_mode,
+            )
+        replicas = 1
+        for size in ("get_tp_size", "get_cp_size", "get_sp_size"):
+            get_size = getattr(trainer, size, None)
+            replicas *= int(get_size()) if callable(get_size) else 1
+        self._link = link = _Link(
+            gather=trainer.accelerator.gather,
+            sum_over_processes=bool(getattr(args, "average_tokens_across_devices", False))
+            and args.world_size > 1,
+            replicas=replicas,
+        )
+        self._wrap(trainer, link)
+        return trainer
+
+    def _check_model(self, model: Any) -> None:
+        config = getattr(model, "config", None)
+        if self.spec.shift and getattr(config, "is_encoder_decoder", False):
+            raise ValueError(
+                f"{type(model).__name__} is an encoder-decoder model and shift=True: its decoder "
+                "already reads right-shifted labels, so the logits at t predict the label at t. "
+                "Use NTLossForTrainer(..., shift=False)"
+            )
+        if not self.spec.shift and not getattr(config, "is_encoder_decoder", True):
+            warnings.warn(
+                f"{type(model).__name__} is a causal LM and shift=False: the logits at t will be "
+                "trained to predict the label at t, their own input. Keep shift=True unless the "
+                "labels are already shifted",
+                stacklevel=3,
+            )
+        get_output_embeddings = getattr(model, "get_output_embeddings", None)
+        head = get_output_embeddings() if callable(get_output_embeddings) else None
+        weight = getattr(head, "weight", None)
+        if isinstance(weight, torch.Tensor) and weight.dim() == 2:
+            self._check_vocab_size(weight.new_empty((0, weight.shape[0])))
+
+    def _wrap(self, trainer: Any, link: _Link) -> None:
+        spec = self.spec
+        vocab = self.vocab
+        get_batch_samples = trainer.get_batch_samples
+        log = trainer.log
+        evaluation_loop = trainer.evaluation_loop
+        loop_signature = inspect.signature(evaluation_loop)
+
+        @functools.wraps(get_batch_samples)
+        def counting_get_batch_samples(*args: Any, **kwargs: Any) -> tuple[list[Any], Any]:
+            batch_samples, num_items_in_batch = get_batch_samples(*args, **kwargs)
+            found = [b.get("labels") for b in batch_samples if isinstance(b, Mapping)]
+            labels = [x for x in found if isinstance(x, torch.Tensor)]
+            if not labels or len(labels) != len(batch_samples):
+                link.step_tokens = link.step_numbers = None
+                return batch_samples, num_items_in_batch
+            device = trainer.args.device
+            counts = torch.stack(
+                [
+                    _count_targets(x, vocab.tables(x.device).position_of_id, spec).to(device)
+                    for x in labels
+                ]
+            ).sum(dim=0)  # (2,): [|T|, |P|] over the step's micro-batches
+            if link.sum_over_processes:
+                counts = link.reduce(counts, mean=False)
+            if link.replicas > 1:
+                counts = counts / link.replicas
+            link.step_tokens, link.step_numbers = counts.clamp_min(1).unbind()
+            link.steps_since_log += 1
+            return batch_samples, link.step_tokens
+
+        @functools.wraps(log)
+        def log_with_terms(logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+            if "loss" in logs and link.train_sums is not None and link.steps_since_log > 0:
+                sums = link.reduce(link.train_sums, mean=not link.sum_over_processes)
+                ce, ntl = (float(x) / link.steps_since_log for x in sums)
+                terms = {"loss": logs["loss"], "ce": ce, "ntl": ntl}
+                rest = {k: v for k, v in logs.items() if k not in terms}
+                logs.clear()
+                logs.update({**terms, **rest})
+                link.train_sums, link.steps_since_log = None, 0
+            log(logs, *args, **kwargs)
+
+        @functools.wraps(evaluation_loop)
+        def evaluation_loop_with_terms(*args: Any, **kwargs: Any) -> Any:
+            bound = loop_signature.bind(*args, **kwargs)
+            prefix = bound.arguments.get("metric_key_prefix", "eval")
+            link.eval_sums = torch.zeros(4, device=trainer.args.device)
+            try:
+                output = evaluation_loop(*args, **kwargs)
+                ce_sum, ntl_sum, tokens, numbers = link.reduce(link.eval_sums, mean=False)
+            finally:
+                link.eval_sums = None
+            metrics = getattr(output, "metrics", None)
+            if isinstance(metrics, dict):
+                metrics[f"{prefix}_ce"] = float(ce_sum / tokens.clamp_min(1))
+                metrics[f"{prefix}_ntl"] = float(ntl_sum / numbers.clamp_min(1))
+            return output
+
+        trainer.get_batch_samples = counting_get_batch_samples
+        trainer.log = log_with_terms
+        trainer.evaluation_loop = evaluation_loop_with_terms

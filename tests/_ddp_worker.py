@@ -1,0 +1,74 @@
+"""One process of the DDP test (``test_hf_distributed.py``), launched by torchrun on CPU (gloo).
+
+Each process trains one optimizer step of the tiny Llama on its shard of the data with gradient
+accumulation, through the real Trainer, twice: with :meth:`NTLossForTrainer.attach` (exact) and
+with the loss passed as ``compute_loss_func`` alone (the token-share approximation). It saves the
+synchronised gradients and the logged CE/NTL of both runs to ``<out>/rank<r>.pt``.
+
+Usage: ``torchrun --nproc_per_node 2 tests/_ddp_worker.py OUT_DIR NTL_WEIGHT MICRO_BATCH STEPS``
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from _hf_tiny import (
+    build_dataset,
+    build_model,
+    build_tokenizer,
+    collate,
+    gradient_recorder,
+    training_args,
+)
+from numtok.hf import NTLossForTrainer
+
+
+def train_once(
+    out_dir: Path, ntl_weight: float, micro_batch: int, steps: int, *, attach: bool
+) -> dict[str, Any]:
+    from transformers import Trainer
+
+    tokenizer = build_tokenizer()
+    recorder = gradient_recorder()
+    loss_fn = NTLossForTrainer(tokenizer, ntl_weight=ntl_weight)
+    trainer = Trainer(
+        model=build_model(tokenizer),
+        args=training_args(
+            out_dir / ("attached" if attach else "plain"),
+            per_device_train_batch_size=micro_batch,
+            gradient_accumulation_steps=steps,
+            ddp_backend="gloo",
+        ),
+        train_dataset=build_dataset(tokenizer),
+        data_collator=lambda features: collate(features, tokenizer.pad_token_id),
+        compute_loss_func=loss_fn,
+        callbacks=[recorder],
+    )
+    if attach:
+        loss_fn.attach(trainer)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the plain run warns that it is approximate
+        trainer.train()
+    return {"gradients": recorder.gradients[0], "log": trainer.state.log_history[0]}
+
+
+def main() -> None:
+    out_dir = Path(sys.argv[1])
+    ntl_weight, micro_batch, steps = float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    torch.set_num_threads(1)
+    results = {
+        mode: train_once(out_dir, ntl_weight, micro_batch, steps, attach=mode == "attached")
+        for mode in ("attached", "plain")
+    }
+    rank = torch.distributed.get_rank()
+    results["world_size"] = torch.distributed.get_world_size()  # type: ignore[assignment]
+    torch.save(results, out_dir / f"rank{rank}.pt")
+
+
+if __name__ == "__main__":
+    main()
