@@ -12,7 +12,9 @@ import torch
 from numtok import NumberVocab
 from numtok.fused import cross_entropy_with_ntl
 from numtok.linear import default_chunk_size, linear_cross_entropy_with_ntl
-from test_fused import KIND_IDS, KINDS, VOCABS, WEIGHT, make_labels, make_vocab, reference
+
+from cases import KIND_IDS, KINDS, VOCABS, make_labels, make_vocab
+from test_fused import WEIGHT, reference
 
 HIDDEN_SIZE = 6
 

@@ -4,7 +4,6 @@ pin the behaviour."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -12,44 +11,8 @@ import torch
 
 from numtok import NumberTokenLoss, NumberVocab, number_token_loss
 
+from cases import KIND_IDS, KINDS, VOCABS, make_batch, make_vocab
 from reference import reference_number_token_loss
-
-DIGITS: dict[int, str | float] = {3 + d: str(d) for d in range(10)}  # ids 3..12 in V=17
-# Single digits twice (plain and word-prefixed, as GPT-2 has them) plus 2- and 3-digit chunks.
-CHUNKS: dict[int, str | float] = {
-    **{d: str(d) for d in range(10)},
-    **{10 + d: str(d) for d in range(10)},
-    **{20 + k: f"{i:02d}" for k, i in enumerate(range(0, 100, 7))},  # ids 20..34
-    **{40 + k: f"{i:03d}" for k, i in enumerate(range(0, 1000, 97))},  # ids 40..50
-}
-CUSTOM: dict[int, str | float] = {1: 0.5, 4: -2.0, 6: 3.25, 7: 10.0}
-VOCABS: dict[str, tuple[Mapping[int, str | float], int]] = {
-    "digits": (DIGITS, 17),
-    "chunks": (CHUNKS, 59),
-    "custom": (CUSTOM, 11),
-}
-KINDS: list[Any] = ["was", "mse", "mae", "huber", lambda p, t: (p - t).abs() ** 1.5]
-
-
-def make_vocab(name: str) -> NumberVocab:
-    values, vocab_size = VOCABS[name]
-    return NumberVocab.from_values(dict(values), vocab_size=vocab_size)
-
-
-def make_batch(
-    name: str, shape: tuple[int, ...] = (3, 5), seed: int = 0, dtype: torch.dtype = torch.float64
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random logits and labels that mix number tokens, text tokens and ignore_index."""
-    values, vocab_size = VOCABS[name]
-    generator = torch.Generator().manual_seed(seed)
-    logits = 2 * torch.randn(*shape, vocab_size, generator=generator, dtype=dtype)
-    number_ids = torch.tensor(sorted(values))
-    labels = number_ids[torch.randint(len(number_ids), shape, generator=generator)]
-    text = torch.randint(vocab_size, shape, generator=generator)
-    choice = torch.rand(shape, generator=generator)
-    labels = torch.where(choice < 0.25, text, labels)
-    labels = torch.where(choice > 0.9, torch.full_like(labels, -100), labels)
-    return logits.requires_grad_(), labels
 
 
 def loss_and_grad(fn: Any, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,7 +37,7 @@ def assert_matches_reference(
 
 
 @pytest.mark.parametrize("name", list(VOCABS))
-@pytest.mark.parametrize("kind", KINDS, ids=["was", "mse", "mae", "huber", "callable"])
+@pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
 @pytest.mark.parametrize("reweigh", [False, True])
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_matches_reference(name: str, kind: Any, reweigh: bool, reduction: str) -> None:

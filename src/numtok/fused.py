@@ -23,6 +23,7 @@ import torch
 
 from numtok._fused_rows import row_statistics
 from numtok._number_logits import compute_dtype
+from numtok._reduction import reduce_losses
 from numtok._validation import (
     check_logits_and_labels,
     check_loss_weights,
@@ -147,17 +148,8 @@ def combine_terms(
         ntl = _reweighed(ntl, lse_numbers - torch.where(rows.is_number, lse, lse_numbers), spec)
     ntl = torch.where(rows.is_number, ntl * rows.ntl_weights, torch.zeros_like(ntl))  # (M,)
 
-    if spec.reduction == "none":
-        ce, ntl = ce.reshape(shape), ntl.reshape(shape)
-    else:
-        ce, ntl = ce.sum(), ntl.sum()
-        if spec.reduction == "mean" and num_items is not None:
-            denominator = torch.as_tensor(num_items, dtype=ce.dtype, device=ce.device)
-            ce, ntl = ce / denominator, ntl / denominator
-        elif spec.reduction == "mean":
-            # A batch without targets (or without number positions) gives 0, not 0/0.
-            ce = ce / rows.is_target.sum().clamp_min(1)
-            ntl = ntl / rows.ntl_weights.sum().clamp_min(torch.finfo(ntl.dtype).tiny)
+    ce = reduce_losses(ce, shape, spec.reduction, num_items, rows.is_target.sum())
+    ntl = reduce_losses(ntl, shape, spec.reduction, num_items, rows.ntl_weights.sum())
     return CEWithNTLOutput(loss=ce + ntl_weight * ntl, ce=ce.detach(), ntl=ntl.detach())
 
 

@@ -23,6 +23,7 @@ import torch
 from numtok._buffers import VocabBuffers
 from numtok._fused_rows import row_statistics
 from numtok._number_logits import compute_dtype
+from numtok._reduction import reduce_losses
 from numtok._validation import (
     check_bool,
     check_int,
@@ -102,16 +103,7 @@ def _gaussian_label_smoothing_ce(
     target_logit = label_logit.index_copy(0, number_rows, soft_logit)  # (M,)
     per_row = torch.where(scored, lse - target_logit, torch.zeros_like(lse))  # (M,)
 
-    if spec.reduction == "none":
-        return per_row.reshape(labels.shape)
-    total = per_row.sum()
-    if spec.reduction == "sum":
-        return total
-    if num_items is not None:
-        denominator = torch.as_tensor(num_items, dtype=dtype, device=total.device)
-    else:
-        denominator = scored.sum().to(dtype).clamp_min(1)
-    return total / denominator
+    return reduce_losses(per_row, labels.shape, spec.reduction, num_items, scored.sum())
 
 
 def gaussian_label_smoothing_ce(

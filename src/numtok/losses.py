@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 from numtok._logsumexp import selected_rows_logsumexp
 from numtok._number_logits import compute_dtype, number_logits_at
+from numtok._reduction import reduce_losses
 from numtok._validation import (
     check_bool,
     check_elementwise_callable,
@@ -278,17 +279,7 @@ def _number_token_loss(
         weights = weights * loss_weights.reshape(-1).to(dtype)
     per_position = torch.where(is_number, loss * weights, torch.zeros_like(loss))  # (M,)
 
-    if spec.reduction == "none":
-        return per_position.reshape(labels.shape)
-    total = per_position.sum()
-    if spec.reduction == "sum":
-        return total
-    if num_items is not None:
-        denominator = torch.as_tensor(num_items, dtype=dtype, device=total.device)
-    else:
-        # A batch without number positions has total == 0 exactly and returns 0 (with a graph).
-        denominator = weights.sum().clamp_min(torch.finfo(dtype).tiny)
-    return total / denominator
+    return reduce_losses(per_position, labels.shape, spec.reduction, num_items, weights.sum())
 
 
 def require_number_vocab(vocab: object, kind: Kind) -> NumberVocab:

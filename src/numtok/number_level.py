@@ -28,6 +28,7 @@ from torch import nn
 
 from numtok._logsumexp import selected_rows_logsumexp
 from numtok._number_logits import compute_dtype, number_logits_at
+from numtok._reduction import reduce_losses
 from numtok._validation import (
     check_bool,
     check_int,
@@ -158,18 +159,11 @@ def _number_level_loss(
         weights = loss_weights.reshape(-1).index_select(0, spans.first_number).to(dtype)
     per_span = loss * weights  # (S,)
 
-    if spec.reduction == "none":
-        zeros = logits.new_zeros(labels.numel(), dtype=dtype)
-        return zeros.index_add(0, spans.first_number, per_span).reshape(labels.shape)
-    total = per_span.sum()
-    if spec.reduction == "sum":
-        return total
-    if num_items is not None:
-        denominator = torch.as_tensor(num_items, dtype=dtype, device=total.device)
-    else:
-        # No span: total == 0 exactly, returned with its graph.
-        denominator = weights.sum().clamp_min(torch.finfo(dtype).tiny)
-    return total / denominator
+    # Each span's loss sits at its first number token.
+    per_position = logits.new_zeros(labels.numel(), dtype=dtype).index_add(
+        0, spans.first_number, per_span
+    )  # (M,)
+    return reduce_losses(per_position, labels.shape, spec.reduction, num_items, weights.sum())
 
 
 def number_level_loss(
