@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from numtok.hf import NTLossForTrainer
+
 from _hf_tiny import (
     build_dataset,
     build_model,
@@ -25,7 +27,6 @@ from _hf_tiny import (
     gradient_recorder,
     training_args,
 )
-from numtok.hf import NTLossForTrainer
 
 
 def train_once(

@@ -18,6 +18,9 @@ import torch.nn.functional as F
 from transformers import Trainer
 from transformers.modeling_outputs import BaseModelOutput, CausalLMOutput, Seq2SeqLMOutput
 
+from numtok import NumberVocab, number_token_loss
+from numtok.hf import NTLossForTrainer
+
 from _hf_tiny import (
     EXAMPLES,
     build_dataset,
@@ -28,8 +31,6 @@ from _hf_tiny import (
     max_relative_difference,
     training_args,
 )
-from numtok import NumberVocab, number_token_loss
-from numtok.hf import NTLossForTrainer
 
 TOLERANCE = 1e-5
 NTL_WEIGHT = 1.0  # large, so that NTL's share of the gradient is large

@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 import torch
 
+from numtok.hf import NTLossForTrainer
+
 from _hf_tiny import (
     EXAMPLES,
     build_dataset,
@@ -28,7 +30,6 @@ from _hf_tiny import (
     max_relative_difference,
     training_args,
 )
-from numtok.hf import NTLossForTrainer
 
 WORKER = Path(__file__).resolve().parent / "_ddp_worker.py"
 PROCESSES, MICRO_BATCH, STEPS, NTL_WEIGHT = 2, 2, 2, 1.0

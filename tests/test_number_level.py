@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from numtok import NumberVocab
 from numtok.number_level import NumberLevelLoss, number_level_loss
 from numtok.numbers import SpanVocab, find_number_spans
+
 from test_numbers import reference_spans, token_kinds
 
 torch.set_num_threads(1)
