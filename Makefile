@@ -18,6 +18,11 @@ $(STAMP): pyproject.toml Makefile
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+# The arithmetic comparison (CE vs CE + 0.3·NTL-WAS vs CE + 0.3·NTL-MSE, 3 seeds) on two CPU
+# cores; `make demo DEMO_ARGS="--device cuda"` on a GPU. Rerunning resumes the same run folder.
+demo: $(STAMP)
+	$(VENV)/bin/numtok demo $(DEMO_ARGS)
+
 lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .

@@ -1,0 +1,184 @@
+"""The settings of one comparison run, checked before any work starts."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+import torch
+
+from numtok.experiments.data import check_task
+from numtok.experiments.model import ModelConfig
+from numtok.experiments.objectives import ARMS
+
+__all__ = ["ExperimentConfig", "check_device"]
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """Everything that determines a run's results (``workers`` and output folders do not). The
+    defaults are the ``demo`` preset.
+
+    For each seed, every arm starts from the same initial weights and sees the same batches; the
+    arms differ only in the loss (:mod:`numtok.experiments.objectives`): ``CE``,
+    ``CE + ntl_weight · NTL`` or Gaussian-label-smoothed CE.
+    """
+
+    task: str = "arithmetic__add_or_sub"
+    seeds: tuple[int, ...] = (0, 1, 2)
+    arms: tuple[str, ...] = ("ce", "was", "mse")
+    ntl_weight: float = 0.3
+    steps: int = 1000
+    batch_size: int = 64
+    learning_rate: float = 1e-3
+    warmup_steps: int = 100
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    d_model: int = 128
+    n_layers: int = 2
+    n_heads: int = 4
+    train_questions: int = 32_000
+    eval_questions: int = 300
+    eval_batch_size: int = 250
+    log_every: int = 25
+    checkpoint_every: int = 100
+    device: str = "cpu"
+    threads: int = 1
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise a ValueError/TypeError that says which setting to change and how."""
+        check_task(self.task)
+        for name in (
+            "steps",
+            "batch_size",
+            "d_model",
+            "n_layers",
+            "n_heads",
+            "train_questions",
+            "eval_questions",
+            "eval_batch_size",
+            "log_every",
+            "checkpoint_every",
+            "threads",
+        ):
+            _check_positive_int(name, getattr(self, name))
+        _check_non_negative_int("warmup_steps", self.warmup_steps)
+        _check_number("learning_rate", self.learning_rate, minimum=0.0, strict=True)
+        _check_number("ntl_weight", self.ntl_weight, minimum=0.0, strict=False)
+        _check_number("weight_decay", self.weight_decay, minimum=0.0, strict=False)
+        _check_number("grad_clip", self.grad_clip, minimum=0.0, strict=True)
+        if not self.seeds:
+            raise ValueError("seeds must name at least one seed, got none (e.g. --seeds 3)")
+        for seed in self.seeds:
+            _check_non_negative_int("each seed", seed)
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds must be distinct, got {list(self.seeds)}")
+        unknown = [arm for arm in self.arms if arm not in ARMS]
+        if unknown or not self.arms:
+            raise ValueError(
+                f"arms must be chosen from {list(ARMS)}, got {list(self.arms)}"
+                + (f" (unknown: {unknown})" if unknown else "")
+            )
+        if len(set(self.arms)) != len(self.arms):
+            raise ValueError(f"arms must be distinct, got {list(self.arms)}")
+        if "ce" not in self.arms:
+            raise ValueError(
+                f"arms must include 'ce': every other arm is compared with CE seed by seed, "
+                f"got {list(self.arms)}"
+            )
+        ModelConfig(
+            vocab_size=1, d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads
+        )
+        check_device(self.device)
+
+    def model_config(self, vocab_size: int) -> ModelConfig:
+        return ModelConfig(
+            vocab_size=vocab_size,
+            d_model=self.d_model,
+            n_layers=self.n_layers,
+            n_heads=self.n_heads,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["seeds"], data["arms"] = list(self.seeds), list(self.arms)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ExperimentConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown settings {unknown}; the settings are {sorted(known)}")
+        values = dict(data)
+        for name in ("seeds", "arms"):
+            if name in values:
+                values[name] = tuple(values[name])
+        return cls(**values)
+
+    def with_overrides(self, **overrides: Any) -> ExperimentConfig:
+        """A copy with the given settings changed (``None`` values are ignored)."""
+        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+    def fingerprint(self) -> str:
+        """A short hash of the settings: equal settings, equal fingerprint."""
+        text = json.dumps(self.to_dict(), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def check_device(device: object) -> torch.device:
+    """The torch device ``device`` names, if this machine has it; otherwise a ValueError."""
+    if not isinstance(device, str):
+        raise TypeError(f"device must be a string such as 'cpu' or 'cuda', got {device!r}")
+    try:
+        parsed = torch.device(device)
+    except RuntimeError:
+        raise ValueError(
+            f"unknown device {device!r}; use 'cpu', 'cuda', 'cuda:N' or 'mps'"
+        ) from None
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(
+                f"device {device!r} was asked for but torch.cuda.is_available() is False on this "
+                f"machine (torch {torch.__version__}); use --device cpu"
+            )
+        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+            raise ValueError(
+                f"device {device!r} does not exist: this machine has "
+                f"{torch.cuda.device_count()} CUDA device(s)"
+            )
+    elif parsed.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise ValueError(f"device {device!r} is not available here; use --device cpu")
+    elif parsed.type != "cpu":
+        raise ValueError(f"unsupported device {device!r}; use 'cpu', 'cuda', 'cuda:N' or 'mps'")
+    return parsed
+
+
+def _check_positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be at least 1, got {value}")
+
+
+def _check_non_negative_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+
+
+def _check_number(name: str, value: object, *, minimum: float, strict: bool) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {value!r}")
+    too_small = value <= minimum if strict else value < minimum
+    if not math.isfinite(value) or too_small:
+        relation = ">" if strict else ">="
+        raise ValueError(f"{name} must be a finite number {relation} {minimum:g}, got {value!r}")

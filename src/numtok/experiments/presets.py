@@ -1,0 +1,88 @@
+"""Named settings: ``demo`` (the default of ``numtok demo``) and the longer ``repro`` presets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from numtok.experiments.config import ExperimentConfig
+
+__all__ = ["DEFAULT_REPRO_PRESET", "PRESETS", "Preset", "check_preset"]
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    config: ExperimentConfig
+    description: str
+
+
+PRESETS: dict[str, Preset] = {
+    preset.name: preset
+    for preset in (
+        Preset(
+            "demo",
+            ExperimentConfig(),
+            "a + b / a - b, 2-layer d=128 model, 1000 steps × 64, 3 seeds: ~8 min on 2 free "
+            "cores (estimate; 35 min measured on 2 heavily shared ones)",
+        ),
+        Preset(
+            "smoke",
+            ExperimentConfig(
+                steps=40,
+                seeds=(0, 1),
+                batch_size=16,
+                d_model=32,
+                n_layers=1,
+                n_heads=2,
+                warmup_steps=5,
+                train_questions=400,
+                eval_questions=10,
+                eval_batch_size=10,
+                log_every=5,
+                checkpoint_every=10,
+            ),
+            "a seconds-long run through every stage (set-up check; the tests use it)",
+        ),
+        Preset(
+            "add_or_sub",
+            ExperimentConfig(steps=3000, train_questions=64_000, eval_questions=500),
+            "the demo task and model at 3000 steps, 3 seeds: ~25 min on 2 free cores "
+            "(estimate; 89 min measured on 2 shared ones)",
+        ),
+        Preset(
+            "add_or_sub-6k",
+            ExperimentConfig(steps=6000, train_questions=128_000, eval_questions=500),
+            "the demo task and model at 6000 steps, 3 seeds: ~50 min on 2 free cores (estimate)",
+        ),
+        Preset(
+            "add_sub_multiple",
+            ExperimentConfig(
+                task="arithmetic__add_sub_multiple",
+                steps=20_000,
+                batch_size=128,
+                d_model=256,
+                n_layers=4,
+                n_heads=8,
+                seeds=(0, 1, 2),
+                train_questions=500_000,
+                eval_questions=1000,
+                warmup_steps=500,
+                log_every=100,
+                checkpoint_every=500,
+            ),
+            "the paper's ablation task, 4-layer d=256 model, 20k steps × 128, 3 seeds: "
+            "days on CPU; meant for a GPU (--device cuda)",
+        ),
+    )
+}
+
+#: The preset ``numtok repro`` runs when none is named.
+DEFAULT_REPRO_PRESET = "add_or_sub"
+
+
+def check_preset(name: object) -> Preset:
+    """The preset called ``name``; otherwise a ValueError listing the presets."""
+    if isinstance(name, str) and name in PRESETS:
+        return PRESETS[name]
+    listing = "\n".join(f"  {p.name}: {p.description}" for p in PRESETS.values())
+    raise ValueError(f"unknown preset {name!r}; the presets are:\n{listing}")

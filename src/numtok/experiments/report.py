@@ -1,0 +1,463 @@
+"""Summaries of a finished run: ``results.json``, ``report.md``, ``curves.png`` and the table
+printed at the end of ``numtok demo``.
+
+Seeds are the unit of replication. For each split, arm and metric the report gives the mean and
+standard deviation over seeds, and the *paired* difference to CE seed by seed (both arms of a seed
+share initial weights and batches, so the pairing removes the large seed-to-seed variation of
+when learning takes off). A difference "exceeds the seed spread" when a two-sided paired t-test
+over seeds rejects "no difference" at the 5 % level: ``|mean Δ| > t(0.975, n-1) · sd(Δ)/√n``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import platform
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import numtok
+from numtok.experiments.config import ExperimentConfig
+from numtok.experiments.data import TASKS
+from numtok.experiments.model import Transformer
+from numtok.experiments.objectives import ARM_LABELS
+from numtok.experiments.tokenizer import CharTokenizer
+
+__all__ = ["METRICS", "format_table", "paired_test", "write_report"]
+
+#: Metrics shown and tested: name -> (column title, higher is better). Plain MAE is left out: a
+#: few generations with many extra digits decide it (1e16 and more).
+METRICS: dict[str, tuple[str, bool]] = {
+    "exact_accuracy": ("exact acc", True),
+    "median_absolute_error": ("median abs err", False),
+    "within_1_percent": ("within 1%", True),
+    "clipped_mae": ("clipped MAE", False),
+    "log_mae": ("log-MAE", False),
+    "unparseable_rate": ("unparseable", False),
+}
+#: The metrics the verdict tests (the unparseable rate is shown but not tested).
+TESTED = ("exact_accuracy", "median_absolute_error", "within_1_percent", "clipped_mae", "log_mae")
+SPLIT_LABELS = {
+    "easy": "easy (train-easy difficulty, held out)",
+    "medium_hard": "medium+hard (train difficulty, held out)",
+    "interpolate": "interpolation (test setting)",
+    "extrapolate": "extrapolation (bigger numbers / longer)",
+}
+# Two-sided 95 % critical values of Student's t for 1..30 degrees of freedom; 30's is used
+# beyond (slightly conservative).
+_T_975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+
+
+def _finite(values: Sequence[float | None]) -> list[float]:
+    return [v for v in values if v is not None and math.isfinite(v)]
+
+
+def _summary(values: Sequence[float | None]) -> dict[str, Any]:
+    finite = _finite(values)
+    return {
+        "mean": statistics.fmean(finite) if finite else None,
+        "std": statistics.stdev(finite) if len(finite) > 1 else None,
+        "values": list(values),
+    }
+
+
+def paired_test(differences: Sequence[float]) -> tuple[float | None, bool | None]:
+    """(t statistic, exceeds the seed spread) for per-seed differences; (None, None) when fewer
+    than two seeds leave the spread unknown."""
+    n = len(differences)
+    if n < 2:
+        return None, None
+    mean, sd = statistics.fmean(differences), statistics.stdev(differences)
+    if sd == 0:
+        return (math.inf if mean else 0.0), mean != 0
+    t = mean / (sd / math.sqrt(n))
+    return t, abs(t) > _T_975[min(n - 1, len(_T_975)) - 1]
+
+
+def _by_seed(results: Sequence[dict[str, Any]]) -> dict[tuple[int, str], dict[str, Any]]:
+    return {(r["seed"], r["arm"]): r for r in results}
+
+
+def _summarise(
+    config: ExperimentConfig, results: Sequence[dict[str, Any]]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    runs = _by_seed(results)
+    splits = TASKS[config.task].splits
+    summary: dict[str, Any] = {}
+    paired: dict[str, Any] = {}
+    for split in splits:
+        summary[split], paired[split] = {}, {}
+        for arm in config.arms:
+            summary[split][arm] = {
+                metric: _summary([runs[(s, arm)]["metrics"][split][metric] for s in config.seeds])
+                for metric in METRICS
+            }
+            if arm == "ce":
+                continue
+            paired[split][arm] = {}
+            for metric in METRICS:
+                pairs = [
+                    (
+                        runs[(s, arm)]["metrics"][split][metric],
+                        runs[(s, "ce")]["metrics"][split][metric],
+                    )
+                    for s in config.seeds
+                ]
+                differences = [a - b for a, b in pairs if _finite([a, b]) == [a, b]]
+                t, exceeds = paired_test(differences)
+                paired[split][arm][metric] = {**_summary(differences), "t": t, "exceeds": exceeds}
+    return summary, paired
+
+
+def _verdict(config: ExperimentConfig, paired: dict[str, Any]) -> tuple[str, list[str]]:
+    """A plain statement of whether any difference to CE exceeds the seed spread."""
+    n = len(config.seeds)
+    if n < 2:
+        return (
+            "With one seed the seed spread is unknown, so no difference between arms can be "
+            "judged; run with --seeds 3 or more.",
+            [],
+        )
+    hits, tested, better_count = [], 0, 0
+    for split, arms in paired.items():
+        for arm, metrics in arms.items():
+            for metric in TESTED:
+                entry = metrics[metric]
+                if entry["exceeds"] is None:
+                    continue
+                tested += 1
+                if entry["exceeds"]:
+                    better = (entry["mean"] > 0) == METRICS[metric][1]
+                    better_count += better
+                    hits.append(
+                        f"{ARM_LABELS[arm]} on {split}: {METRICS[metric][0]} "
+                        f"{entry['mean']:+.4g} vs CE ({'better' if better else 'worse'}; "
+                        f"per seed {', '.join(f'{v:+.4g}' for v in entry['values'])})"
+                    )
+    if not hits:
+        text = (
+            f"No difference to CE exceeds the seed spread: none of {tested} comparisons (arms × "
+            f"splits × metrics) passes a two-sided paired t-test at 5 % over {n} seeds. At this "
+            "budget the arms cannot be told apart."
+        )
+    else:
+        text = (
+            f"{len(hits)} of {tested} comparisons to CE exceed the seed spread (two-sided paired "
+            f"t-test at 5 % over {n} seeds): {better_count} better than CE, "
+            f"{len(hits) - better_count} worse. About {0.05 * tested:.1f} would pass by chance "
+            "alone, so treat isolated hits as noise until a longer run repeats them."
+        )
+    return text, hits
+
+
+def _hardware(config: ExperimentConfig) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "device": config.device,
+        "threads_per_worker": config.threads,
+    }
+    if config.device.startswith("cuda"):
+        info["gpu"] = torch.cuda.get_device_name(torch.device(config.device))
+    return info
+
+
+def _json_safe(value: Any) -> Any:
+    """NaN and infinities become null: results.json stays standard JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def _format_value(metric: str, value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    if metric in ("exact_accuracy", "within_1_percent", "unparseable_rate"):
+        return f"{value:.3f}"
+    if metric == "log_mae":
+        return f"{value:.2f}"
+    return f"{value:.3g}"
+
+
+def _mean_std(metric: str, entry: dict[str, Any]) -> str:
+    text = _format_value(metric, entry["mean"])
+    return text if entry["std"] is None else f"{text} ± {_format_value(metric, entry['std'])}"
+
+
+def _signed(metric: str, value: float | None) -> str:
+    text = _format_value(metric, value)
+    return text if value is None or value < 0 else "+" + text
+
+
+def format_table(results: dict[str, Any], *, markdown: bool = False) -> str:
+    """The results table: one block per split, one row per arm, mean ± std over seeds."""
+    config = ExperimentConfig.from_dict(results["config"])
+    header = ["split", "arm", *(METRICS[m][0] for m in METRICS)]
+    rows = []
+    for split in TASKS[config.task].splits:
+        for arm in config.arms:
+            entry = results["summary"][split][arm]
+            rows.append([split, ARM_LABELS[arm], *(_mean_std(m, entry[m]) for m in METRICS)])
+    return _table(header, rows, markdown)
+
+
+def _differences_table(results: dict[str, Any]) -> str:
+    config = ExperimentConfig.from_dict(results["config"])
+    header = ["split", "arm − CE", *(METRICS[m][0] for m in TESTED)]
+    rows = []
+    for split in TASKS[config.task].splits:
+        for arm in config.arms:
+            if arm == "ce":
+                continue
+            cells = []
+            for metric in TESTED:
+                entry = results["paired_differences"][split][arm][metric]
+                per_seed = ", ".join(_signed(metric, v) for v in entry["values"])
+                mark = " **\\***" if entry["exceeds"] else ""
+                cells.append(f"{_signed(metric, entry['mean'])}{mark} ({per_seed})")
+            rows.append([split, ARM_LABELS[arm], *cells])
+    return _table(header, rows, markdown=True)
+
+
+def _table(header: list[str], rows: list[list[str]], markdown: bool) -> str:
+    if markdown:
+        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
+        return "\n".join(lines)
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(header, widths, strict=True)).rstrip()]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+def overhead_lines(results: dict[str, Any]) -> list[str]:
+    """One line per NTL arm: its step time relative to CE, measured in this run."""
+    timing = results["timing"]
+    lines = []
+    for arm, entry in timing["arms"].items():
+        if arm == "ce":
+            continue
+        lines.append(
+            f"{ARM_LABELS[arm]} step time = {entry['ratio_to_ce']:.3f}× CE "
+            f"(overhead {100 * (entry['ratio_to_ce'] - 1):+.1f} %): median "
+            f"{1e3 * entry['median_seconds']:.1f} ms vs "
+            f"{1e3 * timing['arms']['ce']['median_seconds']:.1f} ms over {timing['rounds']} "
+            f"interleaved rounds (per-round ratios p20–p80 "
+            f"{entry['ratio_p20']:.3f}–{entry['ratio_p80']:.3f}), batch {timing['batch_size']}, "
+            f"{timing['device']}"
+        )
+    return lines
+
+
+def _training_step_lines(results: dict[str, Any]) -> list[str]:
+    config = ExperimentConfig.from_dict(results["config"])
+    lines = []
+    for arm in config.arms:
+        times = [r["median_step_seconds"] for r in results["runs"] if r["arm"] == arm]
+        lines.append(
+            f"- {ARM_LABELS[arm]}: median step {1e3 * statistics.fmean(times):.1f} ms "
+            f"(mean over seeds of each run's median)"
+        )
+    return lines
+
+
+def _markdown(results: dict[str, Any]) -> str:
+    config = ExperimentConfig.from_dict(results["config"])
+    hardware = results["hardware"]
+    lines = [
+        f"# CE vs CE + λ·NTL on {config.task}",
+        "",
+        f"- date: {results['date']}",
+        f"- command: `{results['command']}`" if results["command"] else "- command: (API call)",
+        f"- hardware: {hardware['platform']}, {hardware['cpu_count']} CPU cores, "
+        f"device {hardware['device']}{', ' + hardware['gpu'] if 'gpu' in hardware else ''}, "
+        f"torch {hardware['torch']}, {results['workers']} worker process(es) × "
+        f"{hardware['threads_per_worker']} thread(s)",
+        f"- wall time of this invocation: {results['wall_seconds'] / 60:.1f} min (a resumed run "
+        "counts only its own part); training + evaluation summed over all arms: "
+        f"{sum(r['train_seconds'] + r['eval_seconds'] for r in results['runs']) / 60:.1f} min",
+        f"- model: decoder-only transformer, {config.n_layers} layers, d={config.d_model}, "
+        f"{config.n_heads} heads, RoPE, {results['model_parameters']:,} parameters, character "
+        "tokens (digits 0-9 are the number tokens)",
+        f"- training: {config.steps} steps × batch {config.batch_size} on "
+        f"{config.train_questions:,} generated questions (easy/medium/hard thirds), AdamW lr "
+        f"{config.learning_rate:g}, {config.warmup_steps} warm-up steps then cosine; loss on "
+        "answer tokens",
+        f"- arms: {', '.join(ARM_LABELS[a] for a in config.arms)}; λ = {config.ntl_weight:g}; "
+        f"seeds {list(config.seeds)} (each seed: same initial weights and batches for every arm)",
+        f"- evaluation: greedy decoding, last number of the answer, {config.eval_questions} "
+        "held-out questions per split",
+        "",
+        f"## Results (mean ± std over {len(config.seeds)} seeds)",
+        "",
+        format_table(results, markdown=True),
+        "",
+        "## Paired differences to CE (arm − CE; per seed in brackets)",
+        "",
+        "\\* marks a difference that exceeds the seed spread (two-sided paired t-test, 5 %).",
+        "",
+        _differences_table(results),
+        "",
+        "## Verdict",
+        "",
+        results["verdict"],
+        "",
+        *(f"- {hit}" for hit in results["verdict_hits"]),
+        "",
+        "## Cost",
+        "",
+        *(f"- {line}" for line in overhead_lines(results)),
+        "",
+        "Step times inside the training runs (arms ran in parallel processes on a possibly shared "
+        "machine, so these are rougher than the interleaved measurement above):",
+        "",
+        *_training_step_lines(results),
+        "",
+        "## Curves",
+        "",
+        "![training loss, accuracy and error per arm](curves.png)",
+        "",
+        f"## Examples (seed {config.seeds[0]})",
+        "",
+    ]
+    for split in TASKS[config.task].splits:
+        lines.append(f"**{SPLIT_LABELS[split]}**")
+        lines.append("")
+        lines.append(
+            "| question | answer | " + " | ".join(ARM_LABELS[a] for a in config.arms) + " |"
+        )
+        lines.append("|---|---|" + "---|" * len(config.arms))
+        runs = _by_seed(results["runs"])
+        examples = {arm: runs[(config.seeds[0], arm)]["examples"][split] for arm in config.arms}
+        for row in range(len(examples["ce"])):
+            question, answer = examples["ce"][row][0], examples["ce"][row][1]
+            predicted = [f"`{examples[a][row][2]}`" for a in config.arms]
+            lines.append(f"| {question} | {answer} | " + " | ".join(predicted) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _plot(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    config = ExperimentConfig.from_dict(results["config"])
+    splits = TASKS[config.task].splits
+    figure, axes = plt.subplots(2, 2, figsize=(12, 8.5))
+    colours = {"ce": "tab:gray", "was": "tab:blue", "mse": "tab:orange", "gls": "tab:green"}
+
+    curves = axes[0, 0]
+    for arm in config.arms:
+        runs = [r for r in results["runs"] if r["arm"] == arm]
+        steps = [entry["step"] for entry in runs[0]["history"]]
+        per_seed = [[entry["ce"] for entry in r["history"]] for r in runs]
+        mean = [statistics.fmean(values) for values in zip(*per_seed, strict=True)]
+        low = [min(values) for values in zip(*per_seed, strict=True)]
+        high = [max(values) for values in zip(*per_seed, strict=True)]
+        curves.plot(steps, mean, color=colours[arm], label=ARM_LABELS[arm])
+        curves.fill_between(steps, low, high, color=colours[arm], alpha=0.2)
+    curves.set(
+        xlabel="step",
+        ylabel="cross-entropy on answer tokens",
+        yscale="log",
+        title="training CE (mean over seeds, band: min–max)",
+    )
+    curves.legend()
+
+    panels = [
+        (axes[0, 1], "exact_accuracy", "exact-number accuracy", False),
+        (axes[1, 0], "within_1_percent", "share within 1 % of the answer", False),
+        (axes[1, 1], "median_absolute_error", "median absolute error", True),
+    ]
+    width = 0.8 / len(config.arms)
+    for axis, metric, title, log_scale in panels:
+        for index, arm in enumerate(config.arms):
+            means, errors = [], []
+            for split in splits:
+                entry = results["summary"][split][arm][metric]
+                means.append(entry["mean"] if entry["mean"] is not None else math.nan)
+                errors.append(entry["std"] or 0.0)
+            positions = [
+                i + (index - (len(config.arms) - 1) / 2) * width for i in range(len(splits))
+            ]
+            axis.bar(
+                positions,
+                means,
+                width,
+                yerr=errors,
+                capsize=3,
+                color=colours[arm],
+                label=ARM_LABELS[arm],
+            )
+        axis.set_xticks(range(len(splits)), splits)
+        axis.set(title=f"{title} (mean ± std over seeds)")
+        if log_scale:
+            axis.set_yscale("log")
+        axis.legend()
+    figure.suptitle(
+        f"{config.task}: {config.steps} steps, λ={config.ntl_weight:g}, {len(config.seeds)} seeds"
+    )
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def write_report(
+    config: ExperimentConfig,
+    runs: Sequence[dict[str, Any]],
+    timing: dict[str, Any],
+    run_dir: Path,
+    *,
+    command: str | None,
+    wall_seconds: float,
+    workers: int,
+) -> dict[str, Any]:
+    """Write ``results.json``, ``report.md`` and ``curves.png`` into ``run_dir``; return the
+    results (as stored in results.json)."""
+    summary, paired = _summarise(config, runs)
+    verdict, hits = _verdict(config, paired)
+    results = _json_safe(
+        {
+            "numtok_version": numtok.__version__,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": command,
+            "hardware": _hardware(config),
+            "wall_seconds": wall_seconds,
+            "workers": workers,
+            "config": config.to_dict(),
+            "model_parameters": Transformer(
+                config.model_config(len(CharTokenizer()))
+            ).num_parameters(),
+            "splits": list(TASKS[config.task].splits),
+            "summary": summary,
+            "paired_differences": paired,
+            "verdict": verdict,
+            "verdict_hits": hits,
+            "timing": timing,
+            "runs": list(runs),
+        }
+    )
+    (run_dir / "results.json").write_text(json.dumps(results, indent=1))
+    (run_dir / "report.md").write_text(_markdown(results))
+    _plot(results, run_dir / "curves.png")
+    return dict(results)

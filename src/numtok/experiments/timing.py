@@ -1,0 +1,70 @@
+"""What NTL costs per training step, measured the way the benchmarks do: arms interleaved round
+by round on the same batches, in one process, medians of per-round ratios to CE."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from numtok.experiments.batches import TrainingSet
+from numtok.experiments.config import ExperimentConfig
+from numtok.experiments.data import MathData
+from numtok.experiments.tokenizer import CharTokenizer
+from numtok.experiments.train import build_arm, learning_rate_at, train_step
+
+__all__ = ["measure_step_times"]
+
+
+def _quantile(values: list[float], q: float) -> float:
+    return float(np.quantile(np.asarray(values), q))
+
+
+def measure_step_times(
+    config: ExperimentConfig, data: MathData, *, rounds: int = 30, warmup_rounds: int = 3
+) -> dict[str, Any]:
+    """Time one full training step (forward, loss, backward, optimiser) of every arm.
+
+    Each round times every arm once on the same batch, in an order that rotates from round to
+    round, so that slow phases of a shared machine hit all arms alike. The result holds, per arm,
+    the median step time, its ratio to CE's median (``ratio_to_ce``), and the 20th and 80th
+    percentile of the per-round ratios (how much single rounds scatter).
+    """
+    device = torch.device(config.device)
+    if device.type == "cpu":
+        torch.set_num_threads(config.threads)
+    tokenizer = CharTokenizer()
+    training = TrainingSet(data.train, tokenizer)
+    seed = config.seeds[0]
+    arms = {arm: build_arm(config, seed, arm, tokenizer) for arm in config.arms}
+    seconds: dict[str, list[float]] = {arm: [] for arm in config.arms}
+    names = list(config.arms)
+    for round_index in range(warmup_rounds + rounds):
+        batch = training.batch(seed, round_index, config.batch_size).to(device)
+        shift = round_index % len(names)
+        for arm in names[shift:] + names[:shift]:
+            model, optimizer, objective = arms[arm]
+            rate = learning_rate_at(round_index, config)
+            started = time.perf_counter()
+            train_step(model, optimizer, objective, batch, config, rate)
+            if round_index >= warmup_rounds:
+                seconds[arm].append(time.perf_counter() - started)
+    result: dict[str, Any] = {
+        "rounds": rounds,
+        "batch_size": config.batch_size,
+        "device": config.device,
+        "threads": config.threads,
+        "arms": {},
+    }
+    for arm in names:
+        ratios = [a / b for a, b in zip(seconds[arm], seconds["ce"], strict=True)]
+        result["arms"][arm] = {
+            "median_seconds": statistics.median(seconds[arm]),
+            "ratio_to_ce": statistics.median(seconds[arm]) / statistics.median(seconds["ce"]),
+            "ratio_p20": _quantile(ratios, 0.2),
+            "ratio_p80": _quantile(ratios, 0.8),
+        }
+    return result

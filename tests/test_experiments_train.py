@@ -1,0 +1,197 @@
+"""Paired arms (same initial weights, same batches), the loss, the schedule, and exact resumption
+after an interruption, in process and by killing a real run."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("mathematics_dataset", reason="needs the demo extra: pip install numtok[demo]")
+
+from numtok import number_token_loss
+from numtok.experiments.batches import TrainingSet
+from numtok.experiments.config import ExperimentConfig
+from numtok.experiments.data import MathData, load_data
+from numtok.experiments.objectives import GLS_SIGMA
+from numtok.experiments.presets import PRESETS
+from numtok.experiments.runner import run_experiment
+from numtok.experiments.tokenizer import CharTokenizer
+from numtok.experiments.train import (
+    arm_directory,
+    build_arm,
+    learning_rate_at,
+    train_arm,
+    train_step,
+)
+from numtok.label_smoothing import gaussian_label_smoothing_ce
+
+SMOKE = PRESETS["smoke"].config
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("questions")
+
+
+@pytest.fixture(scope="module")
+def data(cache_dir: Path) -> MathData:
+    return load_data(
+        SMOKE.task,
+        0,
+        train_questions=SMOKE.train_questions,
+        eval_questions=SMOKE.eval_questions,
+        cache_dir=cache_dir,
+    )
+
+
+def test_every_arm_starts_from_the_same_weights() -> None:
+    tokenizer = CharTokenizer()
+    states = [build_arm(SMOKE, 7, arm, tokenizer)[0].state_dict() for arm in ("ce", "was", "mse")]
+    for state in states[1:]:
+        for name, tensor in states[0].items():
+            assert torch.equal(state[name], tensor), name
+    other_seed = build_arm(SMOKE, 8, "ce", tokenizer)[0].state_dict()
+    assert not torch.equal(other_seed["embedding.weight"], states[0]["embedding.weight"])
+
+
+def test_learning_rate_warms_up_then_decays_to_zero() -> None:
+    config = SMOKE.with_overrides(steps=100, warmup_steps=10, learning_rate=1e-3)
+    rates = [learning_rate_at(s, config) for s in range(100)]
+    assert rates[0] == pytest.approx(1e-4) and rates[9] == pytest.approx(1e-3)
+    assert all(a >= b for a, b in itertools.pairwise(rates[9:]))
+    assert rates[-1] < 1e-5
+
+
+@pytest.mark.parametrize("arm", ["ce", "was", "mse", "gls"])
+def test_train_step_minimises_the_arm_loss(arm: str, data: MathData) -> None:
+    tokenizer = CharTokenizer()
+    vocab = tokenizer.number_vocab()
+    config = SMOKE.with_overrides(ntl_weight=0.7)
+    model, optimizer, objective = build_arm(config, 0, arm, tokenizer)
+    batch = TrainingSet(data.train, tokenizer).batch(0, 0, 8)
+    labels = batch.labels
+    with torch.no_grad():
+        logits = model(batch.inputs, positions=batch.positions, allowed=batch.allowed)
+    before = [p.detach().clone() for p in model.parameters()]
+    loss, ce, ntl_value = train_step(model, optimizer, objective, batch, config, 1e-3)
+    assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    torch.testing.assert_close(ce, F.cross_entropy(logits.flatten(0, 1), labels.flatten()))
+    if arm in ("was", "mse"):
+        expected_ntl = number_token_loss(logits, labels, vocab, kind=arm)
+        assert ntl_value is not None
+        torch.testing.assert_close(ntl_value, expected_ntl)
+        torch.testing.assert_close(loss, ce + 0.7 * expected_ntl)
+        return
+    assert ntl_value is None
+    if arm == "ce":
+        assert torch.equal(loss, ce)
+    else:
+        expected = gaussian_label_smoothing_ce(logits, labels, vocab, sigma=GLS_SIGMA)
+        torch.testing.assert_close(loss, expected)
+        assert float(loss.detach()) != pytest.approx(float(ce))
+
+
+def _comparable(result: dict[str, Any]) -> dict[str, Any]:
+    """What must not change when a run is interrupted and resumed (timings may)."""
+    return {key: result[key] for key in ("seed", "arm", "history", "metrics", "examples")}
+
+
+class _InterruptError(Exception):
+    pass
+
+
+def test_interrupted_arm_resumes_to_identical_results(tmp_path: Path, data: MathData) -> None:
+    config = SMOKE.with_overrides(steps=35, checkpoint_every=10, log_every=5)
+    reference = train_arm(config, 0, "was", data, tmp_path / "straight")
+
+    done = 0
+
+    def interrupt_after_23_steps(steps: int) -> None:
+        nonlocal done
+        done += steps
+        if done == 23:
+            raise _InterruptError
+
+    with pytest.raises(_InterruptError):
+        train_arm(config, 0, "was", data, tmp_path / "resumed", progress=interrupt_after_23_steps)
+    directory = arm_directory(tmp_path / "resumed", 0, "was")
+    assert (directory / "checkpoint.pt").exists() and not (directory / "result.json").exists()
+
+    resumed_steps: list[int] = []
+    resumed = train_arm(config, 0, "was", data, tmp_path / "resumed", progress=resumed_steps.append)
+    assert resumed_steps[0] == 20  # restarted from the checkpoint at step 20, not from 0
+    assert _comparable(resumed) == _comparable(reference)
+    assert not (directory / "checkpoint.pt").exists()
+    # A finished arm is read back, not trained again.
+    assert train_arm(config, 0, "was", data, tmp_path / "resumed") == resumed
+
+
+def _wait_for(path: Path, process: subprocess.Popen[bytes], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert process.poll() is None, process.stderr.read().decode() if process.stderr else ""
+        assert time.monotonic() < deadline, f"{path} did not appear"
+        time.sleep(0.005)
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_to_identical_results(tmp_path: Path, cache_dir: Path) -> None:
+    """SIGKILL a real ``numtok`` process mid-arm, rerun the same command, compare with a run that
+    was never interrupted."""
+    flags = ["--steps", "150", "--batch-size", "8", "--train-questions", "400",
+             "--eval-questions", "10", "--seeds", "1", "--arms", "ce,was", "--workers", "1",
+             "--threads", "1", "--no-progress", "--cache-dir", str(cache_dir)]  # fmt: skip
+    command = [sys.executable, "-m", "numtok.cli", "demo", *flags, "--out", str(tmp_path / "run")]
+    environment = {**os.environ, "PYTHONHASHSEED": "0"}
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environment
+    )
+    _wait_for(arm_directory(tmp_path / "run", 0, "was") / "checkpoint.pt", process, timeout=120)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert (arm_directory(tmp_path / "run", 0, "ce") / "result.json").exists()
+    assert not (arm_directory(tmp_path / "run", 0, "was") / "result.json").exists()
+
+    finished = subprocess.run(command, capture_output=True, env=environment, check=True)
+    assert b"run folder" in finished.stdout
+
+    config = PRESETS["demo"].config.with_overrides(
+        steps=150, batch_size=8, train_questions=400, eval_questions=10, seeds=(0,),
+        arms=("ce", "was"),
+    )  # fmt: skip
+    straight = run_experiment(
+        config, tmp_path / "straight", cache_dir=cache_dir, show_progress=False
+    )
+    resumed = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert [_comparable(r) for r in resumed["runs"]] == [_comparable(r) for r in straight["runs"]]
+    assert resumed["summary"] == straight["summary"]
+
+
+def test_config_is_validated_before_any_work() -> None:
+    with pytest.raises(ValueError, match="steps must be at least 1, got 0"):
+        SMOKE.with_overrides(steps=0)
+    with pytest.raises(ValueError, match=r"ntl_weight must be a finite number >= 0, got -0\.3"):
+        SMOKE.with_overrides(ntl_weight=-0.3)
+    with pytest.raises(ValueError, match="unknown device 'gpu'"):
+        SMOKE.with_overrides(device="gpu")
+    with pytest.raises(ValueError, match="arms must include 'ce'"):
+        SMOKE.with_overrides(arms=("was",))
+    with pytest.raises(ValueError, match=r"unknown: \['dist2'\]"):
+        SMOKE.with_overrides(arms=("ce", "dist2"))
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match=r"torch\.cuda\.is_available\(\) is False"):
+            SMOKE.with_overrides(device="cuda")
+    assert ExperimentConfig.from_dict(SMOKE.to_dict()) == SMOKE
+    assert SMOKE.fingerprint() == ExperimentConfig.from_dict(SMOKE.to_dict()).fingerprint()
+    assert SMOKE.fingerprint() != SMOKE.with_overrides(steps=41).fingerprint()
