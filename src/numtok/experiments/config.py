@@ -31,7 +31,7 @@ class ExperimentConfig:
     seeds: tuple[int, ...] = (0, 1, 2)
     arms: tuple[str, ...] = ("ce", "was", "mse")
     ntl_weight: float = 0.3
-    steps: int = 1000
+    steps: int = 800
     batch_size: int = 64
     learning_rate: float = 1e-3
     warmup_steps: int = 100

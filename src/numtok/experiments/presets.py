@@ -22,8 +22,8 @@ PRESETS: dict[str, Preset] = {
         Preset(
             "demo",
             ExperimentConfig(),
-            "a + b / a - b, 2-layer d=128 model, 1000 steps × 64, 3 seeds: ~8 min on 2 free "
-            "cores (estimate; 35 min measured on 2 heavily shared ones)",
+            "a + b / a - b, 2-layer d=128 model, 800 steps × 64, 3 seeds: ~12 min on 2 free "
+            "cores including set-up",
         ),
         Preset(
             "smoke",
