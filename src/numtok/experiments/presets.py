@@ -46,13 +46,13 @@ PRESETS: dict[str, Preset] = {
         Preset(
             "add_or_sub",
             ExperimentConfig(steps=3000, train_questions=64_000, eval_questions=500),
-            "the demo task and model at 3000 steps, 3 seeds: ~25 min on 2 free cores "
+            "the demo task and model at 3000 steps, 3 seeds: ~30 min on 2 free cores "
             "(estimate; 89 min measured on 2 shared ones)",
         ),
         Preset(
             "add_or_sub-6k",
             ExperimentConfig(steps=6000, train_questions=128_000, eval_questions=500),
-            "the demo task and model at 6000 steps, 3 seeds: ~50 min on 2 free cores (estimate)",
+            "the demo task and model at 6000 steps, 3 seeds: ~60 min on 2 free cores (estimate)",
         ),
         Preset(
             "add_sub_multiple",
@@ -76,7 +76,9 @@ PRESETS: dict[str, Preset] = {
     )
 }
 
-#: The preset ``numtok repro`` runs when none is named.
+#: The preset ``numtok repro`` runs when none is named: the smallest budget at which the models
+#: solve some questions (6-16 % exact) and an arm difference still exceeds the seed spread
+#: (NTL-MSE's log-MAE; measured 2026-11-30, README "Does NTL help").
 DEFAULT_REPRO_PRESET = "add_or_sub"
 
 
