@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import pytest
 import torch
 
 from numtok import NumberVocab
@@ -47,8 +48,73 @@ def make_labels(
 
 
 def make_batch(
-    name: str, shape: tuple[int, ...] = (3, 5), seed: int = 0, dtype: torch.dtype = torch.float64
+    name: str,
+    shape: tuple[int, ...] = (3, 5),
+    seed: int = 0,
+    dtype: torch.dtype = torch.float64,
+    ignore_index: int = -100,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
     logits = 2 * torch.randn(*shape, VOCABS[name][1], generator=generator, dtype=dtype)
-    return logits.requires_grad_(), make_labels(name, shape, generator)
+    return logits.requires_grad_(), make_labels(name, shape, generator, ignore_index)
+
+
+_SETTINGS: list[dict[str, Any]] = [
+    {"shift": True},
+    {"shift": True, "reduction": "none"},
+    {"num_items_in_batch": 7},
+    {"num_items_in_batch": 7, "reduction": "sum"},
+    {"ignore_index": 0},
+    {"reweigh": True, "shift": True, "num_items_in_batch": 3},
+]
+
+
+def _case(name: str, shape: tuple[int, ...], seed: int, label: str, **settings: Any) -> Any:
+    return pytest.param(name, shape, seed, settings, id=f"{name}-{label}")
+
+
+def _reference_cases() -> list[Any]:
+    cases = [
+        _case(name, (3, 5), 0, f"{kind_id}-reweigh={reweigh}-{reduction}", kind=kind,
+              reweigh=reweigh, reduction=reduction)
+        for name in VOCABS
+        for kind, kind_id in zip(KINDS, KIND_IDS, strict=True)
+        for reweigh in (False, True)
+        for reduction in ("mean", "sum", "none")
+    ]  # fmt: skip
+    cases += [
+        _case(name, (3, 5), 1, f"squash={factor}-reweigh={reweigh}", reweigh=reweigh,
+              squash_factor=factor)
+        for name in VOCABS
+        for reweigh in (False, True)
+        for factor in (1.5, 9.0, 50)
+    ]  # fmt: skip
+    cases += [
+        _case(name, (2, 7), 2, f"{kind}-{extra}", kind=kind, **extra)
+        for name in VOCABS
+        for kind in ("was", "mse")
+        for extra in _SETTINGS
+    ]
+    weights = torch.rand(2, 6, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    weights[0, :3] = 0.0
+    cases += [
+        _case(name, (2, 6), 3, f"loss_weights-{kind}-{reduction}-shift={shift}", kind=kind,
+              loss_weights=weights, reduction=reduction, shift=shift)
+        for name in VOCABS
+        for reduction in ("mean", "sum", "none")
+        for shift in (False, True)
+        for kind in ("was", "huber")
+    ]  # fmt: skip
+    for name, shape in [("digits", (13,)), ("chunks", (2, 3, 5)), ("custom", (7, 1))]:
+        cases += [
+            _case(name, shape, 4, f"{shape}-none-reweigh", reduction="none", reweigh=True),
+            _case(name, shape, 4, f"{shape}-mse", kind="mse"),
+        ]
+    return cases
+
+
+#: ``(name, shape, seed, settings)``: a batch ``make_batch(name, shape, seed, ignore_index=...)``
+#: and the loss settings on which each loss path is compared with its reference — every kind ×
+#: reweigh × reduction, squash factors, shift / num_items_in_batch / ignore_index, loss weights
+#: and odd shapes. One list, so that the unfused and the fused paths meet the same cases.
+REFERENCE_CASES = _reference_cases()

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from numtok import NumberTokenLoss, NumberVocab, _fused_rows, number_token_loss
 from numtok.fused import CEWithNTLOutput, cross_entropy_with_ntl
 
-from cases import KIND_IDS, KINDS, VOCABS, make_batch, make_vocab
+from cases import REFERENCE_CASES, VOCABS, make_batch, make_vocab
 
 WEIGHT = 0.7
 
@@ -80,45 +80,13 @@ def assert_fused_matches_reference(
 # ------------------------------------------------------------------ agreement with the reference
 
 
-@pytest.mark.parametrize("name", list(VOCABS))
-@pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
-@pytest.mark.parametrize("reweigh", [False, True])
-@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-def test_matches_reference(name: str, kind: Any, reweigh: bool, reduction: str) -> None:
-    logits, labels = make_batch(name)
-    assert_fused_matches_reference(
-        name, logits, labels, kind=kind, reweigh=reweigh, reduction=reduction
-    )
-
-
-@pytest.mark.parametrize("name", list(VOCABS))
-@pytest.mark.parametrize("reweigh", [False, True])
-@pytest.mark.parametrize("squash_factor", [1.5, 9.0, 50])
-def test_squash_matches_reference(name: str, reweigh: bool, squash_factor: float) -> None:
-    logits, labels = make_batch(name, seed=1)
-    assert_fused_matches_reference(
-        name, logits, labels, reweigh=reweigh, squash_factor=squash_factor
-    )
-
-
-@pytest.mark.parametrize("name", list(VOCABS))
-@pytest.mark.parametrize("kind", ["was", "mse"])
-@pytest.mark.parametrize(
-    "extra",
-    [
-        {"shift": True},
-        {"shift": True, "reduction": "none"},
-        {"num_items_in_batch": 7},
-        {"num_items_in_batch": 7, "reduction": "sum"},
-        {"ignore_index": 0},
-        {"reweigh": True, "shift": True, "num_items_in_batch": 3},
-    ],
-    ids=str,
-)
-def test_settings_match_reference(name: str, kind: str, extra: dict[str, Any]) -> None:
-    logits, labels = make_batch(name, shape=(2, 7), seed=2)
-    labels = labels.masked_fill(labels == -100, extra.get("ignore_index", -100))
-    assert_fused_matches_reference(name, logits, labels, kind=kind, **extra)
+@pytest.mark.parametrize(("name", "shape", "seed", "settings"), REFERENCE_CASES)
+def test_matches_reference(
+    name: str, shape: tuple[int, ...], seed: int, settings: dict[str, Any]
+) -> None:
+    ignore_index = settings.get("ignore_index", -100)
+    logits, labels = make_batch(name, shape=shape, seed=seed, ignore_index=ignore_index)
+    assert_fused_matches_reference(name, logits, labels, **settings)
 
 
 def test_num_items_as_a_tensor() -> None:
@@ -126,28 +94,6 @@ def test_num_items_as_a_tensor() -> None:
     assert_fused_matches_reference(
         "digits", logits, labels, num_items_in_batch=torch.tensor(11), reweigh=True
     )
-
-
-@pytest.mark.parametrize("name", list(VOCABS))
-@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-@pytest.mark.parametrize("shift", [False, True])
-def test_loss_weights_match_reference(name: str, reduction: str, shift: bool) -> None:
-    logits, labels = make_batch(name, shape=(2, 6), seed=3)
-    weights = torch.rand(2, 6, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
-    weights[0, :3] = 0.0
-    for kind in ["was", "huber"]:
-        assert_fused_matches_reference(
-            name, logits, labels, kind=kind, loss_weights=weights, reduction=reduction, shift=shift
-        )
-
-
-@pytest.mark.parametrize(
-    ("name", "shape"), [("digits", (13,)), ("chunks", (2, 3, 5)), ("custom", (7, 1))]
-)
-def test_odd_shapes_match_reference(name: str, shape: tuple[int, ...]) -> None:
-    logits, labels = make_batch(name, shape=shape, seed=4)
-    assert_fused_matches_reference(name, logits, labels, reduction="none", reweigh=True)
-    assert_fused_matches_reference(name, logits, labels, kind="mse")
 
 
 def test_ce_and_ntl_terms_are_reported_detached() -> None:

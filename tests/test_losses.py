@@ -11,7 +11,7 @@ import torch
 
 from numtok import NumberTokenLoss, NumberVocab, number_token_loss
 
-from cases import KIND_IDS, KINDS, VOCABS, make_batch, make_vocab
+from cases import REFERENCE_CASES, VOCABS, make_batch, make_vocab
 from reference import reference_number_token_loss
 
 
@@ -36,62 +36,13 @@ def assert_matches_reference(
     torch.testing.assert_close(ours_grad, ref_grad, rtol=1e-9, atol=1e-12)
 
 
-@pytest.mark.parametrize("name", list(VOCABS))
-@pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
-@pytest.mark.parametrize("reweigh", [False, True])
-@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-def test_matches_reference(name: str, kind: Any, reweigh: bool, reduction: str) -> None:
-    logits, labels = make_batch(name)
-    assert_matches_reference(name, logits, labels, kind=kind, reweigh=reweigh, reduction=reduction)
-
-
-@pytest.mark.parametrize("name", list(VOCABS))
-@pytest.mark.parametrize("reweigh", [False, True])
-@pytest.mark.parametrize("squash_factor", [1.5, 9.0, 50])
-def test_squash_matches_reference(name: str, reweigh: bool, squash_factor: float) -> None:
-    logits, labels = make_batch(name, seed=1)
-    assert_matches_reference(name, logits, labels, reweigh=reweigh, squash_factor=squash_factor)
-
-
-@pytest.mark.parametrize("name", list(VOCABS))
-@pytest.mark.parametrize("kind", ["was", "mse"])
-@pytest.mark.parametrize(
-    "extra",
-    [
-        {"shift": True},
-        {"shift": True, "reduction": "none"},
-        {"num_items_in_batch": 7},
-        {"num_items_in_batch": 7, "reduction": "sum"},
-        {"ignore_index": 0},
-        {"reweigh": True, "shift": True, "num_items_in_batch": 3},
-    ],
-    ids=str,
-)
-def test_settings_match_reference(name: str, kind: str, extra: dict[str, Any]) -> None:
-    logits, labels = make_batch(name, shape=(2, 7), seed=2)
-    assert_matches_reference(name, logits, labels, kind=kind, **extra)
-
-
-@pytest.mark.parametrize("name", list(VOCABS))
-@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-@pytest.mark.parametrize("shift", [False, True])
-def test_loss_weights_match_reference(name: str, reduction: str, shift: bool) -> None:
-    logits, labels = make_batch(name, shape=(2, 6), seed=3)
-    weights = torch.rand(2, 6, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
-    weights[0, :3] = 0.0
-    for kind in ["was", "huber"]:
-        assert_matches_reference(
-            name, logits, labels, kind=kind, loss_weights=weights, reduction=reduction, shift=shift
-        )
-
-
-@pytest.mark.parametrize(
-    ("name", "shape"), [("digits", (13,)), ("chunks", (2, 3, 5)), ("custom", (7, 1))]
-)
-def test_odd_shapes_match_reference(name: str, shape: tuple[int, ...]) -> None:
-    logits, labels = make_batch(name, shape=shape, seed=4)
-    assert_matches_reference(name, logits, labels, reduction="none", reweigh=True)
-    assert_matches_reference(name, logits, labels, kind="mse")
+@pytest.mark.parametrize(("name", "shape", "seed", "settings"), REFERENCE_CASES)
+def test_matches_reference(
+    name: str, shape: tuple[int, ...], seed: int, settings: dict[str, Any]
+) -> None:
+    ignore_index = settings.get("ignore_index", -100)
+    logits, labels = make_batch(name, shape=shape, seed=seed, ignore_index=ignore_index)
+    assert_matches_reference(name, logits, labels, **settings)
 
 
 @pytest.mark.parametrize("name", list(VOCABS))
