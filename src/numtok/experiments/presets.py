@@ -46,8 +46,7 @@ PRESETS: dict[str, Preset] = {
         Preset(
             "add_or_sub",
             ExperimentConfig(steps=3000, train_questions=64_000, eval_questions=500),
-            "the demo task and model at 3000 steps, 3 seeds: ~30 min on 2 free cores "
-            "(estimate; 89 min measured on 2 shared ones)",
+            "the demo task and model at 3000 steps, 3 seeds: ~30 min on 2 free cores (estimate)",
         ),
         Preset(
             "add_or_sub-6k",
