@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from numtok import NumberVocab
 from numtok.number_level import NumberLevelLoss, number_level_loss
-from numtok.numbers import SpanVocab, find_number_spans
+from numtok.numbers import find_number_spans
 
 from test_numbers import reference_spans, token_kinds
 
@@ -23,7 +23,7 @@ torch.set_num_threads(1)
 def reference_number_level_loss(
     logits: torch.Tensor,
     labels: torch.Tensor,
-    vocab: SpanVocab,
+    vocab: NumberVocab,
     *,
     error: str = "smape",
     reweigh: bool = False,
@@ -44,8 +44,8 @@ def reference_number_level_loss(
     rows = labels.reshape(-1, width).tolist()
     flat_logits = logits.reshape(-1, size)
     weights = None if loss_weights is None else loss_weights.reshape(-1).double()
-    number_ids = vocab.numbers.ids.tolist()
-    values = vocab.numbers.values.double()
+    number_ids = vocab.ids.tolist()
+    values = vocab.values.double()
     eps = torch.finfo(torch.float32 if logits.dtype != torch.float64 else torch.float64).eps
     per_position = torch.zeros(len(rows) * width, dtype=torch.float64)
     kinds = token_kinds(vocab)
@@ -95,15 +95,15 @@ TEXTS = [
 
 
 @pytest.fixture(scope="module", params=["digit_tokenizer", "llama3_style_tokenizer"])
-def tokenizer_and_vocab(request: pytest.FixtureRequest) -> tuple[Any, SpanVocab]:
+def tokenizer_and_vocab(request: pytest.FixtureRequest) -> tuple[Any, NumberVocab]:
     tokenizer = request.getfixturevalue(request.param)
-    return tokenizer, SpanVocab.from_tokenizer(tokenizer)
+    return tokenizer, NumberVocab.from_tokenizer(tokenizer)
 
 
 @pytest.mark.parametrize("error", ["smape", "log"])
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_matches_the_reference(
-    tokenizer_and_vocab: tuple[Any, SpanVocab], error: str, reduction: str
+    tokenizer_and_vocab: tuple[Any, NumberVocab], error: str, reduction: str
 ) -> None:
     tokenizer, vocab = tokenizer_and_vocab
     labels = _batch(tokenizer, TEXTS)
@@ -127,7 +127,7 @@ def test_matches_the_reference(
 
 
 def test_module_equals_function_and_holds_buffers(
-    tokenizer_and_vocab: tuple[Any, SpanVocab],
+    tokenizer_and_vocab: tuple[Any, NumberVocab],
 ) -> None:
     tokenizer, vocab = tokenizer_and_vocab
     labels = _batch(tokenizer, TEXTS)
@@ -161,7 +161,7 @@ def test_equals_ntloss_number_level_loss_on_single_digit_integers(
 
     # ntloss may add tokens to the tokenizer it is given: give it its own copy.
     reference = NtlossNumberLevelLoss(tokenizer=build_digit_tokenizer(), reweigh=reweigh)
-    vocab = SpanVocab.from_tokenizer(digit_tokenizer)
+    vocab = NumberVocab.from_tokenizer(digit_tokenizer)
     # Integer spans only: ntloss reads neither signs nor decimal points.
     labels = _batch(digit_tokenizer, ["ab 123 c 45 d", "x 9 yy 1007 z 0", "3 4 56789 x"])
     generator = torch.Generator().manual_seed(1)
@@ -187,7 +187,7 @@ def _peaked_logits(labels: torch.Tensor, vocab_size: int) -> torch.Tensor:
 
 def test_chunk_tokenizer_targets_are_the_true_numbers(llama3_style_tokenizer: Any) -> None:
     tokenizer = llama3_style_tokenizer
-    vocab = SpanVocab.from_tokenizer(tokenizer)
+    vocab = NumberVocab.from_tokenizer(tokenizer)
     labels = _batch(tokenizer, ["x=1234;", "y=-1234567.25"])
     assert tokenizer.convert_ids_to_tokens(labels[0, 2:4].tolist()) == ["123", "4"]
     assert find_number_spans(labels, vocab).values.tolist() == [1234.0, -1234567.25]
@@ -222,7 +222,7 @@ def test_zero_when_right_and_leading_errors_cost_more(
     digit_tokenizer: Any, llama3_style_tokenizer: Any, n: int, chunks: bool, error: str
 ) -> None:
     tokenizer = llama3_style_tokenizer if chunks else digit_tokenizer
-    vocab = SpanVocab.from_tokenizer(tokenizer)
+    vocab = NumberVocab.from_tokenizer(tokenizer)
     labels = _batch(tokenizer, [f"is {n}."])
     spans = find_number_spans(labels, vocab)
     assert spans.values.tolist() == [float(n)]
@@ -246,7 +246,7 @@ def test_zero_when_right_and_leading_errors_cost_more(
 
 
 def test_monotone_in_the_distance_of_the_expected_number(digit_tokenizer: Any) -> None:
-    vocab = SpanVocab.from_tokenizer(digit_tokenizer)
+    vocab = NumberVocab.from_tokenizer(digit_tokenizer)
     labels = _batch(digit_tokenizer, ["50"])
     previous = -1.0
     for digit in "56789":  # predicting 50, 60, ..., 90
@@ -260,9 +260,9 @@ def test_monotone_in_the_distance_of_the_expected_number(digit_tokenizer: Any) -
 # ------------------------------------------------------------------ gradients and dtypes
 
 
-def _tiny_vocab() -> SpanVocab:
-    numbers = NumberVocab.from_values({i: str(i) for i in range(4)} | {4: "12"}, vocab_size=8)
-    return SpanVocab(numbers, minus_ids=[5], decimal_point_ids=[6])
+def _tiny_vocab() -> NumberVocab:
+    numbers = {i: str(i) for i in range(4)} | {4: "12"}
+    return NumberVocab.from_values(numbers, vocab_size=8, minus_ids=[5], decimal_point_ids=[6])
 
 
 @pytest.mark.parametrize(
@@ -285,7 +285,7 @@ def test_gradcheck(options: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_low_precision_logits(
-    tokenizer_and_vocab: tuple[Any, SpanVocab], dtype: torch.dtype
+    tokenizer_and_vocab: tuple[Any, NumberVocab], dtype: torch.dtype
 ) -> None:
     tokenizer, vocab = tokenizer_and_vocab
     labels = _batch(tokenizer, TEXTS)
@@ -300,10 +300,10 @@ def test_low_precision_logits(
 
 
 def test_masked_logits_give_no_nan(digit_tokenizer: Any) -> None:
-    vocab = SpanVocab.from_tokenizer(digit_tokenizer)
+    vocab = NumberVocab.from_tokenizer(digit_tokenizer)
     labels = _batch(digit_tokenizer, ["x 42 y"])
     logits = torch.randn(*labels.shape, vocab.vocab_size)
-    logits[..., vocab.numbers.ids[:5]] = -math.inf
+    logits[..., vocab.ids[:5]] = -math.inf
     logits.requires_grad_()
     loss = number_level_loss(logits, labels, vocab, reweigh=True)
     loss.backward()
@@ -312,7 +312,7 @@ def test_masked_logits_give_no_nan(digit_tokenizer: Any) -> None:
 
 
 def test_no_numbers_gives_zero_with_a_graph(digit_tokenizer: Any) -> None:
-    vocab = SpanVocab.from_tokenizer(digit_tokenizer)
+    vocab = NumberVocab.from_tokenizer(digit_tokenizer)
     labels = _batch(digit_tokenizer, ["no numbers"])
     logits = torch.randn(*labels.shape, vocab.vocab_size, requires_grad=True)
     for reduction in ("mean", "sum", "none"):
@@ -326,11 +326,13 @@ def test_no_numbers_gives_zero_with_a_graph(digit_tokenizer: Any) -> None:
 
 
 def test_bad_input(digit_tokenizer: Any) -> None:
-    vocab = SpanVocab.from_tokenizer(digit_tokenizer)
+    vocab = NumberVocab.from_tokenizer(digit_tokenizer)
     labels = _batch(digit_tokenizer, ["12"])
     logits = torch.randn(*labels.shape, vocab.vocab_size)
-    with pytest.raises(TypeError, match=r"vocab must be a SpanVocab: .* got NumberVocab"):
-        number_level_loss(logits, labels, vocab.numbers)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"vocab must be a NumberVocab \(.*\), got dict"):
+        number_level_loss(logits, labels, {})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"digit strings; token id 3 has the value '2\.5'"):
+        NumberLevelLoss(NumberVocab.from_values({3: 2.5}, vocab_size=5))
     with pytest.raises(ValueError, match=r"error must be one of \('smape', 'log'\), got 'mse'"):
         number_level_loss(logits, labels, vocab, error="mse")
     with pytest.raises(ValueError, match="reweigh=True needs a bounded error"):

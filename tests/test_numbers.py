@@ -1,5 +1,5 @@
 """numtok.numbers: numbers in text (parse_number, last_number, find_numbers) and in token
-sequences (SpanVocab, find_number_spans, span_values), against a plain loop reference."""
+sequences (find_number_spans, span_values), against a plain loop reference."""
 
 from __future__ import annotations
 
@@ -14,11 +14,9 @@ from hypothesis import strategies as st
 from numtok import NumberVocab
 from numtok.numbers import (
     NumberSpans,
-    SpanVocab,
     find_number_spans,
     find_numbers,
     last_number,
-    minus_token_kind,
     parse_number,
     span_values,
 )
@@ -171,12 +169,13 @@ class ReferenceSpan(NamedTuple):
     negative: bool
 
 
-def token_kinds(vocab: SpanVocab) -> dict[int, TokenKind]:
-    """Read a SpanVocab's grammar into plain Python (ids absent here are ordinary tokens)."""
+def token_kinds(vocab: NumberVocab) -> dict[int, TokenKind]:
+    """Read a NumberVocab's span grammar into plain Python (ids absent here are ordinary
+    tokens)."""
     marked = set(vocab.word_start_ids)
     kinds = {
         i: TokenKind(digits=d, marked=i in marked)
-        for i, d in zip(vocab.numbers.ids.tolist(), vocab.numbers.digits, strict=True)
+        for i, d in zip(vocab.ids.tolist(), vocab.digits, strict=True)
     }
     kinds |= {i: TokenKind(minus=True, marked=i in marked) for i in vocab.minus_ids}
     kinds |= {i: TokenKind(point=True) for i in vocab.decimal_point_ids}
@@ -231,7 +230,7 @@ def reference_spans(row: list[int], kinds: dict[int, TokenKind]) -> list[Referen
     return spans
 
 
-def assert_spans_match_reference(token_ids: torch.Tensor, vocab: SpanVocab) -> NumberSpans:
+def assert_spans_match_reference(token_ids: torch.Tensor, vocab: NumberVocab) -> NumberSpans:
     spans = find_number_spans(token_ids, vocab)
     kinds = token_kinds(vocab)
     rows = token_ids.reshape(-1, token_ids.shape[-1]).tolist()
@@ -266,10 +265,10 @@ SYNTHETIC_DIGITS |= {20: "12", 21: "345", 22: "007", 23: "45"}
 
 
 @pytest.fixture(scope="module")
-def synthetic() -> SpanVocab:
-    numbers = NumberVocab.from_values(SYNTHETIC_DIGITS, vocab_size=30)
-    return SpanVocab(
-        numbers,
+def synthetic() -> NumberVocab:
+    return NumberVocab.from_values(
+        SYNTHETIC_DIGITS,
+        vocab_size=30,
         minus_ids=[24, 25],
         decimal_point_ids=[26],
         word_start_ids=[*range(10, 20), 23, 25],
@@ -301,7 +300,7 @@ def synthetic() -> SpanVocab:
         ([-100, -100], []),
     ],
 )
-def test_span_grammar_examples(synthetic: SpanVocab, ids: list[int], values: list[float]) -> None:
+def test_span_grammar_examples(synthetic: NumberVocab, ids: list[int], values: list[float]) -> None:
     spans = assert_spans_match_reference(torch.tensor([ids]), synthetic)
     assert spans.values.tolist() == values
 
@@ -315,12 +314,12 @@ def test_span_grammar_examples(synthetic: SpanVocab, ids: list[int], values: lis
 )
 @settings(max_examples=300, deadline=None)
 def test_span_finder_matches_the_reference_on_random_token_sequences(
-    synthetic: SpanVocab, rows: list[list[int]]
+    synthetic: NumberVocab, rows: list[list[int]]
 ) -> None:
     assert_spans_match_reference(torch.tensor(rows), synthetic)
 
 
-def test_batches_of_any_shape_and_span_positions(synthetic: SpanVocab) -> None:
+def test_batches_of_any_shape_and_span_positions(synthetic: NumberVocab) -> None:
     ids = torch.tensor([[[1, 2, 27], [24, 3, 27]], [[27, 27, 27], [20, 26, 5]]])  # (2, 2, 3)
     spans = assert_spans_match_reference(ids, synthetic)
     assert spans.span_of_token.shape == ids.shape
@@ -334,7 +333,7 @@ def test_batches_of_any_shape_and_span_positions(synthetic: SpanVocab) -> None:
     assert one_row.values.tolist() == [12.5]
 
 
-def test_ignore_index_can_be_chosen(synthetic: SpanVocab) -> None:
+def test_ignore_index_can_be_chosen(synthetic: NumberVocab) -> None:
     spans = find_number_spans(torch.tensor([[1, 0, 2]]), synthetic, ignore_index=0)
     assert spans.values.tolist() == [1.0, 2.0]
 
@@ -345,9 +344,9 @@ TOKENIZERS = ["digit_tokenizer", "llama3_style_tokenizer", "gpt2_tokenizer", "mi
 
 
 @pytest.fixture(scope="module", params=TOKENIZERS)
-def tokenizer_and_spans(request: pytest.FixtureRequest) -> tuple[Any, SpanVocab]:
+def tokenizer_and_spans(request: pytest.FixtureRequest) -> tuple[Any, NumberVocab]:
     tokenizer = request.getfixturevalue(request.param)
-    return tokenizer, SpanVocab.from_tokenizer(tokenizer)
+    return tokenizer, NumberVocab.from_tokenizer(tokenizer)
 
 
 def _encode(tokenizer: Any, text: str) -> torch.Tensor:
@@ -364,7 +363,7 @@ def _encode(tokenizer: Any, text: str) -> torch.Tensor:
     ],
 )
 def test_spans_read_text_like_find_numbers(
-    tokenizer_and_spans: tuple[Any, SpanVocab], text: str
+    tokenizer_and_spans: tuple[Any, NumberVocab], text: str
 ) -> None:
     tokenizer, vocab = tokenizer_and_spans
     ids = _encode(tokenizer, text)
@@ -374,37 +373,16 @@ def test_spans_read_text_like_find_numbers(
 
 
 def test_thousands_separators_in_tokens_are_two_numbers(
-    tokenizer_and_spans: tuple[Any, SpanVocab],
+    tokenizer_and_spans: tuple[Any, NumberVocab],
 ) -> None:
     tokenizer, vocab = tokenizer_and_spans
     assert find_number_spans(_encode(tokenizer, "1,234"), vocab).values.tolist() == [1.0, 234.0]
 
 
-def test_from_tokenizer_reads_the_grammar(gpt2_tokenizer: Any, mistral_tokenizer: Any) -> None:
-    gpt2 = SpanVocab.from_tokenizer(gpt2_tokenizer)
-    tokens = gpt2_tokenizer.convert_ids_to_tokens
-    minus = tokens(list(gpt2.minus_ids))
-    assert {"-", "Ġ-", "(-", "=-"} <= set(minus)
-    assert not {"a-", "3-", "->"} & set(minus)
-    assert tokens(list(gpt2.decimal_point_ids)) == ["."]
-    marked = tokens(list(gpt2.word_start_ids))
-    assert "Ġ-" in marked and "Ġ123" in marked and "123" not in marked
-    number_ids = set(gpt2.numbers.ids.tolist())
-    assert all(
-        t.startswith("Ġ")
-        for i, t in zip(gpt2.word_start_ids, marked, strict=True)
-        if i in number_ids
-    )
-    mistral = SpanVocab.from_tokenizer(mistral_tokenizer, multi_digit=False)
-    assert {"-", "▁-"} <= set(mistral_tokenizer.convert_ids_to_tokens(list(mistral.minus_ids)))
-    assert len(mistral.numbers) == 10
-    assert "SpanVocab(1691 number tokens" in repr(gpt2)
-
-
 @given(st.integers(min_value=-(10**15), max_value=10**15), st.integers(0, 3))
 @settings(max_examples=25, deadline=None)
 def test_span_values_of_tokenised_numbers_are_the_numbers(
-    tokenizer_and_spans: tuple[Any, SpanVocab], n: int, decimals: int
+    tokenizer_and_spans: tuple[Any, NumberVocab], n: int, decimals: int
 ) -> None:
     tokenizer, vocab = tokenizer_and_spans
     text = f"{n / 10**decimals:.{decimals}f}" if decimals else str(n)
@@ -426,7 +404,7 @@ def _decimal_ids(text: str) -> list[int]:
     return [26 if c == "." else 24 if c == "-" else int(c) for c in text]
 
 
-def test_exactness_flag(synthetic: SpanVocab) -> None:
+def test_exactness_flag(synthetic: NumberVocab) -> None:
     below = str(2**53 - 1)  # 16 digits as one integer, below 2**53
     above = str(2**53 + 1)  # not a float64
     places_22 = "0." + "0" * 21 + "1"  # 1e-22 = 1 / 10**22, both exact
@@ -441,7 +419,7 @@ def test_exactness_flag(synthetic: SpanVocab) -> None:
         assert value == pytest.approx(float(text), rel=1e-15)
 
 
-def test_numbers_beyond_float64(synthetic: SpanVocab) -> None:
+def test_numbers_beyond_float64(synthetic: NumberVocab) -> None:
     huge = [24, 1, *_digits_ids("0" * 400)]  # -1e400
     long_fraction = [1, 26, *_digits_ids("0" * 400), 1]  # 1.000...001
     leading_zeros = _digits_ids("0" * 400 + "5")
@@ -452,7 +430,7 @@ def test_numbers_beyond_float64(synthetic: SpanVocab) -> None:
     assert spans.digits.tolist() == [401, 402, 401]
 
 
-def test_span_values_assembles_any_token_values(synthetic: SpanVocab) -> None:
+def test_span_values_assembles_any_token_values(synthetic: NumberVocab) -> None:
     spans = find_number_spans(torch.tensor([24, 20, 26, 5, 27, 3]), synthetic)  # -12.5, 3
     assert torch.equal(span_values(spans.values.new_tensor([12.0, 5.0, 3.0]), spans), spans.values)
     halves = span_values(torch.tensor([1.5, 0.5, 2.0]), spans)  # -(1.5 + 0.5/10), 2
@@ -464,33 +442,16 @@ def test_span_values_assembles_any_token_values(synthetic: SpanVocab) -> None:
 # ------------------------------------------------------------------ tokens: bad input
 
 
-def test_span_vocab_bad_input(synthetic: SpanVocab) -> None:
-    numbers = synthetic.numbers
-    with pytest.raises(TypeError, match="numbers must be a NumberVocab, got dict"):
-        SpanVocab({1: "1"})  # type: ignore[arg-type]
+def test_spans_need_number_tokens_that_are_digit_strings() -> None:
     with pytest.raises(ValueError, match=r"digit strings; token id 3 has the value '2\.5'"):
-        SpanVocab(NumberVocab.from_values({3: 2.5}, vocab_size=5))
+        find_number_spans(torch.tensor([3]), NumberVocab.from_values({3: 2.5}, vocab_size=5))
     with pytest.raises(ValueError, match="at most 18 digits; token id 2 has 19"):
-        SpanVocab(NumberVocab.from_values({2: "1" * 19}, vocab_size=5))
-    with pytest.raises(ValueError, match=r"minus_ids holds 30, outside the vocabulary \[0, 30\)"):
-        SpanVocab(numbers, minus_ids=[30])
-    with pytest.raises(TypeError, match=r"decimal_point_ids must hold int token ids, got '\.'"):
-        SpanVocab(numbers, decimal_point_ids=["."])  # type: ignore[list-item]
-    with pytest.raises(ValueError, match=r"minus_ids must not be number tokens, got .*\[3\]"):
-        SpanVocab(numbers, minus_ids=[3])
-    with pytest.raises(ValueError, match=r"disjoint, both hold \[27\]"):
-        SpanVocab(numbers, minus_ids=[27], decimal_point_ids=[27])
-    with pytest.raises(ValueError, match=r"word_start_ids must be number tokens or minus_ids"):
-        SpanVocab(numbers, word_start_ids=[27])
-    with pytest.raises(TypeError, match="get_vocab"):
-        SpanVocab.from_tokenizer(object(), numbers)
-    with pytest.raises(TypeError, match="either numbers or NumberVocab options"):
-        SpanVocab.from_tokenizer(object(), numbers, multi_digit=False)
+        find_number_spans(torch.tensor([2]), NumberVocab.from_values({2: "1" * 19}, vocab_size=5))
 
 
-def test_find_number_spans_bad_input(synthetic: SpanVocab) -> None:
-    with pytest.raises(TypeError, match="vocab must be a SpanVocab"):
-        find_number_spans(torch.tensor([1]), synthetic.numbers)  # type: ignore[arg-type]
+def test_find_number_spans_bad_input(synthetic: NumberVocab) -> None:
+    with pytest.raises(TypeError, match="vocab must be a NumberVocab"):
+        find_number_spans(torch.tensor([1]), {1: "1"})  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"token_ids must be a torch\.Tensor, got list"):
         find_number_spans([1, 2], synthetic)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"integer tensor of token ids, got torch\.float32"):
@@ -501,25 +462,3 @@ def test_find_number_spans_bad_input(synthetic: SpanVocab) -> None:
         find_number_spans(torch.tensor([1, 30]), synthetic)
     with pytest.raises(ValueError, match="got -5"):
         find_number_spans(torch.tensor([-5]), synthetic)
-
-
-@pytest.mark.parametrize(
-    ("token", "kind"),
-    [
-        ("-", "minus"),
-        ("\u2212", "minus"),
-        ("Ġ-", "sign"),
-        ("▁-", "sign"),
-        (" -", "sign"),
-        ("(-", "sign"),
-        ("=-", "sign"),
-        ("--", "sign"),
-        ("a-", None),
-        ("3-", None),
-        (").-", None),
-        ("->", None),
-        ("", None),
-    ],
-)
-def test_minus_token_kind(token: str, kind: str | None) -> None:
-    assert minus_token_kind(token) == kind

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from numtok import NumberVocab
+from numtok.vocab import minus_token_kind
 
 
 def _number_tokens(tokenizer: Any, vocab: NumberVocab) -> list[str]:
@@ -169,3 +170,100 @@ def test_from_tokenizer_rejects_bad_input() -> None:
         NumberVocab.from_tokenizer({"1": 1})
     with pytest.raises(TypeError, match="multi_digit must be a bool, got 'yes'"):
         NumberVocab.from_tokenizer(NoDigits(), multi_digit="yes")
+
+
+# ------------------------------------------------------------------ what whole numbers are made of
+
+
+def test_from_tokenizer_reads_the_grammar(gpt2_tokenizer: Any, mistral_tokenizer: Any) -> None:
+    gpt2 = NumberVocab.from_tokenizer(gpt2_tokenizer)
+    tokens = gpt2_tokenizer.convert_ids_to_tokens
+    minus = tokens(list(gpt2.minus_ids))
+    assert {"-", "Ġ-", "(-", "=-"} <= set(minus)
+    assert not {"a-", "3-", "->"} & set(minus)
+    assert tokens(list(gpt2.decimal_point_ids)) == ["."]
+    marked = tokens(list(gpt2.word_start_ids))
+    assert "Ġ-" in marked and "Ġ123" in marked and "123" not in marked
+    number_ids = set(gpt2.ids.tolist())
+    assert all(
+        t.startswith("Ġ")
+        for i, t in zip(gpt2.word_start_ids, marked, strict=True)
+        if i in number_ids
+    )
+    mistral = NumberVocab.from_tokenizer(mistral_tokenizer, multi_digit=False)
+    assert {"-", "▁-"} <= set(mistral_tokenizer.convert_ids_to_tokens(list(mistral.minus_ids)))
+    assert len(mistral) == 10
+    assert repr(gpt2).startswith("NumberVocab(1691 number tokens")
+    assert f"decimal_point_ids={list(gpt2.decimal_point_ids)}" in repr(gpt2)
+    assert "whole numbers: minus signs '-', " in gpt2.describe()
+    assert "decimal points '.'" in gpt2.describe()
+
+
+def test_from_values_takes_the_whole_number_ids() -> None:
+    digits = {i: str(i) for i in range(10)}
+    vocab = NumberVocab.from_values(
+        digits, vocab_size=14, minus_ids=[11, 10], decimal_point_ids=[12], word_start_ids=[11, 3]
+    )
+    assert (vocab.minus_ids, vocab.decimal_point_ids, vocab.word_start_ids) == (
+        (10, 11),
+        (12,),
+        (3, 11),
+    )
+    plain = NumberVocab.from_values(digits, vocab_size=14)
+    assert plain.minus_ids == plain.decimal_point_ids == plain.word_start_ids == ()
+    assert "minus signs none, decimal points none, 0 word starts" in plain.describe()
+
+
+@pytest.mark.parametrize(
+    ("ids", "error", "message"),
+    [
+        ({"minus_ids": [30]}, ValueError, r"minus_ids holds 30, outside the vocabulary \[0, 30\)"),
+        ({"minus_ids": 24}, TypeError, "minus_ids must be an iterable of int token ids, got 24"),
+        ({"decimal_point_ids": "."}, TypeError, "decimal_point_ids must be an iterable"),
+        (
+            {"decimal_point_ids": ["."]},
+            TypeError,
+            r"decimal_point_ids must hold int token ids, got '\.'",
+        ),
+        ({"minus_ids": [3]}, ValueError, r"minus_ids must not be number tokens, got .*\[3\]"),
+        ({"decimal_point_ids": [4]}, ValueError, r"decimal_point_ids must not be number tokens"),
+        ({"minus_ids": [27], "decimal_point_ids": [27]}, ValueError, r"disjoint, both hold \[27\]"),
+        (
+            {"word_start_ids": [27]},
+            ValueError,
+            r"word_start_ids must be number tokens or minus_ids",
+        ),
+        (
+            {"word_start_ids": [26], "decimal_point_ids": [26]},
+            ValueError,
+            r"got \[26\] \(neither\)",
+        ),
+    ],
+)
+def test_from_values_rejects_bad_whole_number_ids(
+    ids: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        NumberVocab.from_values({i: str(i) for i in range(10)}, vocab_size=30, **ids)
+
+
+@pytest.mark.parametrize(
+    ("token", "kind"),
+    [
+        ("-", "minus"),
+        ("\u2212", "minus"),
+        ("Ġ-", "sign"),
+        ("▁-", "sign"),
+        (" -", "sign"),
+        ("(-", "sign"),
+        ("=-", "sign"),
+        ("--", "sign"),
+        ("a-", None),
+        ("3-", None),
+        (").-", None),
+        ("->", None),
+        ("", None),
+    ],
+)
+def test_minus_token_kind(token: str, kind: str | None) -> None:
+    assert minus_token_kind(token) == kind

@@ -9,7 +9,7 @@ from numtok.losses import number_token_loss
 from numtok.metrics import NumericMetrics, make_compute_metrics, numeric_metrics
 from numtok.module import NumberTokenLoss
 from numtok.number_level import NumberLevelLoss, number_level_loss
-from numtok.numbers import NumberSpans, SpanVocab, find_number_spans, last_number, parse_number
+from numtok.numbers import NumberSpans, find_number_spans, last_number, parse_number
 from numtok.vocab import NumberVocab
 
 __all__ = [
@@ -22,7 +22,6 @@ __all__ = [
     "NumberTokenLoss",
     "NumberVocab",
     "NumericMetrics",
-    "SpanVocab",
     "cross_entropy_with_ntl",
     "expected_numbers",
     "expected_span_values",

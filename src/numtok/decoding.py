@@ -14,8 +14,8 @@ import torch
 
 from numtok._logsumexp import selected_rows_logsumexp
 from numtok._number_logits import compute_dtype, number_logits_at
-from numtok._validation import check_logits
-from numtok.numbers import NumberSpans, SpanVocab, span_values
+from numtok._validation import check_logits, check_number_vocab
+from numtok.numbers import NumberSpans, span_tables, span_values
 from numtok.vocab import NumberVocab
 
 __all__ = ["ExpectedNumbers", "expected_numbers", "expected_span_values"]
@@ -34,7 +34,7 @@ def expected_token_values(number_logits: torch.Tensor, values: torch.Tensor) -> 
     return torch.softmax(number_logits, dim=-1) @ values.to(number_logits.dtype)
 
 
-def expected_numbers(logits: torch.Tensor, vocab: NumberVocab | SpanVocab) -> ExpectedNumbers:
+def expected_numbers(logits: torch.Tensor, vocab: NumberVocab) -> ExpectedNumbers:
     """The expected number-token value and the number-token mass at every position.
 
     With ``z`` the logits (..., V) and ``N`` the number tokens (values ``v``):
@@ -55,9 +55,7 @@ def expected_numbers(logits: torch.Tensor, vocab: NumberVocab | SpanVocab) -> Ex
     >>> expected_numbers(logits, vocab)
     ExpectedNumbers(value=tensor([4.]), mass=tensor([1.]))
     """
-    numbers = vocab.numbers if isinstance(vocab, SpanVocab) else vocab
-    if not isinstance(numbers, NumberVocab):
-        raise TypeError(f"vocab must be a NumberVocab or SpanVocab, got {type(vocab).__name__}")
+    numbers = check_number_vocab(vocab)
     logits = check_logits(logits, vocab_size=numbers.vocab_size)
     dtype = compute_dtype(logits)
     tables = numbers.tables(logits.device)
@@ -73,7 +71,7 @@ def expected_numbers(logits: torch.Tensor, vocab: NumberVocab | SpanVocab) -> Ex
 
 
 def expected_span_values(
-    logits: torch.Tensor, spans: NumberSpans, vocab: SpanVocab
+    logits: torch.Tensor, spans: NumberSpans, vocab: NumberVocab
 ) -> torch.Tensor:
     """The expected value of each whole number, given the logits that produced its tokens.
 
@@ -88,8 +86,7 @@ def expected_span_values(
     Returns:
         (S,) float64, differentiable with respect to ``logits``.
     """
-    if not isinstance(vocab, SpanVocab):
-        raise TypeError(f"vocab must be a SpanVocab, got {type(vocab).__name__}")
+    check_number_vocab(vocab)
     if not isinstance(spans, NumberSpans):
         raise TypeError(f"spans must be NumberSpans, got {type(spans).__name__}")
     logits = check_logits(logits, vocab_size=vocab.vocab_size)
@@ -98,7 +95,7 @@ def expected_span_values(
             f"logits must have shape (*token_ids.shape, V) for the token ids the spans were "
             f"found in, {tuple(spans.span_of_token.shape)}; got {tuple(logits.shape)}"
         )
-    tables = vocab.tables(logits.device)
+    tables = span_tables(vocab, logits.device)
     number_logits = number_logits_at(
         logits, spans.number_positions, tables.ids, compute_dtype(logits)
     )

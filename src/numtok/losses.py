@@ -19,8 +19,8 @@ With single-digit number tokens only, ``P_L = 1`` and both flavours are exactly 
 definitions above.
 
 ``kind="number"`` is the number-level loss of :mod:`numtok.number_level` (whole numbers assembled
-with their place values, sign and decimals, compared by smape); it needs a
-:class:`~numtok.numbers.SpanVocab` instead of a :class:`NumberVocab`.
+with their place values, sign and decimals, compared by smape), read with the same
+:class:`NumberVocab`.
 """
 
 from __future__ import annotations
@@ -47,13 +47,12 @@ from numtok._validation import (
     shift_left,
 )
 from numtok.number_level import number_level_loss
-from numtok.numbers import SpanVocab
 from numtok.vocab import NumberTables, NumberVocab
 
 __all__ = ["Kind", "number_token_loss"]
 
 PointwiseLoss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-#: ``"was"``, ``"mse"``, ``"mae"``, ``"huber"``, ``"number"`` (number level, with a SpanVocab) or a
+#: ``"was"``, ``"mse"``, ``"mae"``, ``"huber"``, ``"number"`` (number level) or a
 #: callable ``f(prediction, target)`` returning an elementwise loss.
 Kind = str | PointwiseLoss
 
@@ -285,20 +284,10 @@ def _number_token_loss(
     return reduce_losses(per_position, labels.shape, spec.reduction, num_items, weights.sum())
 
 
-def require_number_vocab(vocab: object, kind: Kind) -> NumberVocab:
-    """The token-level kinds read a NumberVocab; a SpanVocab (for kind="number") is refused."""
-    if isinstance(vocab, SpanVocab):
-        raise TypeError(
-            f"a SpanVocab serves kind='number'; for kind={kind!r} pass its NumberVocab "
-            "(span_vocab.numbers)"
-        )
-    return check_number_vocab(vocab)
-
-
 def number_token_loss(
     logits: torch.Tensor,
     labels: torch.Tensor,
-    vocab: NumberVocab | SpanVocab,
+    vocab: NumberVocab,
     *,
     kind: Kind = "was",
     reweigh: bool = False,
@@ -316,8 +305,7 @@ def number_token_loss(
 
     * ``kind="was"``: ``ℓ = Σ_j p_j · d(v_j, y)``, ``d = |v_j - y|`` (or its squashed form);
     * ``kind="mse"|"mae"|"huber"|callable``: ``ℓ = f(Σ_j p_j v_j, y)``;
-    * ``kind="number"``: :func:`numtok.number_level.number_level_loss` (smape) on whole numbers;
-      ``vocab`` must then be a :class:`~numtok.numbers.SpanVocab`.
+    * ``kind="number"``: :func:`numtok.number_level.number_level_loss` (smape) on whole numbers.
 
     Every other position (text labels, ``ignore_index``) contributes exactly 0.
 
@@ -326,8 +314,7 @@ def number_token_loss(
             Only the N number-token columns are gathered and computed in float32 (float64 stays
             float64); the logits are never upcast or copied as a whole.
         labels: (...) integer token ids in [0, V) or ``ignore_index``.
-        vocab: the :class:`NumberVocab` of the tokenizer (a :class:`~numtok.numbers.SpanVocab`
-            for ``kind="number"``).
+        vocab: the :class:`NumberVocab` of the tokenizer.
         kind: ``"was"`` (NTL-WAS), ``"mse"``, ``"mae"``, ``"huber"`` (delta 1), ``"number"``
             (number level) or a callable ``f(prediction, target) -> elementwise loss`` (NTL-Lp).
         reweigh: multiply by the full-vocabulary number mass ``m`` at the position and add
@@ -361,7 +348,7 @@ def number_token_loss(
         return number_level_loss(
             logits,
             labels,
-            vocab,  # type: ignore[arg-type]  # number_level_loss checks it is a SpanVocab
+            vocab,
             reweigh=reweigh,
             loss_weights=loss_weights,
             ignore_index=ignore_index,
@@ -369,9 +356,8 @@ def number_token_loss(
             num_items_in_batch=num_items_in_batch,
             shift=shift,
         )
-    numbers = require_number_vocab(vocab, kind)
     spec = _LossSpec.build(
-        numbers,
+        vocab,
         kind=kind,
         reweigh=reweigh,
         squash_factor=squash_factor,
@@ -381,5 +367,5 @@ def number_token_loss(
     )
     device = logits.device if isinstance(logits, torch.Tensor) else None
     return _number_token_loss(
-        logits, labels, numbers.tables(device), spec, loss_weights, num_items_in_batch
+        logits, labels, vocab.tables(device), spec, loss_weights, num_items_in_batch
     )

@@ -13,10 +13,8 @@ from numtok.losses import (
     _LossSpec,
     _number_token_loss,
     check_number_level_squash,
-    require_number_vocab,
 )
 from numtok.number_level import NumberLevelLoss
-from numtok.numbers import SpanVocab
 from numtok.vocab import NumberVocab
 
 __all__ = ["NumberTokenLoss"]
@@ -35,13 +33,13 @@ class NumberTokenLoss(VocabBuffers):
     :class:`~numtok.CEWithNTLOutput`: ``.loss`` to back-propagate, detached ``.ce`` and ``.ntl``
     to log), so that a training loop holds one module for the whole loss.
 
-    With ``kind="number"`` (and a :class:`~numtok.numbers.SpanVocab`) it holds and calls a
+    With ``kind="number"`` it holds and calls a
     :class:`~numtok.number_level.NumberLevelLoss` as ``self.number_level``.
     """
 
     def __init__(
         self,
-        vocab: NumberVocab | SpanVocab,
+        vocab: NumberVocab,
         *,
         kind: Kind = "was",
         reweigh: bool = False,
@@ -62,16 +60,15 @@ class NumberTokenLoss(VocabBuffers):
                 )
             check_number_level_squash(squash_factor)
             self.number_level = NumberLevelLoss(
-                vocab,  # type: ignore[arg-type]  # NumberLevelLoss checks it is a SpanVocab
+                vocab,
                 reweigh=reweigh,
                 ignore_index=ignore_index,
                 reduction=reduction,
                 shift=shift,
             )
             return
-        numbers = require_number_vocab(vocab, kind)
         self.spec = _LossSpec.build(
-            numbers,
+            vocab,
             kind=kind,
             reweigh=reweigh,
             squash_factor=squash_factor,
@@ -79,7 +76,7 @@ class NumberTokenLoss(VocabBuffers):
             reduction=reduction,
             shift=shift,
         )
-        self.register_tables(numbers)
+        self.register_tables(vocab)
 
     def forward(
         self,

@@ -35,11 +35,13 @@ from numtok._validation import (
     check_logits_and_labels,
     check_loss_weights,
     check_num_items,
+    check_number_vocab,
     check_reduction,
     shift_left,
 )
 from numtok.decoding import expected_token_values
-from numtok.numbers import NumberSpans, SpanTables, SpanVocab, _find_spans, span_values
+from numtok.numbers import NumberSpans, SpanTables, _find_spans, span_tables, span_values
+from numtok.vocab import NumberVocab
 
 __all__ = ["ERRORS", "NumberLevelLoss", "number_level_loss"]
 
@@ -64,7 +66,7 @@ class _NumberLevelSpec:
     @classmethod
     def build(
         cls,
-        vocab: SpanVocab,
+        vocab: NumberVocab,
         *,
         error: str,
         reweigh: bool,
@@ -72,12 +74,7 @@ class _NumberLevelSpec:
         reduction: str,
         shift: bool,
     ) -> _NumberLevelSpec:
-        if not isinstance(vocab, SpanVocab):
-            raise TypeError(
-                "vocab must be a SpanVocab: number-level losses need the minus-sign, decimal-point "
-                "and word-start tokens besides the number tokens; build it with "
-                f"SpanVocab.from_tokenizer(tokenizer), got {type(vocab).__name__}"
-            )
+        check_number_vocab(vocab)
         if error not in ERRORS:
             raise ValueError(f"error must be one of {ERRORS}, got {error!r}")
         if check_bool("reweigh", reweigh) and error != "smape":
@@ -169,7 +166,7 @@ def _number_level_loss(
 def number_level_loss(
     logits: torch.Tensor,
     labels: torch.Tensor,
-    vocab: SpanVocab,
+    vocab: NumberVocab,
     *,
     error: str = "smape",
     reweigh: bool = False,
@@ -187,7 +184,9 @@ def number_level_loss(
             ``vocab.vocab_size``. Only the number-token columns at number positions are gathered
             and computed in float32 (float64 stays float64); numbers are assembled in float64.
         labels: (..., T) integer token ids in [0, V) or ``ignore_index``; spans never cross rows.
-        vocab: the :class:`~numtok.numbers.SpanVocab` of the tokenizer.
+        vocab: the :class:`~numtok.NumberVocab` of the tokenizer, with its minus-sign,
+            decimal-point and word-start ids (:meth:`~numtok.NumberVocab.from_tokenizer` reads
+            them); its number tokens must be digit strings.
         error: ``"smape"`` or ``"log"``.
         reweigh: multiply by the full-vocabulary number mass ``m`` at the span's first number
             token and add ``1.01 · (1 - m)`` (ntloss's definition; smape only).
@@ -204,13 +203,13 @@ def number_level_loss(
 
     Raises:
         ValueError: besides the usual argument checks, for a label number of more than 308
-            digits, which float64 cannot assemble.
+            digits, which float64 cannot assemble, and for a vocabulary whose number tokens are
+            not digit strings.
 
     Example:
         >>> import torch
         >>> from numtok import NumberVocab
-        >>> digits = NumberVocab.from_values({i: str(i) for i in range(10)}, vocab_size=12)
-        >>> vocab = SpanVocab(digits)
+        >>> vocab = NumberVocab.from_values({i: str(i) for i in range(10)}, vocab_size=12)
         >>> labels = torch.tensor([1, 2, 10])  # "12" then a word
         >>> logits = torch.full((3, 12), -30.0)
         >>> logits[0, 1] = logits[1, 3] = logits[2, 10] = 30.0  # predicts "13"
@@ -227,7 +226,7 @@ def number_level_loss(
     )
     device = logits.device if isinstance(logits, torch.Tensor) else None
     return _number_level_loss(
-        logits, labels, vocab.tables(device), spec, loss_weights, num_items_in_batch
+        logits, labels, span_tables(vocab, device), spec, loss_weights, num_items_in_batch
     )
 
 
@@ -246,7 +245,7 @@ class NumberLevelLoss(nn.Module):
 
     def __init__(
         self,
-        vocab: SpanVocab,
+        vocab: NumberVocab,
         *,
         error: str = "smape",
         reweigh: bool = False,
@@ -263,7 +262,7 @@ class NumberLevelLoss(nn.Module):
             reduction=reduction,
             shift=shift,
         )
-        for name, tensor in vocab.tables()._asdict().items():
+        for name, tensor in span_tables(vocab)._asdict().items():
             self.register_buffer(name, tensor.clone())
 
     def forward(

@@ -8,27 +8,24 @@ vectorised, and gives each its true value with place value, decimals and sign.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+import weakref
 from dataclasses import dataclass, replace
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-from numtok._validation import check_token_ids
-from numtok.vocab import WORD_BOUNDARY_MARKERS, NumberVocab
+from numtok._validation import check_number_vocab, check_token_ids
+from numtok.vocab import NumberVocab
 
 __all__ = [
-    "DECIMAL_POINT_TOKENS",
-    "MINUS_SIGNS",
     "NumberSpans",
     "SpanTables",
-    "SpanVocab",
     "find_number_spans",
     "find_numbers",
     "last_number",
-    "minus_token_kind",
     "parse_number",
+    "span_tables",
     "span_values",
 ]
 
@@ -121,25 +118,6 @@ def last_number(text: str) -> float | None:
 
 # ------------------------------------------------------------------ numbers in token sequences
 
-#: Characters read as a minus sign, and the token read as a decimal point.
-MINUS_SIGNS = ("-", "\u2212")
-DECIMAL_POINT_TOKENS = (".",)
-# As in text: a minus is no sign right after a digit, letter, underscore, point or closing
-# bracket (see _NUMBER).
-_NOT_BEFORE_SIGN = re.compile(r"[0-9A-Za-z_.)\]]")
-
-
-def minus_token_kind(token: str) -> str | None:
-    """``"minus"`` for a bare minus token (``-``, ``−``): a sign unless it follows a number;
-    ``"sign"`` for a token that ends in a minus after a character that allows a sign (``Ġ-``,
-    ``▁-``, ``(-``, ``=-``): always a sign; ``None`` otherwise (``a-``, ``3-``, ``->``)."""
-    if not token or token[-1] not in MINUS_SIGNS:
-        return None
-    if len(token) == 1:
-        return "minus"
-    return None if _NOT_BEFORE_SIGN.fullmatch(token[-2]) else "sign"
-
-
 # Token classes of the span grammar.
 _OTHER, _DIGITS, _WORD_START_DIGITS, _MINUS, _WORD_START_MINUS, _POINT = range(6)
 
@@ -154,7 +132,8 @@ _LARGEST_POWER_OF_TEN = 308
 
 
 class SpanTables(NamedTuple):
-    """Device tensors the span finder reads; built once per device by :meth:`SpanVocab.tables`.
+    """Device tensors the span finder reads; built once per vocabulary and device by
+    :func:`span_tables`.
 
     ``ids`` (N,) number-token ids; ``values`` (N,) int64 raw values (``"123"`` is 123; integers,
     so that moving a module to a low-precision dtype cannot round them);
@@ -169,170 +148,58 @@ class SpanTables(NamedTuple):
     token_class: torch.Tensor
 
 
-def _id_tuple(name: str, ids: Iterable[int], vocab_size: int) -> tuple[int, ...]:
-    checked = []
-    for token_id in ids:
-        if isinstance(token_id, bool) or not isinstance(token_id, int):
-            raise TypeError(f"{name} must hold int token ids, got {token_id!r}")
-        if not 0 <= token_id < vocab_size:
-            raise ValueError(
-                f"{name} holds {token_id}, outside the vocabulary [0, {vocab_size}) "
-                f"(vocab_size={vocab_size})"
-            )
-        checked.append(token_id)
-    return tuple(sorted(set(checked)))
+_SPAN_TABLES: weakref.WeakKeyDictionary[NumberVocab, dict[torch.device, SpanTables]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
-class SpanVocab:
-    """What a tokenizer's whole numbers are made of: the number tokens of a
-    :class:`~numtok.NumberVocab`, plus the minus-sign and decimal-point tokens and which number
-    tokens start a new word (``Ġ12``, ``▁7``).
+def span_tables(vocab: NumberVocab, device: torch.device | str | None = None) -> SpanTables:
+    """The lookup tensors :func:`find_number_spans` reads for ``vocab``, on ``device`` (built once
+    per vocabulary and device).
 
-    Build it with :meth:`from_tokenizer`; the constructor takes the ids explicitly.
-
-    Args:
-        numbers: the number tokens; every one must be a digit string (``"7"``, ``"123"``).
-        minus_ids: ids read as a minus sign in front of a number (``-``, ``Ġ-``, ``▁-``, ``(-``).
-        decimal_point_ids: ids read as a decimal point between two digit runs (``.``).
-        word_start_ids: number-token and minus ids that begin a new word. Such a number token
-            can begin a number but never continue one (``12`` ``Ġ34`` is 12 and 34, not 1234);
-            such a minus is a sign even right after a number (``12`` ``Ġ-`` ``7`` is 12 and -7),
-            while a bare ``-`` there is an operator (``3-4``).
+    Raises:
+        ValueError: a number token is not a digit string (a value such as ``2.5`` given to
+            :meth:`NumberVocab.from_values`) or has more than 18 digits.
     """
+    check_number_vocab(vocab)
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    per_device = _SPAN_TABLES.setdefault(vocab, {})
+    cached = per_device.get(device)
+    if cached is None:
+        cached = per_device[device] = _build_span_tables(vocab, device)
+    return cached
 
-    def __init__(
-        self,
-        numbers: NumberVocab,
-        *,
-        minus_ids: Iterable[int] = (),
-        decimal_point_ids: Iterable[int] = (),
-        word_start_ids: Iterable[int] = (),
-    ) -> None:
-        if not isinstance(numbers, NumberVocab):
-            raise TypeError(f"numbers must be a NumberVocab, got {type(numbers).__name__}")
-        for token_id, digits in zip(numbers.ids.tolist(), numbers.digits, strict=True):
-            if not (digits.isascii() and digits.isdigit()):
-                raise ValueError(
-                    f"number spans need number tokens that are digit strings; token id "
-                    f"{token_id} has the value {digits!r} (build the NumberVocab from a tokenizer "
-                    "or from digit strings)"
-                )
-            if len(digits) > _MAX_TOKEN_DIGITS:
-                raise ValueError(
-                    f"number spans support number tokens of at most {_MAX_TOKEN_DIGITS} digits; "
-                    f"token id {token_id} has {len(digits)}"
-                )
-        size = numbers.vocab_size
-        self.numbers = numbers
-        self.minus_ids = _id_tuple("minus_ids", minus_ids, size)
-        self.decimal_point_ids = _id_tuple("decimal_point_ids", decimal_point_ids, size)
-        self.word_start_ids = _id_tuple("word_start_ids", word_start_ids, size)
-        number_ids = set(numbers.ids.tolist())
-        for name, ids in (
-            ("minus_ids", self.minus_ids),
-            ("decimal_point_ids", self.decimal_point_ids),
-        ):
-            overlap = sorted(number_ids.intersection(ids))
-            if overlap:
-                raise ValueError(
-                    f"{name} must not be number tokens, got the number token(s) {overlap}"
-                )
-        if set(self.minus_ids) & set(self.decimal_point_ids):
+
+def _build_span_tables(vocab: NumberVocab, device: torch.device) -> SpanTables:
+    for token_id, digits in zip(vocab.ids.tolist(), vocab.digits, strict=True):
+        if not (digits.isascii() and digits.isdigit()):
             raise ValueError(
-                "minus_ids and decimal_point_ids must be disjoint, both hold "
-                f"{sorted(set(self.minus_ids) & set(self.decimal_point_ids))}"
+                f"number spans need number tokens that are digit strings; token id {token_id} "
+                f"has the value {digits!r} (build the NumberVocab from a tokenizer or from digit "
+                "strings)"
             )
-        strays = sorted(set(self.word_start_ids) - number_ids - set(self.minus_ids))
-        if strays:
+        if len(digits) > _MAX_TOKEN_DIGITS:
             raise ValueError(
-                f"word_start_ids must be number tokens or minus_ids, got {strays} (neither)"
+                f"number spans support number tokens of at most {_MAX_TOKEN_DIGITS} digits; "
+                f"token id {token_id} has {len(digits)}"
             )
-        #: (N,) int64, the raw value of each number token.
-        self.values = torch.tensor([int(d) for d in numbers.digits], dtype=torch.long)
-        #: (N,) int64, the digits of each number token (``"007"`` has 3).
-        self.digit_counts = torch.tensor([len(d) for d in numbers.digits], dtype=torch.long)
-        self._tables: dict[torch.device, SpanTables] = {}
-
-    @classmethod
-    def from_tokenizer(
-        cls, tokenizer: Any, numbers: NumberVocab | None = None, **number_vocab_options: Any
-    ) -> SpanVocab:
-        """Read the span grammar from a Hugging Face tokenizer (``get_vocab()``), unchanged.
-
-        Minus signs are the tokens ``-`` and ``−``, and tokens ending in one after a character
-        that allows a sign, such as a word-boundary marker or an opening bracket (``Ġ-``, ``▁-``,
-        ``(-``; see :func:`minus_token_kind`), which are word starts; the decimal point is the
-        token ``.``; number tokens whose text starts with a marker are word starts.
-
-        Args:
-            tokenizer: the tokenizer.
-            numbers: its :class:`~numtok.NumberVocab`; built with
-                ``NumberVocab.from_tokenizer(tokenizer, **number_vocab_options)`` if omitted.
-        """
-        if numbers is None:
-            numbers = NumberVocab.from_tokenizer(tokenizer, **number_vocab_options)
-        elif number_vocab_options:
-            raise TypeError(
-                "pass either numbers or NumberVocab options, not both; got numbers and "
-                f"{sorted(number_vocab_options)}"
-            )
-        get_vocab = getattr(tokenizer, "get_vocab", None)
-        if not callable(get_vocab):
-            raise TypeError(
-                "tokenizer must have a get_vocab() method returning {token: id} "
-                f"(a Hugging Face tokenizer), got {type(tokenizer).__name__}"
-            )
-        number_ids = set(numbers.ids.tolist())
-        minus, points, word_starts = [], [], []
-        for token, token_id in get_vocab().items():
-            if token_id >= numbers.vocab_size:
-                continue
-            minus_kind = minus_token_kind(token)
-            if token in DECIMAL_POINT_TOKENS:
-                points.append(token_id)
-            elif minus_kind is not None:
-                minus.append(token_id)
-                if minus_kind == "sign":
-                    word_starts.append(token_id)
-            elif token_id in number_ids and token[0] in WORD_BOUNDARY_MARKERS:
-                word_starts.append(token_id)
-        return cls(numbers, minus_ids=minus, decimal_point_ids=points, word_start_ids=word_starts)
-
-    @property
-    def vocab_size(self) -> int:
-        return self.numbers.vocab_size
-
-    def __repr__(self) -> str:
-        return (
-            f"SpanVocab({len(self.numbers)} number tokens ({len(self.word_start_ids)} word "
-            f"starts), minus_ids={list(self.minus_ids)}, "
-            f"decimal_point_ids={list(self.decimal_point_ids)}, vocab_size={self.vocab_size})"
-        )
-
-    def tables(self, device: torch.device | str | None = None) -> SpanTables:
-        """The lookup tensors :func:`find_number_spans` reads, on ``device`` (built once)."""
-        device = torch.device(device) if device is not None else torch.device("cpu")
-        cached = self._tables.get(device)
-        if cached is None:
-            numbers = self.numbers.tables(device)
-            token_class = torch.full((self.vocab_size,), _OTHER, dtype=torch.long)
-            token_class[self.numbers.ids] = _DIGITS
-            token_class[torch.tensor(self.minus_ids, dtype=torch.long)] = _MINUS
-            token_class[torch.tensor(self.decimal_point_ids, dtype=torch.long)] = _POINT
-            # A marked token is a number or minus token with a word-boundary marker.
-            marked = torch.tensor(self.word_start_ids, dtype=torch.long)
-            token_class[marked] = torch.where(
-                token_class[marked] == _MINUS, _WORD_START_MINUS, _WORD_START_DIGITS
-            )
-            cached = SpanTables(
-                ids=numbers.ids,
-                values=self.values.to(device),
-                digit_counts=self.digit_counts.to(device),
-                position_of_id=numbers.position_of_id,
-                token_class=token_class.to(device),
-            )
-            self._tables[device] = cached
-        return cached
+    numbers = vocab.tables(device)
+    token_class = torch.full((vocab.vocab_size,), _OTHER, dtype=torch.long)
+    token_class[vocab.ids] = _DIGITS
+    token_class[torch.tensor(vocab.minus_ids, dtype=torch.long)] = _MINUS
+    token_class[torch.tensor(vocab.decimal_point_ids, dtype=torch.long)] = _POINT
+    # A word start is a number or minus token with a word-boundary marker.
+    marked = torch.tensor(vocab.word_start_ids, dtype=torch.long)
+    token_class[marked] = torch.where(
+        token_class[marked] == _MINUS, _WORD_START_MINUS, _WORD_START_DIGITS
+    )
+    return SpanTables(
+        ids=numbers.ids,
+        values=torch.tensor([int(d) for d in vocab.digits], dtype=torch.long, device=device),
+        digit_counts=torch.tensor([len(d) for d in vocab.digits], dtype=torch.long, device=device),
+        position_of_id=numbers.position_of_id,
+        token_class=token_class.to(device),
+    )
 
 
 @dataclass(frozen=True)
@@ -399,7 +266,7 @@ def _after(mask: torch.Tensor) -> torch.Tensor:
 
 
 def find_number_spans(
-    token_ids: torch.Tensor, vocab: SpanVocab, *, ignore_index: int = -100
+    token_ids: torch.Tensor, vocab: NumberVocab, *, ignore_index: int = -100
 ) -> NumberSpans:
     """Find the whole numbers in a batch of token ids, vectorised over the batch.
 
@@ -419,13 +286,9 @@ def find_number_spans(
     digits), scale the decimals (``12.34`` is 12.34) and apply the sign; see
     :class:`NumberSpans` for exactness.
     """
-    if not isinstance(vocab, SpanVocab):
-        raise TypeError(
-            "vocab must be a SpanVocab (SpanVocab.from_tokenizer(tokenizer)), "
-            f"got {type(vocab).__name__}"
-        )
+    check_number_vocab(vocab)
     token_ids = _check_token_ids(token_ids, vocab_size=vocab.vocab_size, ignore_index=ignore_index)
-    return _find_spans(token_ids, vocab.tables(token_ids.device), ignore_index)
+    return _find_spans(token_ids, span_tables(vocab, token_ids.device), ignore_index)
 
 
 def _find_spans(token_ids: torch.Tensor, tables: SpanTables, ignore_index: int) -> NumberSpans:

@@ -1,7 +1,11 @@
-"""Which token ids of a vocabulary are numbers, and what they are worth.
+"""Which token ids of a vocabulary are numbers, what they are worth, and which other tokens make
+up whole numbers (minus signs, decimal points, word starts).
 
 A :class:`NumberVocab` is built once from a tokenizer (read by duck typing: ``get_vocab()`` and
-``len()``) or from an explicit ``{token_id: value}`` map. It never modifies the tokenizer.
+``len()``) or from an explicit ``{token_id: value}`` map. It never modifies the tokenizer. Every
+entry point of numtok takes it: the token-level losses read the number tokens, the whole-number
+tools (:func:`numtok.find_number_spans`, :func:`numtok.number_level_loss`) also read
+``minus_ids``, ``decimal_point_ids`` and ``word_start_ids``.
 
 Every number token carries a *digit string* (``"7"``, ``"123"``, ``"007"``) and a *scale group*:
 the number of digits in the token. Losses compare a label only with tokens of its own group and
@@ -21,11 +25,24 @@ from typing import Any, NamedTuple
 
 import torch
 
-__all__ = ["WORD_BOUNDARY_MARKERS", "NumberVocab"]
+__all__ = [
+    "DECIMAL_POINT_TOKENS",
+    "MINUS_SIGNS",
+    "WORD_BOUNDARY_MARKERS",
+    "NumberTables",
+    "NumberVocab",
+    "minus_token_kind",
+]
 
 #: Characters that tokenizers glue to the start of a word: SentencePiece's ``▁``, byte-level
 #: BPE's ``Ġ`` (GPT-2, Llama-3, Qwen) and a plain space.
 WORD_BOUNDARY_MARKERS = ("\u2581", "\u0120", " ")
+#: Characters read as a minus sign, and the token read as a decimal point.
+MINUS_SIGNS = ("-", "\u2212")
+DECIMAL_POINT_TOKENS = (".",)
+# As in text (numtok.numbers): a minus is no sign right after a digit, letter, underscore, point
+# or closing bracket.
+_NOT_BEFORE_SIGN = re.compile(r"[0-9A-Za-z_.)\]]")
 
 _MAX_EXAMPLES = 5
 _BYTE_FALLBACK = re.compile(r"<0x[0-9A-Fa-f]{2}>")
@@ -64,6 +81,17 @@ def _is_ascii_digits(text: str) -> bool:
     return text != "" and text.isascii() and text.isdigit()
 
 
+def minus_token_kind(token: str) -> str | None:
+    """``"minus"`` for a bare minus token (``-``, ``−``): a sign unless it follows a number;
+    ``"sign"`` for a token that ends in a minus after a character that allows a sign (``Ġ-``,
+    ``▁-``, ``(-``, ``=-``): always a sign; ``None`` otherwise (``a-``, ``3-``, ``->``)."""
+    if not token or token[-1] not in MINUS_SIGNS:
+        return None
+    if len(token) == 1:
+        return "minus"
+    return None if _NOT_BEFORE_SIGN.fullmatch(token[-2]) else "sign"
+
+
 def _classify(token: str, *, multi_digit: bool, prefixed: bool) -> tuple[str | None, str | None]:
     """Return ``(digit_string, None)`` for a number token, ``(None, reason)`` for a digit-like
     token that is skipped, and ``(None, None)`` for a token with no digit in it at all."""
@@ -88,7 +116,8 @@ def _classify(token: str, *, multi_digit: bool, prefixed: bool) -> tuple[str | N
 
 
 class NumberVocab:
-    """The number tokens of a vocabulary: their ids, values, digit strings and scale groups.
+    """The number tokens of a vocabulary (ids, values, digit strings, scale groups) and the tokens
+    that join them into whole numbers (minus signs, decimal points, word starts).
 
     Build it with :meth:`from_tokenizer` or :meth:`from_values`; the constructor is private.
 
@@ -100,6 +129,17 @@ class NumberVocab:
         lengths: LongTensor (N,), the scale group of each token: its number of digits (1 for values
             given as numbers to :meth:`from_values`, which share the unit scale).
         vocab_size: the number of logits the losses expect (columns of the output layer).
+        minus_ids: sorted tuple of the ids read as a minus sign in front of a number (``-``,
+            ``Ġ-``, ``▁-``, ``(-``).
+        decimal_point_ids: sorted tuple of the ids read as a decimal point between two digit runs
+            (``.``).
+        word_start_ids: sorted tuple of the number-token and minus ids that begin a new word
+            (``Ġ12``, ``▁7``, ``Ġ-``). Such a number token can begin a whole number but never
+            continue one (``12`` ``Ġ34`` is 12 and 34, not 1234); such a minus is a sign even right
+            after a number (``12`` ``Ġ-`` ``7`` is 12 and -7), while a bare ``-`` there is an
+            operator (``3-4``).
+
+    Without minus, decimal-point and word-start ids, whole numbers are runs of number tokens.
     """
 
     def __init__(
@@ -109,6 +149,9 @@ class NumberVocab:
         vocab_size: int,
         tokens: Mapping[int, str] | None = None,
         skipped: Iterable[_Skipped] = (),
+        minus_ids: Iterable[int] = (),
+        decimal_point_ids: Iterable[int] = (),
+        word_start_ids: Iterable[int] = (),
     ) -> None:
         if not entries:
             raise ValueError("NumberVocab needs at least one number token, got none")
@@ -121,6 +164,13 @@ class NumberVocab:
         self._tokens = dict(tokens) if tokens is not None else {}
         self._skipped = list(skipped)
         self._tables: dict[torch.device, NumberTables] = {}
+        self.minus_ids, self.decimal_point_ids, self.word_start_ids = _whole_number_ids(
+            set(order),
+            vocab_size=self.vocab_size,
+            minus_ids=minus_ids,
+            decimal_point_ids=decimal_point_ids,
+            word_start_ids=word_start_ids,
+        )
 
         # Distances are measured on each group's own scale, value / 10**(length - 1).
         self.scaled_values = self.values / torch.pow(10.0, (self.lengths - 1).to(torch.float64))
@@ -157,6 +207,12 @@ class NumberVocab:
         Nothing else: not ``١٢``, ``½``, ``1_000``, ``1e3``, ``inf``, ``-3``, ``1.5``, nor
         byte-fallback tokens ``<0x37>``.
 
+        It also reads what whole numbers are made of: minus signs are the tokens ``-`` and ``−``,
+        and tokens ending in one after a character that allows a sign, such as a word-boundary
+        marker or an opening bracket (``Ġ-``, ``▁-``, ``(-``; see :func:`minus_token_kind`),
+        which are word starts; the decimal point is the token ``.``; number tokens whose text
+        starts with a word-boundary marker are word starts.
+
         Args:
             tokenizer: any object with ``get_vocab() -> {token: id}``; ``len(tokenizer)`` if
                 available gives the default ``vocab_size``.
@@ -192,20 +248,41 @@ class NumberVocab:
         entries: dict[int, tuple[float, str, int]] = {}
         tokens: dict[int, str] = {}
         skipped: list[_Skipped] = []
+        minus, points, word_starts = [], [], []
         for token, token_id in token_to_id.items():
+            token_id = int(token_id)
             digits, reason = _classify(token, multi_digit=multi_digit, prefixed=prefixed)
+            minus_kind = minus_token_kind(token)
             if digits is not None:
-                entries[int(token_id)] = (float(int(digits)), digits, len(digits))
-                tokens[int(token_id)] = token
-            elif reason is not None:
-                skipped.append(_Skipped(token, int(token_id), reason))
+                entries[token_id] = (float(int(digits)), digits, len(digits))
+                if token[0] in WORD_BOUNDARY_MARKERS:
+                    word_starts.append(token_id)
+            elif token in DECIMAL_POINT_TOKENS:
+                points.append(token_id)
+            elif minus_kind is not None:
+                minus.append(token_id)
+                if minus_kind == "sign":
+                    word_starts.append(token_id)
+            else:
+                if reason is not None:
+                    skipped.append(_Skipped(token, token_id, reason))
+                continue
+            tokens[token_id] = token
         if not entries:
             raise ValueError(
                 f"the tokenizer ({type(tokenizer).__name__}, {len(token_to_id)} tokens) has no "
                 "number tokens: none of its tokens is a string of ASCII digits "
                 f"(multi_digit={multi_digit}, prefixed={prefixed}); NTL needs digit tokens"
             )
-        vocab = cls(entries, vocab_size=vocab_size, tokens=tokens, skipped=skipped)
+        vocab = cls(
+            entries,
+            vocab_size=vocab_size,
+            tokens=tokens,
+            skipped=skipped,
+            minus_ids=minus,
+            decimal_point_ids=points,
+            word_start_ids=word_starts,
+        )
         missing = vocab.missing_digits()
         if missing:
             warnings.warn(
@@ -217,14 +294,29 @@ class NumberVocab:
 
     @classmethod
     def from_values(
-        cls, values: Mapping[int, float | int | str], *, vocab_size: int
+        cls,
+        values: Mapping[int, float | int | str],
+        *,
+        vocab_size: int,
+        minus_ids: Iterable[int] = (),
+        decimal_point_ids: Iterable[int] = (),
+        word_start_ids: Iterable[int] = (),
     ) -> NumberVocab:
         """Build a vocabulary from an explicit ``{token_id: value_or_digit_string}`` map.
 
         A digit string (``"007"``) behaves like a tokenizer's number token: it is worth
         ``int(string)`` and belongs to the scale group of its length. A number (``7``, ``2.5``) is
         worth itself and all numbers share the unit scale, so distances between them are
-        ``|a - b|``.
+        ``|a - b|``. Whole numbers (:func:`numtok.find_number_spans`) need digit strings or
+        non-negative integers.
+
+        Args:
+            values: ``{token_id: value_or_digit_string}``, at least one entry.
+            vocab_size: the number of logits the model produces.
+            minus_ids, decimal_point_ids, word_start_ids: the tokens that join number tokens into
+                whole numbers (see the class docstring). Minus and decimal-point ids must not be
+                number tokens nor each other; word starts must be number tokens or minus ids.
+                Without them, whole numbers are runs of number tokens.
         """
         if not isinstance(values, Mapping):
             raise TypeError(
@@ -258,16 +350,29 @@ class NumberVocab:
                     f"value for token id {token_id} must be a number or a digit string, "
                     f"got {type(value).__name__}"
                 )
-        return cls(entries, vocab_size=vocab_size)
+        return cls(
+            entries,
+            vocab_size=vocab_size,
+            minus_ids=minus_ids,
+            decimal_point_ids=decimal_point_ids,
+            word_start_ids=word_start_ids,
+        )
 
     # ------------------------------------------------------------------ queries
     def __len__(self) -> int:
         return int(self.ids.numel())
 
     def __repr__(self) -> str:
+        whole_numbers = ""
+        if self.minus_ids or self.decimal_point_ids or self.word_start_ids:
+            whole_numbers = (
+                f", minus_ids={list(self.minus_ids)}, "
+                f"decimal_point_ids={list(self.decimal_point_ids)}, "
+                f"{len(self.word_start_ids)} word starts"
+            )
         return (
             f"NumberVocab({len(self)} number tokens, vocab_size={self.vocab_size}, "
-            f"digit lengths {self.group_lengths})"
+            f"digit lengths {self.group_lengths}{whole_numbers})"
         )
 
     def missing_digits(self) -> list[str]:
@@ -304,6 +409,10 @@ class NumberVocab:
             shown = self._tokens.get(token_id, digits)
             first_of_length.setdefault(len(digits), f"{shown!r} (id {token_id})")
         lines.append("  examples: " + ", ".join(list(first_of_length.values())[:_MAX_EXAMPLES]))
+        lines.append(
+            f"  whole numbers: minus signs {self._shown(self.minus_ids)}, decimal points "
+            f"{self._shown(self.decimal_point_ids)}, {len(self.word_start_ids)} word starts"
+        )
         if self._skipped:
             reasons = Counter(s.reason for s in self._skipped)
             lines.append(f"  skipped {len(self._skipped)} digit-like tokens:")
@@ -320,6 +429,14 @@ class NumberVocab:
             )
         return "\n".join(lines)
 
+    def _shown(self, ids: tuple[int, ...]) -> str:
+        """A few of ``ids`` as their tokens (``'-', 'Ġ-' (+3 more)``), or ``none``."""
+        if not ids:
+            return "none"
+        shown = ", ".join(repr(self._tokens.get(i, i)) for i in ids[:_MAX_EXAMPLES])
+        more = len(ids) - _MAX_EXAMPLES
+        return shown + (f" (+{more} more)" if more > 0 else "")
+
 
 def _check_flag(name: str, value: object) -> None:
     if not isinstance(value, bool):
@@ -329,3 +446,49 @@ def _check_flag(name: str, value: object) -> None:
 def _check_vocab_size(vocab_size: object) -> None:
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
         raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
+
+
+def _id_tuple(name: str, ids: Iterable[int], vocab_size: int) -> tuple[int, ...]:
+    """``ids`` as a sorted tuple of distinct ints in [0, vocab_size)."""
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
+        raise TypeError(f"{name} must be an iterable of int token ids, got {ids!r}")
+    checked = []
+    for token_id in ids:
+        if isinstance(token_id, bool) or not isinstance(token_id, int):
+            raise TypeError(f"{name} must hold int token ids, got {token_id!r}")
+        if not 0 <= token_id < vocab_size:
+            raise ValueError(
+                f"{name} holds {token_id}, outside the vocabulary [0, {vocab_size}) "
+                f"(vocab_size={vocab_size})"
+            )
+        checked.append(token_id)
+    return tuple(sorted(set(checked)))
+
+
+def _whole_number_ids(
+    number_ids: set[int],
+    *,
+    vocab_size: int,
+    minus_ids: Iterable[int],
+    decimal_point_ids: Iterable[int],
+    word_start_ids: Iterable[int],
+) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """The checked ``(minus_ids, decimal_point_ids, word_start_ids)``: in range, minus signs and
+    decimal points neither number tokens nor each other, word starts number tokens or minus
+    signs."""
+    minus = _id_tuple("minus_ids", minus_ids, vocab_size)
+    points = _id_tuple("decimal_point_ids", decimal_point_ids, vocab_size)
+    word_starts = _id_tuple("word_start_ids", word_start_ids, vocab_size)
+    for name, ids in (("minus_ids", minus), ("decimal_point_ids", points)):
+        overlap = sorted(number_ids.intersection(ids))
+        if overlap:
+            raise ValueError(f"{name} must not be number tokens, got the number token(s) {overlap}")
+    both = sorted(set(minus) & set(points))
+    if both:
+        raise ValueError(f"minus_ids and decimal_point_ids must be disjoint, both hold {both}")
+    strays = sorted(set(word_starts) - number_ids - set(minus))
+    if strays:
+        raise ValueError(
+            f"word_start_ids must be number tokens or minus_ids, got {strays} (neither)"
+        )
+    return minus, points, word_starts
