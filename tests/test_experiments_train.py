@@ -23,17 +23,13 @@ from numtok import number_token_loss
 from numtok.experiments.batches import TrainingSet
 from numtok.experiments.config import ExperimentConfig
 from numtok.experiments.data import MathData, load_data
+from numtok.experiments.loop import learning_rate_at
 from numtok.experiments.objectives import GLS_SIGMA
 from numtok.experiments.presets import PRESETS
+from numtok.experiments.run_folder import arm_directory
 from numtok.experiments.runner import run_experiment
 from numtok.experiments.tokenizer import CharTokenizer
-from numtok.experiments.train import (
-    arm_directory,
-    build_arm,
-    learning_rate_at,
-    train_arm,
-    train_step,
-)
+from numtok.experiments.train import build_arm, train_arm, train_step
 from numtok.label_smoothing import gaussian_label_smoothing_ce
 
 SMOKE = PRESETS["smoke"].config

@@ -21,7 +21,8 @@ from numtok.experiments.data import TASKS
 from numtok.experiments.objectives import ARMS
 from numtok.experiments.presets import DEFAULT_REPRO_PRESET, PRESETS, check_preset
 from numtok.experiments.report import format_table, overhead_lines
-from numtok.experiments.runner import prepare_run_dir, run_experiment
+from numtok.experiments.run_folder import prepare_run_dir
+from numtok.experiments.runner import run_experiment
 
 __all__ = ["main"]
 

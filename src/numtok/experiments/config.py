@@ -6,28 +6,39 @@ import hashlib
 import json
 import math
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 import torch
 
 from numtok.experiments.data import check_task
 from numtok.experiments.model import ModelConfig
-from numtok.experiments.objectives import ARMS
+from numtok.experiments.objectives import ARMS as ARITHMETIC_ARMS
 
-__all__ = ["ExperimentConfig", "check_device"]
+__all__ = [
+    "ExperimentConfig",
+    "TrainingConfig",
+    "check_device",
+    "check_non_negative_int",
+    "check_number",
+    "check_positive_int",
+]
+
+
+_Config = TypeVar("_Config", bound="TrainingConfig")
 
 
 @dataclass(frozen=True)
-class ExperimentConfig:
-    """Everything that determines a run's results (``workers`` and output folders do not). The
-    defaults are the ``demo`` preset.
+class TrainingConfig:
+    """The settings every comparison shares: seeds, arms, λ, the optimiser and its schedule, the
+    model, logging and the device. A task's config adds its data and evaluation settings.
 
     For each seed, every arm starts from the same initial weights and sees the same batches; the
-    arms differ only in the loss (:mod:`numtok.experiments.objectives`): ``CE``,
-    ``CE + ntl_weight · NTL`` or Gaussian-label-smoothed CE.
+    arms differ only in the loss.
     """
 
-    task: str = "arithmetic__add_or_sub"
+    #: The arms a task offers, in report order; set by each task's config.
+    ARMS: ClassVar[tuple[str, ...]] = ()
+
     seeds: tuple[int, ...] = (0, 1, 2)
     arms: tuple[str, ...] = ("ce", "was", "mse")
     ntl_weight: float = 0.3
@@ -40,8 +51,6 @@ class ExperimentConfig:
     d_model: int = 128
     n_layers: int = 2
     n_heads: int = 4
-    train_questions: int = 32_000
-    eval_questions: int = 300
     eval_batch_size: int = 250
     log_every: int = 25
     checkpoint_every: int = 100
@@ -53,36 +62,33 @@ class ExperimentConfig:
 
     def validate(self) -> None:
         """Raise a ValueError/TypeError that says which setting to change and how."""
-        check_task(self.task)
         for name in (
             "steps",
             "batch_size",
             "d_model",
             "n_layers",
             "n_heads",
-            "train_questions",
-            "eval_questions",
             "eval_batch_size",
             "log_every",
             "checkpoint_every",
             "threads",
         ):
-            _check_positive_int(name, getattr(self, name))
-        _check_non_negative_int("warmup_steps", self.warmup_steps)
-        _check_number("learning_rate", self.learning_rate, minimum=0.0, strict=True)
-        _check_number("ntl_weight", self.ntl_weight, minimum=0.0, strict=False)
-        _check_number("weight_decay", self.weight_decay, minimum=0.0, strict=False)
-        _check_number("grad_clip", self.grad_clip, minimum=0.0, strict=True)
+            check_positive_int(name, getattr(self, name))
+        check_non_negative_int("warmup_steps", self.warmup_steps)
+        check_number("learning_rate", self.learning_rate, minimum=0.0, strict=True)
+        check_number("ntl_weight", self.ntl_weight, minimum=0.0, strict=False)
+        check_number("weight_decay", self.weight_decay, minimum=0.0, strict=False)
+        check_number("grad_clip", self.grad_clip, minimum=0.0, strict=True)
         if not self.seeds:
             raise ValueError("seeds must name at least one seed, got none (e.g. --seeds 3)")
         for seed in self.seeds:
-            _check_non_negative_int("each seed", seed)
+            check_non_negative_int("each seed", seed)
         if len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds must be distinct, got {list(self.seeds)}")
-        unknown = [arm for arm in self.arms if arm not in ARMS]
+        unknown = [arm for arm in self.arms if arm not in self.ARMS]
         if unknown or not self.arms:
             raise ValueError(
-                f"arms must be chosen from {list(ARMS)}, got {list(self.arms)}"
+                f"arms must be chosen from {list(self.ARMS)}, got {list(self.arms)}"
                 + (f" (unknown: {unknown})" if unknown else "")
             )
         if len(set(self.arms)) != len(self.arms):
@@ -111,7 +117,7 @@ class ExperimentConfig:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ExperimentConfig:
+    def from_dict(cls: type[_Config], data: dict[str, Any]) -> _Config:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -122,7 +128,7 @@ class ExperimentConfig:
                 values[name] = tuple(values[name])
         return cls(**values)
 
-    def with_overrides(self, **overrides: Any) -> ExperimentConfig:
+    def with_overrides(self: _Config, **overrides: Any) -> _Config:
         """A copy with the given settings changed (``None`` values are ignored)."""
         return replace(self, **{k: v for k, v in overrides.items() if v is not None})
 
@@ -130,6 +136,28 @@ class ExperimentConfig:
         """A short hash of the settings: equal settings, equal fingerprint."""
         text = json.dumps(self.to_dict(), sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+@dataclass(frozen=True)
+class ExperimentConfig(TrainingConfig):
+    """The arithmetic comparison on DeepMind's Mathematics data; everything that determines a
+    run's results (``workers`` and output folders do not). The defaults are the ``demo`` preset.
+
+    Arms (:mod:`numtok.experiments.objectives`): ``CE``, ``CE + ntl_weight · NTL`` or
+    Gaussian-label-smoothed CE.
+    """
+
+    ARMS: ClassVar[tuple[str, ...]] = ARITHMETIC_ARMS
+
+    task: str = "arithmetic__add_or_sub"
+    train_questions: int = 32_000
+    eval_questions: int = 300
+
+    def validate(self) -> None:
+        check_task(self.task)
+        super().validate()
+        check_positive_int("train_questions", self.train_questions)
+        check_positive_int("eval_questions", self.eval_questions)
 
 
 def check_device(device: object) -> torch.device:
@@ -161,21 +189,21 @@ def check_device(device: object) -> torch.device:
     return parsed
 
 
-def _check_positive_int(name: str, value: object) -> None:
+def check_positive_int(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {value!r}")
     if value < 1:
         raise ValueError(f"{name} must be at least 1, got {value}")
 
 
-def _check_non_negative_int(name: str, value: object) -> None:
+def check_non_negative_int(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {value!r}")
     if value < 0:
         raise ValueError(f"{name} must be >= 0, got {value}")
 
 
-def _check_number(name: str, value: object, *, minimum: float, strict: bool) -> None:
+def check_number(name: str, value: object, *, minimum: float, strict: bool) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number, got {value!r}")
     too_small = value <= minimum if strict else value < minimum

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -13,50 +14,50 @@ import torch
 from numtok.experiments.batches import TrainingSet
 from numtok.experiments.config import ExperimentConfig
 from numtok.experiments.data import MathData
+from numtok.experiments.loop import Step, learning_rate_at
 from numtok.experiments.tokenizer import CharTokenizer
-from numtok.experiments.train import build_arm, learning_rate_at, train_step
+from numtok.experiments.train import build_arm, train_step
 
-__all__ = ["measure_step_times"]
+__all__ = ["interleaved_step_times", "measure_step_times"]
 
 
 def _quantile(values: list[float], q: float) -> float:
     return float(np.quantile(np.asarray(values), q))
 
 
-def measure_step_times(
-    config: ExperimentConfig, data: MathData, *, rounds: int = 30, warmup_rounds: int = 3
+def interleaved_step_times(
+    steps: Mapping[str, Step],
+    *,
+    learning_rate: Any,
+    batch_size: int,
+    device: str,
+    threads: int,
+    rounds: int = 30,
+    warmup_rounds: int = 3,
 ) -> dict[str, Any]:
     """Time one full training step (forward, loss, backward, optimiser) of every arm.
 
-    Each round times every arm once on the same batch, in an order that rotates from round to
-    round, so that slow phases of a shared machine hit all arms alike. The result holds, per arm,
-    the median step time, its ratio to CE's median (``ratio_to_ce``), and the 20th and 80th
-    percentile of the per-round ratios (how much single rounds scatter).
+    ``steps[arm](round, learning_rate)`` runs one step of that arm on round ``round``'s batch (the
+    same batch for every arm); ``learning_rate(round)`` gives the rate. Each round times every
+    arm once, in an order that rotates from round to round, so that slow phases of a shared
+    machine hit all arms alike. The result holds, per arm, the median step time, its ratio to
+    CE's median (``ratio_to_ce``), and the 20th and 80th percentile of the per-round ratios (how
+    much single rounds scatter).
     """
-    device = torch.device(config.device)
-    if device.type == "cpu":
-        torch.set_num_threads(config.threads)
-    tokenizer = CharTokenizer()
-    training = TrainingSet(data.train, tokenizer)
-    seed = config.seeds[0]
-    arms = {arm: build_arm(config, seed, arm, tokenizer) for arm in config.arms}
-    seconds: dict[str, list[float]] = {arm: [] for arm in config.arms}
-    names = list(config.arms)
+    names = list(steps)
+    seconds: dict[str, list[float]] = {arm: [] for arm in names}
     for round_index in range(warmup_rounds + rounds):
-        batch = training.batch(seed, round_index, config.batch_size).to(device)
         shift = round_index % len(names)
         for arm in names[shift:] + names[:shift]:
-            model, optimizer, objective = arms[arm]
-            rate = learning_rate_at(round_index, config)
             started = time.perf_counter()
-            train_step(model, optimizer, objective, batch, config, rate)
+            steps[arm](round_index, learning_rate(round_index))
             if round_index >= warmup_rounds:
                 seconds[arm].append(time.perf_counter() - started)
     result: dict[str, Any] = {
         "rounds": rounds,
-        "batch_size": config.batch_size,
-        "device": config.device,
-        "threads": config.threads,
+        "batch_size": batch_size,
+        "device": device,
+        "threads": threads,
         "arms": {},
     }
     for arm in names:
@@ -68,3 +69,35 @@ def measure_step_times(
             "ratio_p80": _quantile(ratios, 0.8),
         }
     return result
+
+
+def measure_step_times(
+    config: ExperimentConfig, data: MathData, *, rounds: int = 30, warmup_rounds: int = 3
+) -> dict[str, Any]:
+    """:func:`interleaved_step_times` for every arm of the arithmetic comparison, on the first
+    seed's initial weights and batches."""
+    device = torch.device(config.device)
+    if device.type == "cpu":
+        torch.set_num_threads(config.threads)
+    tokenizer = CharTokenizer()
+    training = TrainingSet(data.train, tokenizer)
+    seed = config.seeds[0]
+
+    def arm_step(arm: str) -> Step:
+        model, optimizer, objective = build_arm(config, seed, arm, tokenizer)
+
+        def step(round_index: int, rate: float) -> Any:
+            batch = training.batch(seed, round_index, config.batch_size).to(device)
+            return train_step(model, optimizer, objective, batch, config, rate)
+
+        return step
+
+    return interleaved_step_times(
+        {arm: arm_step(arm) for arm in config.arms},
+        learning_rate=lambda index: learning_rate_at(index, config),
+        batch_size=config.batch_size,
+        device=config.device,
+        threads=config.threads,
+        rounds=rounds,
+        warmup_rounds=warmup_rounds,
+    )

@@ -1,0 +1,88 @@
+"""The layout of a run folder, shared by every task.
+
+``config.json`` holds the settings (a folder refuses a run with other settings);
+``seed<N>/<arm>/`` holds one arm's ``checkpoint.pt`` while it trains, then ``model.pt``,
+``predictions.json`` and ``result.json`` (whose presence marks the arm finished). Every file is
+written atomically, so a killed process leaves the old file or the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+__all__ = [
+    "CHECKPOINT",
+    "WEIGHTS",
+    "arm_directory",
+    "finish_arm",
+    "prepare_run_dir",
+    "read_result",
+    "save_atomically",
+]
+
+CONFIG, RESULT, CHECKPOINT, WEIGHTS = "config.json", "result.json", "checkpoint.pt", "model.pt"
+
+
+class Settings(Protocol):
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+def prepare_run_dir(config: Settings, run_dir: Path) -> None:
+    """Create ``run_dir`` and record the settings; a folder that holds a run with other settings
+    is a ValueError (resuming it with these settings would mix two experiments)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / CONFIG
+    settings = config.to_dict()
+    if not path.exists():
+        path.write_text(json.dumps(settings, indent=1))
+        return
+    stored = json.loads(path.read_text())
+    if stored != settings:
+        changed = sorted(
+            k for k in stored.keys() | settings.keys() if stored.get(k) != settings.get(k)
+        )
+        raise ValueError(
+            f"the run folder {run_dir} holds a run with other settings (differing: "
+            f"{', '.join(changed)}); choose another --out, or delete the folder to start over"
+        )
+
+
+def arm_directory(run_dir: Path, seed: int, arm: str) -> Path:
+    return Path(run_dir) / f"seed{seed}" / arm
+
+
+def save_atomically(obj: Any, path: Path) -> None:
+    """Write to a temporary file, then rename (JSON for ``.json`` paths, ``torch.save``
+    otherwise)."""
+    temporary = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    if path.suffix == ".json":
+        temporary.write_text(json.dumps(obj, indent=1))
+    else:
+        torch.save(obj, temporary)
+    os.replace(temporary, path)
+
+
+def read_result(directory: Path) -> dict[str, Any] | None:
+    """A finished arm's stored result, or None."""
+    path = directory / RESULT
+    if not path.exists():
+        return None
+    stored: dict[str, Any] = json.loads(path.read_text())
+    return stored
+
+
+def finish_arm(directory: Path, result: dict[str, Any], predictions: Any) -> dict[str, Any]:
+    """Store a trained and evaluated arm (``predictions.json``, then ``result.json``, which marks
+    it finished), drop its checkpoint, and return what a later :func:`read_result` reads back
+    (JSON: tuples become lists)."""
+    save_atomically(predictions, directory / "predictions.json")
+    save_atomically(result, directory / RESULT)
+    (directory / CHECKPOINT).unlink(missing_ok=True)
+    stored = read_result(directory)
+    assert stored is not None
+    return stored
