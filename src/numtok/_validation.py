@@ -10,8 +10,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from numtok.vocab import NumberVocab
-
 REDUCTIONS = ("mean", "sum", "none")
 
 
@@ -44,15 +42,6 @@ def check_squash_factor(squash_factor: object) -> float | None:
             f"times the nearest one), got {squash_factor!r}"
         )
     return float(squash_factor)
-
-
-def check_number_vocab(vocab: object) -> NumberVocab:
-    if not isinstance(vocab, NumberVocab):
-        raise TypeError(
-            f"vocab must be a NumberVocab (NumberVocab.from_tokenizer(tokenizer)), "
-            f"got {type(vocab).__name__}"
-        )
-    return vocab
 
 
 def check_logits(logits: object, *, vocab_size: int) -> torch.Tensor:

@@ -14,9 +14,9 @@ import torch
 
 from numtok._logsumexp import selected_rows_logsumexp
 from numtok._number_logits import compute_dtype, number_logits_at
-from numtok._validation import check_logits, check_number_vocab
+from numtok._validation import check_logits
 from numtok.numbers import NumberSpans, span_tables, span_values
-from numtok.vocab import NumberVocab
+from numtok.vocab import NumberVocab, check_number_vocab
 
 __all__ = ["ExpectedNumbers", "expected_numbers", "expected_span_values"]
 

@@ -22,6 +22,7 @@ from typing import NamedTuple
 import torch
 
 from numtok._fused_rows import row_statistics
+from numtok._ntl_maths import Kind, LossSpec, number_positions, position_losses, reweighed
 from numtok._number_logits import compute_dtype
 from numtok._reduction import reduce_losses
 from numtok._validation import (
@@ -31,16 +32,9 @@ from numtok._validation import (
     check_num_items,
     shift_left,
 )
-from numtok.losses import (
-    Kind,
-    _LossSpec,
-    _number_positions,
-    _position_losses,
-    _reweighed,
-)
 from numtok.vocab import NumberTables, NumberVocab
 
-__all__ = ["CEWithNTLOutput", "cross_entropy_with_ntl"]
+__all__ = ["CEWithNTLOutput", "cross_entropy_with_ntl", "cross_entropy_with_ntl_from_tables"]
 
 
 @dataclass(frozen=True)
@@ -69,38 +63,11 @@ class _Rows(NamedTuple):
     ntl_weights: torch.Tensor  # loss_weights at number positions, 0 elsewhere (compute dtype)
 
 
-def build_spec(
-    vocab: NumberVocab,
-    *,
-    kind: Kind,
-    reweigh: bool,
-    squash_factor: float | None,
-    ignore_index: int,
-    reduction: str,
-    shift: bool,
-) -> _LossSpec:
-    """The settings of :func:`~numtok.number_token_loss`, validated, for the fused paths."""
-    if isinstance(kind, str) and kind == "number":
-        raise ValueError(
-            "kind='number' (the number-level loss over whole numbers) has no fused path; use "
-            "F.cross_entropy + number_token_loss(..., kind='number')"
-        )
-    return _LossSpec.build(
-        vocab,
-        kind=kind,
-        reweigh=reweigh,
-        squash_factor=squash_factor,
-        ignore_index=ignore_index,
-        reduction=reduction,
-        shift=shift,
-    )
-
-
 def prepare_rows(
     labels: torch.Tensor,
     loss_weights: torch.Tensor | None,
     tables: NumberTables,
-    spec: _LossSpec,
+    spec: LossSpec,
     dtype: torch.dtype,
 ) -> tuple[_Rows, torch.Size]:
     """Per-position facts for validated ``labels`` (...) and ``loss_weights`` (...), shifted
@@ -110,7 +77,7 @@ def prepare_rows(
         loss_weights = None if loss_weights is None else shift_left(loss_weights, 0)
     flat_labels = labels.reshape(-1)  # (M,)
     is_target = flat_labels != spec.ignore_index
-    is_number, position = _number_positions(flat_labels, tables, spec)
+    is_number, position = number_positions(flat_labels, tables, spec)
     ntl_weights = is_number.to(dtype)
     if loss_weights is not None:
         ntl_weights = ntl_weights * loss_weights.reshape(-1).to(dtype)
@@ -130,7 +97,7 @@ def combine_terms(
     number_logits: torch.Tensor,
     rows: _Rows,
     tables: NumberTables,
-    spec: _LossSpec,
+    spec: LossSpec,
     ntl_weight: float,
     num_items: torch.Tensor | int | None,
     shape: torch.Size,
@@ -140,12 +107,12 @@ def combine_terms(
     :func:`~numtok.number_token_loss`. Autograd through this function yields exactly the
     per-row coefficients that :func:`~numtok._fused_rows.write_row_gradient` expands."""
     ce = torch.where(rows.is_target, lse - target_logit, torch.zeros_like(lse))  # (M,)
-    ntl = _position_losses(number_logits, rows.position, tables, spec)  # (M,)
+    ntl = position_losses(number_logits, rows.position, tables, spec)  # (M,)
     if spec.reweigh:
         # log m = logsumexp(z) - lse; rows that are not numbers get m = 1 so that nothing
         # non-finite from them reaches the gradient.
         lse_numbers = torch.logsumexp(number_logits, dim=-1)
-        ntl = _reweighed(ntl, lse_numbers - torch.where(rows.is_number, lse, lse_numbers), spec)
+        ntl = reweighed(ntl, lse_numbers - torch.where(rows.is_number, lse, lse_numbers), spec)
     ntl = torch.where(rows.is_number, ntl * rows.ntl_weights, torch.zeros_like(ntl))  # (M,)
 
     ce = reduce_losses(ce, shape, spec.reduction, num_items, rows.is_target.sum())
@@ -153,15 +120,18 @@ def combine_terms(
     return CEWithNTLOutput(loss=ce + ntl_weight * ntl, ce=ce.detach(), ntl=ntl.detach())
 
 
-def _cross_entropy_with_ntl(
+def cross_entropy_with_ntl_from_tables(
     logits: torch.Tensor,
     labels: torch.Tensor,
     tables: NumberTables,
-    spec: _LossSpec,
+    spec: LossSpec,
     ntl_weight: float,
     loss_weights: torch.Tensor | None,
     num_items_in_batch: torch.Tensor | int | None,
 ) -> CEWithNTLOutput:
+    """:func:`cross_entropy_with_ntl` with its settings already validated (``spec``,
+    ``ntl_weight``) and the vocabulary's lookup tables already on the logits' device: what the
+    module (:class:`~numtok.NumberTokenLoss`) and the Trainer adapter call. Checks the tensors."""
     logits, labels = check_logits_and_labels(
         logits, labels, vocab_size=spec.vocab_size, ignore_index=spec.ignore_index
     )
@@ -235,7 +205,7 @@ def cross_entropy_with_ntl(
         >>> bool(torch.isclose(out.loss, reference))
         True
     """
-    spec = build_spec(
+    spec = LossSpec.build(
         vocab,
         kind=kind,
         reweigh=reweigh,
@@ -246,6 +216,6 @@ def cross_entropy_with_ntl(
     )
     weight = check_ntl_weight(ntl_weight)
     device = logits.device if isinstance(logits, torch.Tensor) else None
-    return _cross_entropy_with_ntl(
+    return cross_entropy_with_ntl_from_tables(
         logits, labels, vocab.tables(device), spec, weight, loss_weights, num_items_in_batch
     )

@@ -56,9 +56,9 @@ from typing import Any
 
 import torch
 
+from numtok._ntl_maths import Kind, LossSpec
 from numtok._validation import check_bool, check_ntl_weight, shift_left
-from numtok.fused import CEWithNTLOutput, _cross_entropy_with_ntl
-from numtok.losses import Kind, _LossSpec
+from numtok.fused import CEWithNTLOutput, cross_entropy_with_ntl_from_tables
 from numtok.vocab import NumberTables, NumberVocab
 
 __all__ = ["NTLossForTrainer"]
@@ -71,7 +71,7 @@ def _ce_plus_ntl(
     tokens: torch.Tensor,
     numbers: torch.Tensor,
     *,
-    spec: _LossSpec,
+    spec: LossSpec,
     ntl_weight: float,
 ) -> CEWithNTLOutput:
     """``Σ ce / tokens + ntl_weight · Σ ntl / numbers`` over logits (B, T, V) and labels (B, T),
@@ -82,11 +82,13 @@ def _ce_plus_ntl(
     ``loss_weights`` scale its sum): ``Σ (tokens/numbers)·ntl / tokens = Σ ntl / numbers``.
     """
     ratio = (tokens / numbers).expand(labels.shape)  # (B, T), a view of one scalar
-    return _cross_entropy_with_ntl(logits, labels, tables, spec, ntl_weight, ratio, tokens)
+    return cross_entropy_with_ntl_from_tables(
+        logits, labels, tables, spec, ntl_weight, ratio, tokens
+    )
 
 
 def _count_targets(
-    labels: torch.Tensor, position_of_id: torch.Tensor, spec: _LossSpec
+    labels: torch.Tensor, position_of_id: torch.Tensor, spec: LossSpec
 ) -> torch.Tensor:
     """``[|T|, |P|]`` (2,) int64 for labels (...): the positions with a label, and those whose
     label is a number token, after the causal shift when ``spec.shift``. Ids outside the
@@ -210,7 +212,7 @@ class NTLossForTrainer:
             self.vocab = vocab_or_tokenizer
         else:
             self.vocab = NumberVocab.from_tokenizer(vocab_or_tokenizer, vocab_size=vocab_size)
-        self.spec = _LossSpec.build(
+        self.spec = LossSpec.build(
             self.vocab,
             kind=kind,
             reweigh=reweigh,

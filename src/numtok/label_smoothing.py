@@ -29,11 +29,10 @@ from numtok._validation import (
     check_int,
     check_logits_and_labels,
     check_num_items,
-    check_number_vocab,
     check_reduction,
     shift_left,
 )
-from numtok.vocab import NumberTables, NumberVocab
+from numtok.vocab import NumberTables, NumberVocab, check_number_vocab
 
 __all__ = ["GaussianLabelSmoothingLoss", "gaussian_label_smoothing_ce"]
 

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from numtok._fused_rows import compute_row_statistics, write_row_gradient
+from numtok._ntl_maths import Kind, LossSpec
 from numtok._number_logits import compute_dtype
 from numtok._validation import (
     check_logits_and_labels,
@@ -30,8 +31,7 @@ from numtok._validation import (
     check_ntl_weight,
     check_num_items,
 )
-from numtok.fused import CEWithNTLOutput, build_spec, combine_terms, prepare_rows
-from numtok.losses import Kind
+from numtok.fused import CEWithNTLOutput, combine_terms, prepare_rows
 from numtok.vocab import NumberVocab
 
 __all__ = ["linear_cross_entropy_with_ntl"]
@@ -340,7 +340,7 @@ def linear_cross_entropy_with_ntl(
         >>> bool(torch.isclose(out.loss, reference.loss))
         True
     """
-    spec = build_spec(
+    spec = LossSpec.build(
         vocab,
         kind=kind,
         reweigh=reweigh,

@@ -25,231 +25,43 @@ with their place values, sign and decimals, compared by smape), read with the sa
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
 import torch
-import torch.nn.functional as F
 
 from numtok._logsumexp import selected_rows_logsumexp
+from numtok._ntl_maths import (
+    NUMBER_LEVEL,
+    Kind,
+    LossSpec,
+    check_number_level_squash,
+    number_positions,
+    position_losses,
+    reweighed,
+)
 from numtok._number_logits import compute_dtype, number_logits_at
 from numtok._reduction import reduce_losses
 from numtok._validation import (
-    check_bool,
-    check_elementwise_callable,
-    check_int,
     check_logits_and_labels,
     check_loss_weights,
     check_num_items,
-    check_number_vocab,
-    check_reduction,
-    check_squash_factor,
     shift_left,
 )
 from numtok.number_level import number_level_loss
 from numtok.vocab import NumberTables, NumberVocab
 
-__all__ = ["Kind", "number_token_loss"]
-
-PointwiseLoss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-#: ``"was"``, ``"mse"``, ``"mae"``, ``"huber"``, ``"number"`` (number level) or a
-#: callable ``f(prediction, target)`` returning an elementwise loss.
-Kind = str | PointwiseLoss
-
-_POINTWISE: dict[str, PointwiseLoss] = {
-    "mse": lambda prediction, target: (prediction - target).square(),
-    "mae": lambda prediction, target: (prediction - target).abs(),
-    "huber": lambda prediction, target: F.huber_loss(prediction, target, reduction="none"),
-}
-_KINDS = ("was", *_POINTWISE)
-#: The number-level kind, served by numtok.number_level.
-NUMBER_LEVEL = "number"
+__all__ = ["Kind", "number_token_loss", "number_token_loss_from_tables"]
 
 
-def check_number_level_squash(squash_factor: float | None) -> None:
-    if squash_factor is not None:
-        raise ValueError(
-            f"squash_factor applies to kind='was' only, got squash_factor={squash_factor!r} "
-            "with kind='number'"
-        )
-
-
-# Reweighing charges mass outside the number tokens slightly more than the worst number token
-# (ntloss's constant), so that any number token beats any text token.
-_REWEIGH_MARGIN = 1.01
-
-
-@dataclass(frozen=True)
-class _LossSpec:
-    """Validated settings plus the scalars derived from the vocabulary (no tensors)."""
-
-    kind: str
-    pointwise: PointwiseLoss | None
-    reweigh: bool
-    squash_factor: float | None
-    ignore_index: int
-    reduction: str
-    shift: bool
-    vocab_size: int
-    single_group: bool
-    max_distance: float
-    min_nonzero_distance: float
-    max_cost: float
-
-    @classmethod
-    def build(
-        cls,
-        vocab: NumberVocab,
-        *,
-        kind: Kind,
-        reweigh: bool,
-        squash_factor: float | None,
-        ignore_index: int,
-        reduction: str,
-        shift: bool,
-    ) -> _LossSpec:
-        check_number_vocab(vocab)
-        pointwise: PointwiseLoss | None
-        if callable(kind):
-            check_elementwise_callable("kind", kind)
-            pointwise, kind_name = kind, getattr(kind, "__name__", "callable")
-        elif kind in _KINDS:
-            pointwise, kind_name = _POINTWISE.get(str(kind)), str(kind)
-        else:
-            raise ValueError(
-                f"kind must be one of {(*_KINDS, NUMBER_LEVEL)} or a callable, got {kind!r}"
-            )
-        squash = check_squash_factor(squash_factor)
-        if squash is not None and pointwise is not None:
-            raise ValueError(
-                f"squash_factor applies to kind='was' only, got squash_factor={squash_factor!r} "
-                f"with kind={kind_name!r}"
-            )
-        if pointwise is None:
-            farthest = torch.tensor(vocab.max_distance, dtype=torch.float64)
-            max_cost = float(
-                _squashed(farthest, squash, vocab.min_nonzero_distance, vocab.max_distance)
-            )
-        else:
-            lo = vocab.scaled_values.min().reshape(1)
-            hi = vocab.scaled_values.max().reshape(1)
-            max_cost = max(float(pointwise(lo, hi).abs()), float(pointwise(hi, lo).abs()))
-        return cls(
-            kind=kind_name,
-            pointwise=pointwise,
-            reweigh=check_bool("reweigh", reweigh),
-            squash_factor=squash,
-            ignore_index=check_int("ignore_index", ignore_index),
-            reduction=check_reduction(reduction),
-            shift=check_bool("shift", shift),
-            vocab_size=vocab.vocab_size,
-            single_group=len(vocab.group_lengths) == 1,
-            max_distance=vocab.max_distance,
-            min_nonzero_distance=vocab.min_nonzero_distance,
-            max_cost=max_cost,
-        )
-
-    def squash(self, distance: torch.Tensor) -> torch.Tensor:
-        return _squashed(distance, self.squash_factor, self.min_nonzero_distance, self.max_distance)
-
-
-def _squashed(
-    distance: torch.Tensor, squash_factor: float | None, nearest: float, farthest: float
-) -> torch.Tensor:
-    """ntloss's squashing: 0 stays 0; the nearest wrong value costs 1 and the farthest costs
-    ``squash_factor``, affinely in between: ``1 + (d - d_min)·(s - 1)/(D - d_min)``. The result
-    does not change when all values are multiplied by a constant."""
-    if squash_factor is None:
-        return distance
-    spread = farthest - nearest
-    slope = (squash_factor - 1.0) / spread if spread > 0 else 0.0
-    squashed = 1.0 + (distance - nearest) * slope
-    return torch.where(distance == 0, torch.zeros_like(distance), squashed)
-
-
-def _wasserstein(
-    probs: torch.Tensor,
-    target: torch.Tensor,
-    values: torch.Tensor,
-    same_group: torch.Tensor | None,
-    spec: _LossSpec,
-) -> torch.Tensor:
-    """``Σ_j p_j · d(v_j, y)`` per position: probs (M, N), target (M,), values (N,) -> (M,)."""
-    distance = (target[:, None] - values[None, :]).abs()  # (M, N)
-    if same_group is not None:
-        distance = torch.where(same_group, distance, torch.full_like(distance, spec.max_distance))
-    return (probs * spec.squash(distance)).sum(dim=-1)
-
-
-def _expected_value_loss(
-    number_logits: torch.Tensor,
-    probs: torch.Tensor,
-    target: torch.Tensor,
-    values: torch.Tensor,
-    same_group: torch.Tensor | None,
-    spec: _LossSpec,
-) -> torch.Tensor:
-    """``f(ŷ, y)`` with ``ŷ = Σ_j p_j v_j``; per length group as in the module docstring."""
-    assert spec.pointwise is not None
-    if same_group is None:
-        return spec.pointwise(probs @ values, target)  # (M,)
-    # Conditional distribution within the label's length, q = softmax(z restricted to L), and
-    # the share of number mass it holds, P_L = exp(lse_L - lse_all_numbers).
-    group_logits = torch.where(
-        same_group, number_logits, torch.full_like(number_logits, -torch.inf)
-    )
-    group_lse = torch.logsumexp(group_logits, dim=-1)  # (M,)
-    prediction = (torch.exp(group_logits - group_lse[:, None]) * values).sum(dim=-1)
-    share = torch.exp(group_lse - torch.logsumexp(number_logits, dim=-1))
-    return share * spec.pointwise(prediction, target) + (1.0 - share) * spec.max_cost
-
-
-def _number_positions(
-    flat_labels: torch.Tensor, tables: NumberTables, spec: _LossSpec
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Whether each label (M,) is a number token, and its index among the N number tokens (0
-    where it is not)."""
-    is_target = flat_labels != spec.ignore_index
-    position = tables.position_of_id[torch.where(is_target, flat_labels, 0)]  # (M,) in [-1, N)
-    return is_target & (position >= 0), position.clamp_min(0)
-
-
-def _position_losses(
-    number_logits: torch.Tensor, position: torch.Tensor, tables: NumberTables, spec: _LossSpec
-) -> torch.Tensor:
-    """NTL per position before reweighing and weights, (M,), from the finite number logits
-    (M, N) in the compute dtype and each label's index among the number tokens (M,)."""
-    values = tables.scaled_values.to(number_logits.dtype)  # (N,)
-    target = values[position]  # (M,)
-    same_group = (
-        None
-        if spec.single_group
-        else tables.groups[position][:, None] == tables.groups[None, :]  # (M, N)
-    )
-    # p = exp(z - logsumexp(z)), the softmax written out: torch.softmax's CPU kernel is ~4x
-    # slower for the 10 columns of a digit vocabulary (torch 2.13; 3072 x 10, forward + backward:
-    # 841 us vs 354 us), and every digit tokenizer has exactly those 10 columns.
-    probs = torch.exp(number_logits - torch.logsumexp(number_logits, dim=-1, keepdim=True))
-    if spec.pointwise is None:
-        return _wasserstein(probs, target, values, same_group, spec)
-    return _expected_value_loss(number_logits, probs, target, values, same_group, spec)
-
-
-def _reweighed(loss: torch.Tensor, log_number_mass: torch.Tensor, spec: _LossSpec) -> torch.Tensor:
-    """``loss·m + 1.01·D·(1 - m)`` with ``m = exp(log_number_mass)`` the full-vocabulary mass on
-    number tokens; ``m <= 1``, also where rounding (or a row of -inf logits) says otherwise."""
-    mass = torch.exp(log_number_mass.clamp_max(0.0))
-    return loss * mass + _REWEIGH_MARGIN * spec.max_cost * (1 - mass)
-
-
-def _number_token_loss(
+def number_token_loss_from_tables(
     logits: torch.Tensor,
     labels: torch.Tensor,
     tables: NumberTables,
-    spec: _LossSpec,
+    spec: LossSpec,
     loss_weights: torch.Tensor | None,
     num_items_in_batch: torch.Tensor | int | None,
 ) -> torch.Tensor:
+    """:func:`number_token_loss` with its settings already validated (``spec``) and the
+    vocabulary's lookup tables already on the logits' device: what a module that holds the tables
+    as buffers calls (:class:`~numtok.NumberTokenLoss`). Checks the tensors."""
     logits, labels = check_logits_and_labels(
         logits, labels, vocab_size=spec.vocab_size, ignore_index=spec.ignore_index
     )
@@ -262,10 +74,10 @@ def _number_token_loss(
     vocab_size = logits.shape[-1]
 
     flat_labels = labels.reshape(-1)  # (M,)
-    is_number, position = _number_positions(flat_labels, tables, spec)
+    is_number, position = number_positions(flat_labels, tables, spec)
 
     number_logits = number_logits_at(logits, None, tables.ids, dtype)  # (M, N), finite
-    loss = _position_losses(number_logits, position, tables, spec)
+    loss = position_losses(number_logits, position, tables, spec)
 
     if spec.reweigh:
         # The full-vocabulary number mass m = exp(lse(number logits) - lse(all logits)) at the
@@ -273,8 +85,8 @@ def _number_token_loss(
         rows = is_number.nonzero().squeeze(1)  # (K,)
         lse_all = selected_rows_logsumexp(logits.reshape(-1, vocab_size), rows, dtype)  # (K,)
         lse_numbers = torch.logsumexp(number_logits.index_select(0, rows), dim=-1)  # (K,)
-        reweighed = _reweighed(loss.index_select(0, rows), lse_numbers - lse_all, spec)
-        loss = loss.index_copy(0, rows, reweighed)
+        reweighed_rows = reweighed(loss.index_select(0, rows), lse_numbers - lse_all, spec)
+        loss = loss.index_copy(0, rows, reweighed_rows)
 
     weights = is_number.to(dtype)
     if loss_weights is not None:
@@ -356,7 +168,7 @@ def number_token_loss(
             num_items_in_batch=num_items_in_batch,
             shift=shift,
         )
-    spec = _LossSpec.build(
+    spec = LossSpec.build(
         vocab,
         kind=kind,
         reweigh=reweigh,
@@ -366,6 +178,6 @@ def number_token_loss(
         shift=shift,
     )
     device = logits.device if isinstance(logits, torch.Tensor) else None
-    return _number_token_loss(
+    return number_token_loss_from_tables(
         logits, labels, vocab.tables(device), spec, loss_weights, num_items_in_batch
     )

@@ -5,15 +5,10 @@ from __future__ import annotations
 import torch
 
 from numtok._buffers import VocabBuffers
+from numtok._ntl_maths import NUMBER_LEVEL, Kind, LossSpec, check_number_level_squash
 from numtok._validation import check_ntl_weight
-from numtok.fused import CEWithNTLOutput, _cross_entropy_with_ntl
-from numtok.losses import (
-    NUMBER_LEVEL,
-    Kind,
-    _LossSpec,
-    _number_token_loss,
-    check_number_level_squash,
-)
+from numtok.fused import CEWithNTLOutput, cross_entropy_with_ntl_from_tables
+from numtok.losses import number_token_loss_from_tables
 from numtok.number_level import NumberLevelLoss
 from numtok.vocab import NumberVocab
 
@@ -67,7 +62,7 @@ class NumberTokenLoss(VocabBuffers):
                 shift=shift,
             )
             return
-        self.spec = _LossSpec.build(
+        self.spec = LossSpec.build(
             vocab,
             kind=kind,
             reweigh=reweigh,
@@ -91,7 +86,7 @@ class NumberTokenLoss(VocabBuffers):
                 logits, labels, loss_weights=loss_weights, num_items_in_batch=num_items_in_batch
             )
         if self.ntl_weight is not None:
-            return _cross_entropy_with_ntl(
+            return cross_entropy_with_ntl_from_tables(
                 logits,
                 labels,
                 self.tables(),
@@ -100,7 +95,7 @@ class NumberTokenLoss(VocabBuffers):
                 loss_weights,
                 num_items_in_batch,
             )
-        return _number_token_loss(
+        return number_token_loss_from_tables(
             logits, labels, self.tables(), self.spec, loss_weights, num_items_in_batch
         )
 

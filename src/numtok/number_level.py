@@ -35,13 +35,18 @@ from numtok._validation import (
     check_logits_and_labels,
     check_loss_weights,
     check_num_items,
-    check_number_vocab,
     check_reduction,
     shift_left,
 )
 from numtok.decoding import expected_token_values
-from numtok.numbers import NumberSpans, SpanTables, _find_spans, span_tables, span_values
-from numtok.vocab import NumberVocab
+from numtok.numbers import (
+    NumberSpans,
+    SpanTables,
+    find_number_spans_from_tables,
+    span_tables,
+    span_values,
+)
+from numtok.vocab import NumberVocab, check_number_vocab
 
 __all__ = ["ERRORS", "NumberLevelLoss", "number_level_loss"]
 
@@ -128,7 +133,7 @@ def _number_level_loss(
     if spec.shift:
         labels = shift_left(labels, spec.ignore_index)
         loss_weights = None if loss_weights is None else shift_left(loss_weights, 0)
-    spans = _find_spans(labels, tables, spec.ignore_index)
+    spans = find_number_spans_from_tables(labels, tables, spec.ignore_index)
     too_long = spans.digits > _MAX_DIGITS
     if bool(too_long.any()):
         raise ValueError(

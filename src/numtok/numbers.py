@@ -15,13 +15,14 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from numtok._validation import check_number_vocab, check_token_ids
-from numtok.vocab import NumberVocab
+from numtok._validation import check_token_ids
+from numtok.vocab import NumberVocab, check_number_vocab
 
 __all__ = [
     "NumberSpans",
     "SpanTables",
     "find_number_spans",
+    "find_number_spans_from_tables",
     "find_numbers",
     "last_number",
     "parse_number",
@@ -288,10 +289,17 @@ def find_number_spans(
     """
     check_number_vocab(vocab)
     token_ids = _check_token_ids(token_ids, vocab_size=vocab.vocab_size, ignore_index=ignore_index)
-    return _find_spans(token_ids, span_tables(vocab, token_ids.device), ignore_index)
+    return find_number_spans_from_tables(
+        token_ids, span_tables(vocab, token_ids.device), ignore_index
+    )
 
 
-def _find_spans(token_ids: torch.Tensor, tables: SpanTables, ignore_index: int) -> NumberSpans:
+def find_number_spans_from_tables(
+    token_ids: torch.Tensor, tables: SpanTables, ignore_index: int
+) -> NumberSpans:
+    """:func:`find_number_spans` on checked token ids (int64, (..., T)) and the vocabulary's
+    :class:`SpanTables` on their device: what a module that holds the tables as buffers calls
+    (:class:`~numtok.NumberLevelLoss`)."""
     shape = token_ids.shape
     ids = token_ids.reshape(-1, shape[-1])  # (R, T)
     device = ids.device

@@ -25,12 +25,15 @@ from typing import Any, NamedTuple
 
 import torch
 
+from numtok._validation import check_bool
+
 __all__ = [
     "DECIMAL_POINT_TOKENS",
     "MINUS_SIGNS",
     "WORD_BOUNDARY_MARKERS",
     "NumberTables",
     "NumberVocab",
+    "check_number_vocab",
     "minus_token_kind",
 ]
 
@@ -222,8 +225,8 @@ class NumberVocab:
             multi_digit: count tokens of several digits as number tokens.
             prefixed: count digit tokens with a word-boundary marker as number tokens.
         """
-        _check_flag("multi_digit", multi_digit)
-        _check_flag("prefixed", prefixed)
+        check_bool("multi_digit", multi_digit)
+        check_bool("prefixed", prefixed)
         get_vocab = getattr(tokenizer, "get_vocab", None)
         if not callable(get_vocab):
             raise TypeError(
@@ -438,9 +441,14 @@ class NumberVocab:
         return shown + (f" (+{more} more)" if more > 0 else "")
 
 
-def _check_flag(name: str, value: object) -> None:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {value!r}")
+def check_number_vocab(vocab: object) -> NumberVocab:
+    """``vocab`` itself if it is a :class:`NumberVocab`; a ``TypeError`` otherwise."""
+    if not isinstance(vocab, NumberVocab):
+        raise TypeError(
+            f"vocab must be a NumberVocab (NumberVocab.from_tokenizer(tokenizer)), "
+            f"got {type(vocab).__name__}"
+        )
+    return vocab
 
 
 def _check_vocab_size(vocab_size: object) -> None:

@@ -1,0 +1,239 @@
+"""The Number Token Loss itself, shared by every path that computes it: the validated settings
+(:class:`LossSpec`) and the loss at each position from its number-token logits
+(:func:`position_losses`, :func:`reweighed`).
+
+The reference (:func:`numtok.number_token_loss`, whose module docstring gives the definitions),
+the fused pass over the logits (:mod:`numtok.fused`), the pass over hidden states
+(:mod:`numtok.linear`), the ``nn.Module`` (:mod:`numtok.module`) and the Trainer adapter
+(:mod:`numtok.hf`) import this module as peers, so that every path computes the same number.
+
+At a position whose label ``y`` is a number token, with ``z`` its N number-token logits,
+``p = softmax(z)``, ``ṽ`` the tokens' values on their length's scale and ``ỹ`` the label's:
+
+* ``kind="was"``: ``Σ_j p_j · d(ṽ_j, ỹ)`` with ``d = |ṽ_j - ỹ|`` (squashed when asked), and the
+  largest distance ``D`` for tokens of another digit length;
+* NTL-Lp (``"mse"``, ``"mae"``, ``"huber"`` or a callable ``f``):
+  ``P_L · f(ŷ_L, ỹ) + (1 - P_L) · D_f`` with ``ŷ_L`` the expected value within the label's
+  length ``L``, ``P_L`` that length's share of the number mass (``P_L = 1`` with single-digit
+  tokens only) and ``D_f`` the largest value of ``f`` over the value range;
+* ``reweigh``: ``ℓ · m + 1.01 · D · (1 - m)`` with ``m`` the full-vocabulary number mass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from numtok._validation import (
+    check_bool,
+    check_elementwise_callable,
+    check_int,
+    check_reduction,
+    check_squash_factor,
+)
+from numtok.vocab import NumberTables, NumberVocab, check_number_vocab
+
+PointwiseLoss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+#: ``"was"``, ``"mse"``, ``"mae"``, ``"huber"``, ``"number"`` (number level) or a
+#: callable ``f(prediction, target)`` returning an elementwise loss.
+Kind = str | PointwiseLoss
+
+_POINTWISE: dict[str, PointwiseLoss] = {
+    "mse": lambda prediction, target: (prediction - target).square(),
+    "mae": lambda prediction, target: (prediction - target).abs(),
+    "huber": lambda prediction, target: F.huber_loss(prediction, target, reduction="none"),
+}
+_KINDS = ("was", *_POINTWISE)
+#: The number-level kind, served by numtok.number_level.
+NUMBER_LEVEL = "number"
+
+
+def check_number_level_squash(squash_factor: float | None) -> None:
+    if squash_factor is not None:
+        raise ValueError(
+            f"squash_factor applies to kind='was' only, got squash_factor={squash_factor!r} "
+            "with kind='number'"
+        )
+
+
+# Reweighing charges mass outside the number tokens slightly more than the worst number token
+# (ntloss's constant), so that any number token beats any text token.
+_REWEIGH_MARGIN = 1.01
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    """The validated settings of a token-level NTL plus the scalars derived from the vocabulary
+    (no tensors): what every path needs besides the logits, the labels and the lookup tables.
+
+    :meth:`build` checks the settings once (in a function call or a module's ``__init__``) and
+    raises a ``ValueError``/``TypeError`` naming the bad argument. ``kind="number"`` is refused
+    here: the number-level loss (:mod:`numtok.number_level`) has its own settings, and the callers
+    that serve it (``number_token_loss``, ``NumberTokenLoss``) dispatch before building a spec.
+    """
+
+    kind: str
+    pointwise: PointwiseLoss | None
+    reweigh: bool
+    squash_factor: float | None
+    ignore_index: int
+    reduction: str
+    shift: bool
+    vocab_size: int
+    single_group: bool
+    max_distance: float
+    min_nonzero_distance: float
+    max_cost: float
+
+    @classmethod
+    def build(
+        cls,
+        vocab: NumberVocab,
+        *,
+        kind: Kind,
+        reweigh: bool,
+        squash_factor: float | None,
+        ignore_index: int,
+        reduction: str,
+        shift: bool,
+    ) -> LossSpec:
+        check_number_vocab(vocab)
+        pointwise: PointwiseLoss | None
+        if callable(kind):
+            check_elementwise_callable("kind", kind)
+            pointwise, kind_name = kind, getattr(kind, "__name__", "callable")
+        elif kind in _KINDS:
+            pointwise, kind_name = _POINTWISE.get(str(kind)), str(kind)
+        elif kind == NUMBER_LEVEL:
+            raise ValueError(
+                "kind='number' (the number-level loss over whole numbers) has no fused path; use "
+                "F.cross_entropy + number_token_loss(..., kind='number')"
+            )
+        else:
+            raise ValueError(
+                f"kind must be one of {(*_KINDS, NUMBER_LEVEL)} or a callable, got {kind!r}"
+            )
+        squash = check_squash_factor(squash_factor)
+        if squash is not None and pointwise is not None:
+            raise ValueError(
+                f"squash_factor applies to kind='was' only, got squash_factor={squash_factor!r} "
+                f"with kind={kind_name!r}"
+            )
+        if pointwise is None:
+            farthest = torch.tensor(vocab.max_distance, dtype=torch.float64)
+            max_cost = float(
+                _squashed(farthest, squash, vocab.min_nonzero_distance, vocab.max_distance)
+            )
+        else:
+            lo = vocab.scaled_values.min().reshape(1)
+            hi = vocab.scaled_values.max().reshape(1)
+            max_cost = max(float(pointwise(lo, hi).abs()), float(pointwise(hi, lo).abs()))
+        return cls(
+            kind=kind_name,
+            pointwise=pointwise,
+            reweigh=check_bool("reweigh", reweigh),
+            squash_factor=squash,
+            ignore_index=check_int("ignore_index", ignore_index),
+            reduction=check_reduction(reduction),
+            shift=check_bool("shift", shift),
+            vocab_size=vocab.vocab_size,
+            single_group=len(vocab.group_lengths) == 1,
+            max_distance=vocab.max_distance,
+            min_nonzero_distance=vocab.min_nonzero_distance,
+            max_cost=max_cost,
+        )
+
+    def squash(self, distance: torch.Tensor) -> torch.Tensor:
+        return _squashed(distance, self.squash_factor, self.min_nonzero_distance, self.max_distance)
+
+
+def _squashed(
+    distance: torch.Tensor, squash_factor: float | None, nearest: float, farthest: float
+) -> torch.Tensor:
+    """ntloss's squashing: 0 stays 0; the nearest wrong value costs 1 and the farthest costs
+    ``squash_factor``, affinely in between: ``1 + (d - d_min)·(s - 1)/(D - d_min)``. The result
+    does not change when all values are multiplied by a constant."""
+    if squash_factor is None:
+        return distance
+    spread = farthest - nearest
+    slope = (squash_factor - 1.0) / spread if spread > 0 else 0.0
+    squashed = 1.0 + (distance - nearest) * slope
+    return torch.where(distance == 0, torch.zeros_like(distance), squashed)
+
+
+def _wasserstein(
+    probs: torch.Tensor,
+    target: torch.Tensor,
+    values: torch.Tensor,
+    same_group: torch.Tensor | None,
+    spec: LossSpec,
+) -> torch.Tensor:
+    """``Σ_j p_j · d(v_j, y)`` per position: probs (M, N), target (M,), values (N,) -> (M,)."""
+    distance = (target[:, None] - values[None, :]).abs()  # (M, N)
+    if same_group is not None:
+        distance = torch.where(same_group, distance, torch.full_like(distance, spec.max_distance))
+    return (probs * spec.squash(distance)).sum(dim=-1)
+
+
+def _expected_value_loss(
+    number_logits: torch.Tensor,
+    probs: torch.Tensor,
+    target: torch.Tensor,
+    values: torch.Tensor,
+    same_group: torch.Tensor | None,
+    spec: LossSpec,
+) -> torch.Tensor:
+    """``f(ŷ, y)`` with ``ŷ = Σ_j p_j v_j``; per length group as in the module docstring."""
+    assert spec.pointwise is not None
+    if same_group is None:
+        return spec.pointwise(probs @ values, target)  # (M,)
+    # Conditional distribution within the label's length, q = softmax(z restricted to L), and
+    # the share of number mass it holds, P_L = exp(lse_L - lse_all_numbers).
+    group_logits = torch.where(
+        same_group, number_logits, torch.full_like(number_logits, -torch.inf)
+    )
+    group_lse = torch.logsumexp(group_logits, dim=-1)  # (M,)
+    prediction = (torch.exp(group_logits - group_lse[:, None]) * values).sum(dim=-1)
+    share = torch.exp(group_lse - torch.logsumexp(number_logits, dim=-1))
+    return share * spec.pointwise(prediction, target) + (1.0 - share) * spec.max_cost
+
+
+def number_positions(
+    flat_labels: torch.Tensor, tables: NumberTables, spec: LossSpec
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Whether each label (M,) is a number token, and its index among the N number tokens (0
+    where it is not)."""
+    is_target = flat_labels != spec.ignore_index
+    position = tables.position_of_id[torch.where(is_target, flat_labels, 0)]  # (M,) in [-1, N)
+    return is_target & (position >= 0), position.clamp_min(0)
+
+
+def position_losses(
+    number_logits: torch.Tensor, position: torch.Tensor, tables: NumberTables, spec: LossSpec
+) -> torch.Tensor:
+    """NTL per position before reweighing and weights, (M,), from the finite number logits
+    (M, N) in the compute dtype and each label's index among the number tokens (M,)."""
+    values = tables.scaled_values.to(number_logits.dtype)  # (N,)
+    target = values[position]  # (M,)
+    same_group = (
+        None
+        if spec.single_group
+        else tables.groups[position][:, None] == tables.groups[None, :]  # (M, N)
+    )
+    # p = exp(z - logsumexp(z)), the softmax written out: torch.softmax's CPU kernel is ~4x
+    # slower for the 10 columns of a digit vocabulary (torch 2.13; 3072 x 10, forward + backward:
+    # 841 us vs 354 us), and every digit tokenizer has exactly those 10 columns.
+    probs = torch.exp(number_logits - torch.logsumexp(number_logits, dim=-1, keepdim=True))
+    if spec.pointwise is None:
+        return _wasserstein(probs, target, values, same_group, spec)
+    return _expected_value_loss(number_logits, probs, target, values, same_group, spec)
+
+
+def reweighed(loss: torch.Tensor, log_number_mass: torch.Tensor, spec: LossSpec) -> torch.Tensor:
+    """``loss·m + 1.01·D·(1 - m)`` with ``m = exp(log_number_mass)`` the full-vocabulary mass on
+    number tokens; ``m <= 1``, also where rounding (or a row of -inf logits) says otherwise."""
+    mass = torch.exp(log_number_mass.clamp_max(0.0))
+    return loss * mass + _REWEIGH_MARGIN * spec.max_cost * (1 - mass)
