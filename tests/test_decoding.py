@@ -11,7 +11,7 @@ import torch
 
 from numtok import NumberVocab
 from numtok.decoding import ExpectedNumbers, expected_numbers, expected_span_values
-from numtok.numbers import find_number_spans
+from numtok.spans import find_number_spans
 
 torch.set_num_threads(1)
 

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 from numtok import NumberVocab
 from numtok.number_level import NumberLevelLoss, number_level_loss
-from numtok.numbers import find_number_spans
+from numtok.spans import find_number_spans
 
-from test_numbers import reference_spans, token_kinds
+from test_spans import reference_spans, token_kinds
 
 torch.set_num_threads(1)
 

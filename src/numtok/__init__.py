@@ -9,7 +9,8 @@ from numtok.losses import number_token_loss
 from numtok.metrics import NumericMetrics, make_compute_metrics, numeric_metrics
 from numtok.module import NumberTokenLoss
 from numtok.number_level import NumberLevelLoss, number_level_loss
-from numtok.numbers import NumberSpans, find_number_spans, last_number, parse_number
+from numtok.spans import NumberSpans, find_number_spans
+from numtok.text_numbers import last_number, parse_number
 from numtok.vocab import NumberVocab
 
 __all__ = [

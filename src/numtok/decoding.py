@@ -15,7 +15,7 @@ import torch
 from numtok._logsumexp import selected_rows_logsumexp
 from numtok._number_logits import compute_dtype, number_logits_at
 from numtok._validation import check_logits
-from numtok.numbers import NumberSpans, span_tables, span_values
+from numtok.spans import NumberSpans, span_tables, span_values
 from numtok.vocab import NumberVocab, check_number_vocab
 
 __all__ = ["ExpectedNumbers", "expected_numbers", "expected_span_values"]
@@ -75,7 +75,7 @@ def expected_span_values(
 ) -> torch.Tensor:
     """The expected value of each whole number, given the logits that produced its tokens.
 
-    For spans found with :func:`~numtok.numbers.find_number_spans` in token ids (..., T) and the
+    For spans found with :func:`~numtok.spans.find_number_spans` in token ids (..., T) and the
     logits (..., T, V) scored at the same positions (``logits[..., t, :]`` is the distribution
     the token at t was drawn from, e.g. ``torch.stack(generate(...).scores, dim=1)`` with the
     generated ids), each span's expected value is ``±Σ_t ŷ_t · 10**place_t`` over its number

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from numtok.numbers import last_number
+from numtok.text_numbers import last_number
 
 __all__ = [
     "CLIP_LIMIT",
@@ -149,7 +149,7 @@ def numeric_metrics(
 ) -> NumericMetrics:
     """Score generated answers against reference numbers.
 
-    Each prediction is read with :func:`numtok.numbers.last_number` (the last number in the
+    Each prediction is read with :func:`numtok.text_numbers.last_number` (the last number in the
     text); a reference is a number or a string read the same way. With ``P`` the parsed
     predictions ``p_i`` and their references ``r_i`` (``n = |P|``) and ``count`` all predictions:
 

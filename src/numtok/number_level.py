@@ -1,7 +1,7 @@
 """Number-level NTL: the expected value of each whole number in the labels, compared with the true
 number.
 
-For each number span ``s`` of the labels (see :func:`numtok.numbers.find_number_spans`), with
+For each number span ``s`` of the labels (see :func:`numtok.spans.find_number_spans`), with
 ``ŷ_t = Σ_j softmax(z_t[number tokens])_j · v_j`` the expected value of the number token at
 position ``t`` (raw token values: ``"123"`` is worth 123):
 
@@ -39,7 +39,7 @@ from numtok._validation import (
     shift_left,
 )
 from numtok.decoding import expected_token_values
-from numtok.numbers import (
+from numtok.spans import (
     NumberSpans,
     SpanTables,
     find_number_spans_from_tables,

@@ -43,8 +43,8 @@ WORD_BOUNDARY_MARKERS = ("\u2581", "\u0120", " ")
 #: Characters read as a minus sign, and the token read as a decimal point.
 MINUS_SIGNS = ("-", "\u2212")
 DECIMAL_POINT_TOKENS = (".",)
-# As in text (numtok.numbers): a minus is no sign right after a digit, letter, underscore, point
-# or closing bracket.
+# As in text (numtok.text_numbers): a minus is no sign right after a digit, letter, underscore,
+# point or closing bracket.
 _NOT_BEFORE_SIGN = re.compile(r"[0-9A-Za-z_.)\]]")
 
 _MAX_EXAMPLES = 5
