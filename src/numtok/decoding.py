@@ -1,5 +1,6 @@
 """What a model's logits say about numbers: the expected value of the number token at each
-position, and the expected value of each whole number in a sequence.
+position, the expected value of each whole number in a sequence, and (:func:`predict_numbers`)
+the number a causal LM would answer a prompt with, read out of its distribution.
 
 Values are the number tokens' own values (``"7"`` is 7, ``"123"`` is 123), as in ntloss's
 ``predict_numbers``. Only the N number-token columns are gathered and computed in float32 (float64
@@ -8,17 +9,26 @@ logits stay float64); the logits are never upcast as a whole.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import torch
 
 from numtok._logsumexp import selected_rows_logsumexp
 from numtok._number_logits import compute_dtype, number_logits_at
 from numtok._validation import check_logits
+from numtok.readout import check_max_digits, number_distribution
 from numtok.spans import NumberSpans, span_tables, span_values
 from numtok.vocab import NumberVocab, check_number_vocab
 
-__all__ = ["ExpectedNumbers", "expected_numbers", "expected_span_values"]
+__all__ = [
+    "READOUTS",
+    "ExpectedNumbers",
+    "NumberPredictions",
+    "expected_numbers",
+    "expected_span_values",
+    "predict_numbers",
+]
 
 
 class ExpectedNumbers(NamedTuple):
@@ -100,3 +110,183 @@ def expected_span_values(
         logits, spans.number_positions, tables.ids, compute_dtype(logits)
     )
     return span_values(expected_token_values(number_logits, tables.values), spans)
+
+
+class NumberPredictions(NamedTuple):
+    """What :func:`predict_numbers` returns for P prompts: ``number`` (P,) the chosen readout;
+    ``mean``, ``median``, ``mode`` and ``mass`` (P,) and ``probabilities`` (P, 10**max_digits)
+    as in :class:`~numtok.readout.NumberDistribution`. All float64 on the CPU."""
+
+    number: torch.Tensor
+    mean: torch.Tensor
+    median: torch.Tensor
+    mode: torch.Tensor
+    mass: torch.Tensor
+    probabilities: torch.Tensor
+
+
+READOUTS = ("expected", "median", "mode")
+
+
+class _CausalLMScorer:
+    """A Hugging Face causal LM as a :class:`~numtok.readout.NextTokenScorer`: every sequence
+    (prompt + continuation) is scored whole, right-padded, in batches, and the logits at its
+    last token are kept. Right padding never shifts a real token's position, so this is exact
+    for models with absolute and with rotary positions alike."""
+
+    def __init__(
+        self, model: Any, prompts: list[list[int]], *, pad_id: int, batch_size: int
+    ) -> None:
+        self.model = model
+        self.sequences = prompts
+        self.pad_id = pad_id
+        self.batch_size = batch_size
+        self.device = next(model.parameters()).device
+
+    def start(self) -> torch.Tensor:
+        return self._last_logits()
+
+    def extend(self, parents: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        self.sequences = [
+            [*self.sequences[parent], token]
+            for parent, token in zip(parents.tolist(), tokens.tolist(), strict=True)
+        ]
+        return self._last_logits()
+
+    def _last_logits(self) -> torch.Tensor:
+        rows = []
+        for start in range(0, len(self.sequences), self.batch_size):
+            chunk = self.sequences[start : start + self.batch_size]
+            lengths = torch.tensor([len(s) for s in chunk])
+            input_ids = torch.full((len(chunk), int(lengths.max())), self.pad_id)
+            for row, sequence in enumerate(chunk):
+                input_ids[row, : len(sequence)] = torch.tensor(sequence)
+            attention_mask = torch.arange(input_ids.shape[1]) < lengths[:, None]
+            output = self.model(
+                input_ids=input_ids.to(self.device),
+                attention_mask=attention_mask.long().to(self.device),
+            )
+            logits = output.logits if hasattr(output, "logits") else output[0]  # (B, T, V)
+            last = logits[torch.arange(len(chunk)), (lengths - 1).to(logits.device)]  # (B, V)
+            rows.append(last.float() if last.dtype != torch.float64 else last)
+        return torch.cat(rows)
+
+
+def _token_ids(tokenizer: Any, prompts: Sequence[Any], vocab_given: bool) -> list[list[int]]:
+    if isinstance(prompts, (str, torch.Tensor)) or not isinstance(prompts, Sequence):
+        raise TypeError(
+            "prompts must be a list of strings (with a tokenizer) or of token-id lists, got "
+            f"{type(prompts).__name__}"
+        )
+    if not prompts:
+        raise ValueError("prompts must hold at least one prompt, got an empty list")
+    encoded = []
+    for index, prompt in enumerate(prompts):
+        if isinstance(prompt, str):
+            if vocab_given:
+                raise TypeError(
+                    f"prompts[{index}] is a string, but a NumberVocab cannot tokenize text: pass "
+                    "the tokenizer instead, or token-id lists"
+                )
+            prompt = tokenizer(prompt)["input_ids"]
+        if (
+            not isinstance(prompt, Sequence)
+            or not prompt
+            or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+        ):
+            raise TypeError(
+                f"prompts[{index}] must be a string or a non-empty list of int token ids, got "
+                f"{prompt!r:.80}"
+            )
+        encoded.append(list(prompt))
+    return encoded
+
+
+def _output_size(model: Any) -> int | None:
+    embeddings = getattr(model, "get_output_embeddings", lambda: None)()
+    weight = getattr(embeddings, "weight", None)
+    if isinstance(weight, torch.Tensor):
+        return int(weight.shape[0])
+    size = getattr(getattr(model, "config", None), "vocab_size", None)
+    return size if isinstance(size, int) else None
+
+
+def predict_numbers(
+    model: Any,
+    tokenizer_or_vocab: Any,
+    prompts: Sequence[str] | Sequence[Sequence[int]],
+    *,
+    readout: str = "expected",
+    max_digits: int = 2,
+    min_probability: float = 0.0,
+    batch_size: int = 8,
+) -> NumberPredictions:
+    """The number a causal LM would answer each prompt with, read out of its distribution.
+
+    The model's distribution over the whole number that follows each prompt (non-negative
+    integers of at most ``max_digits`` digits, each way of spelling it with number tokens
+    scored exactly; see :func:`numtok.readout.number_distribution`) gives ``P(v)`` and the
+    covered mass ``m = Σ_v P(v)``. The readouts summarise ``P(v) / m``:
+
+    * ``"expected"``: the mean ``Σ_v v·P(v) / m`` (minimises the expected squared error);
+    * ``"median"``: the smallest ``v`` with ``Σ_{u≤v} P(u) ≥ m/2`` (minimises the absolute error);
+    * ``"mode"``: ``argmax_v P(v)``, the single most likely number (greedy decoding reads the
+      most likely *token* at each step instead, which can differ).
+
+    The prompt should end where the number starts (e.g. ``"Score: "``, or after a chat
+    template's assistant header); ``1 - m`` says how much of the model's mass went elsewhere
+    (words, a sign, longer numbers).
+
+    Args:
+        model: a Hugging Face causal LM (any module whose call with ``input_ids`` and
+            ``attention_mask`` returns logits (B, T, V)); it is put in eval mode while scoring.
+        tokenizer_or_vocab: its tokenizer (text prompts; the NumberVocab is built from it with
+            the model's output size) or a :class:`~numtok.NumberVocab` (token-id prompts).
+        prompts: strings, or lists of token ids.
+        readout: ``"expected"``, ``"median"`` or ``"mode"``: which summary is ``number``.
+        max_digits: the longest number enumerated, 1 to 4; the model scores about
+            ``1.1 · 10**max_digits`` sequences per prompt (each the prompt plus the digits).
+        min_probability: prefixes less likely than this are not extended (faster; their mass
+            is left uncovered).
+        batch_size: sequences per forward pass.
+
+    Returns:
+        :class:`NumberPredictions`.
+    """
+    if readout not in READOUTS:
+        raise ValueError(f"readout must be one of {list(READOUTS)}, got {readout!r}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    check_max_digits(max_digits)
+    if not callable(model):
+        raise TypeError(f"model must be a callable causal LM, got {type(model).__name__}")
+    vocab_given = isinstance(tokenizer_or_vocab, NumberVocab)
+    if vocab_given:
+        vocab = tokenizer_or_vocab
+    else:
+        vocab = NumberVocab.from_tokenizer(tokenizer_or_vocab, vocab_size=_output_size(model))
+    ids = _token_ids(tokenizer_or_vocab, prompts, vocab_given)
+    pad_id = getattr(tokenizer_or_vocab, "pad_token_id", None)
+    scorer = _CausalLMScorer(
+        model, ids, pad_id=pad_id if isinstance(pad_id, int) else 0, batch_size=batch_size
+    )
+    was_training = bool(getattr(model, "training", False))
+    if hasattr(model, "eval"):
+        model.eval()
+    try:
+        distribution = number_distribution(
+            scorer, vocab, max_digits=max_digits, min_probability=min_probability
+        )
+    finally:
+        if hasattr(model, "train"):
+            model.train(was_training)
+    chosen = {"expected": distribution.mean, "median": distribution.median}
+    number = chosen.get(readout, distribution.mode)
+    return NumberPredictions(
+        number,
+        distribution.mean,
+        distribution.median,
+        distribution.mode,
+        distribution.mass,
+        distribution.probabilities,
+    )

@@ -1,0 +1,203 @@
+"""The whole number a language model would write next, as a probability distribution, by
+enumerating every way it can spell a number of up to ``max_digits`` digits.
+
+Greedy decoding reads out the *mode* of the model's next number, digit by digit; for a
+regression target the *mean* (RMSE-optimal) or the *median* (MAE-optimal) of the same
+distribution is a better point estimate. :func:`number_distribution` computes that distribution
+exactly for short numbers; :func:`numtok.decoding.predict_numbers` applies it to a Hugging Face
+causal LM and text prompts.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Protocol
+
+import torch
+
+from numtok.spans import span_tables
+from numtok.vocab import NumberVocab, check_number_vocab
+
+__all__ = [
+    "MAX_DIGITS",
+    "NextTokenScorer",
+    "NumberDistribution",
+    "check_max_digits",
+    "number_distribution",
+]
+
+#: The largest ``max_digits``: the table holds ``10**max_digits`` float64 values per prompt, and
+#: the enumeration scores about ``1.1 · 10**max_digits`` continuations per prompt.
+MAX_DIGITS = 4
+
+
+class NextTokenScorer(Protocol):
+    """The model, seen as a tree of continuations of its prompts.
+
+    ``start()`` returns the logits (P, V) of the token after each of the P prompts.
+    ``extend(parents, tokens)`` returns the logits (M, V) of the token after M new sequences,
+    sequence ``i`` being sequence ``parents[i]`` of the previous call (of ``start`` for the first
+    ``extend``) followed by the token ``tokens[i]``. An implementation may keep a key/value cache
+    per call and select its rows with ``parents``.
+    """
+
+    def start(self) -> torch.Tensor: ...
+
+    def extend(self, parents: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor: ...
+
+
+class NumberDistribution(NamedTuple):
+    """What :func:`number_distribution` returns, for P prompts and ``D = max_digits``.
+
+    ``probabilities`` (P, 10**D) float64: entry ``[i, v]`` is the probability that after prompt
+    ``i`` the model writes the non-negative integer ``v`` with at most D digits and then ends it.
+    ``mass`` (P,): the row sums, the probability the enumeration covers. ``mean``, ``median``
+    and ``mode`` (P,) summarise each row renormalised to 1 (``nan`` where ``mass`` is 0).
+    """
+
+    probabilities: torch.Tensor
+    mass: torch.Tensor
+    mean: torch.Tensor
+    median: torch.Tensor
+    mode: torch.Tensor
+
+
+def check_max_digits(max_digits: object) -> int:
+    if isinstance(max_digits, bool) or not isinstance(max_digits, int):
+        raise TypeError(f"max_digits must be an int, got {max_digits!r}")
+    if not 1 <= max_digits <= MAX_DIGITS:
+        raise ValueError(
+            f"max_digits must be between 1 and {MAX_DIGITS} (the enumeration grows as "
+            f"10**max_digits), got {max_digits}"
+        )
+    return max_digits
+
+
+def _check_probability(min_probability: object) -> float:
+    if isinstance(min_probability, bool) or not isinstance(min_probability, (int, float)):
+        raise TypeError(f"min_probability must be a number in [0, 1), got {min_probability!r}")
+    if not 0.0 <= min_probability < 1.0:
+        raise ValueError(f"min_probability must be in [0, 1), got {min_probability!r}")
+    return float(min_probability)
+
+
+def _number_log_probs(logits: torch.Tensor, vocab: NumberVocab, expected_rows: int) -> torch.Tensor:
+    """log softmax(logits) at the number-token columns, float64 (M, N); the full-vocabulary
+    log-sum-exp in the logits' own precision (at least float32), without a float64 copy of all
+    logits."""
+    if (
+        not isinstance(logits, torch.Tensor)
+        or logits.dim() != 2
+        or logits.shape[0] != expected_rows
+    ):
+        raise ValueError(
+            f"the scorer must return logits of shape ({expected_rows}, V), one row per sequence; "
+            f"got {getattr(logits, 'shape', type(logits).__name__)}"
+        )
+    if logits.shape[1] != vocab.vocab_size:
+        raise ValueError(
+            f"the scorer's logits have {logits.shape[1]} columns but the NumberVocab expects "
+            f"vocab_size={vocab.vocab_size}; build it with the model's output size "
+            "(NumberVocab.from_tokenizer(tokenizer, vocab_size=model.config.vocab_size))"
+        )
+    wide = logits if logits.dtype == torch.float64 else logits.float()
+    log_normaliser = torch.logsumexp(wide, dim=-1, keepdim=True).double()  # (M, 1)
+    return wide[:, vocab.ids.to(logits.device)].double() - log_normaliser  # (M, N)
+
+
+def _summaries(probabilities: torch.Tensor) -> NumberDistribution:
+    mass = probabilities.sum(dim=-1)  # (P,)
+    values = torch.arange(probabilities.shape[-1], dtype=torch.float64)
+    covered = mass > 0
+    mean = torch.where(covered, probabilities @ values / mass, torch.nan)
+    # The median: the smallest v whose cumulative probability reaches half the covered mass.
+    cumulative = probabilities.cumsum(dim=-1)
+    median = (cumulative < mass[:, None] / 2).sum(dim=-1).double()
+    median = torch.where(covered, median, torch.nan)
+    mode = torch.where(covered, probabilities.argmax(dim=-1).double(), torch.nan)
+    return NumberDistribution(probabilities, mass, mean, median, mode)
+
+
+@torch.no_grad()
+def number_distribution(
+    scorer: NextTokenScorer,
+    vocab: NumberVocab,
+    *,
+    max_digits: int = 2,
+    min_probability: float = 0.0,
+) -> NumberDistribution:
+    """The distribution of the whole number each prompt's continuation starts with.
+
+    A number is spelled by one or more number tokens (``vocab``; each a digit string, ``"7"`` or
+    ``"123"``): the first may be any number token, each further one must not start a new word
+    (``vocab.word_start_ids``: ``Ġ12`` after ``3`` is a second number, not ``312``). It ends at
+    the first token that cannot continue it. With ``p(t | s)`` the model's next-token
+    probability, the number ``v`` has probability
+
+        ``P(v) = Σ_{t_1..t_k spelling v} Π_i p(t_i | prompt, t_<i) · (1 − Σ_{c ∈ C} p(c | prompt,
+        t_1..t_k))``
+
+    over token sequences whose digit strings concatenate to ``v`` (leading zeros allowed: ``0``
+    ``7`` is 7) with at most ``max_digits`` digits, ``C`` being the number tokens that continue
+    a number. Every such sequence is scored, so the result is exact for numbers of up to
+    ``max_digits`` digits; the probability of longer numbers, of a sign or decimal point before
+    the digits, or of no number at all is the uncovered ``1 − mass``. A decimal point after the
+    digits ends the number (``3.5`` counts as 3). The cost is one scored sequence per prefix:
+    ``1 + 10 + … + 10**max_digits`` per prompt with single-digit tokens.
+
+    Args:
+        scorer: the model as a :class:`NextTokenScorer`.
+        vocab: the number tokens.
+        max_digits: the longest number enumerated (1 to :data:`MAX_DIGITS`).
+        min_probability: prefixes less likely than this are not extended (their mass is left
+            uncovered); 0 enumerates everything.
+
+    Returns:
+        :class:`NumberDistribution`.
+    """
+    vocab = check_number_vocab(vocab)
+    max_digits = check_max_digits(max_digits)
+    min_probability = _check_probability(min_probability)
+    # Each token's integer value and digit count ("007" is 7 and 3); digit strings only.
+    tables = span_tables(vocab)
+    token_values, token_digits = tables.values, tables.digit_counts
+    starts_word = torch.isin(vocab.ids, torch.tensor(vocab.word_start_ids, dtype=torch.long))
+    ids = vocab.ids
+    size = 10**max_digits
+
+    logits = scorer.start()
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+        raise ValueError(
+            "the scorer's start() must return logits of shape (prompts, V), got "
+            f"{getattr(logits, 'shape', type(logits).__name__)}"
+        )
+    prompts = logits.shape[0]
+    log_probs = _number_log_probs(logits, vocab, prompts).cpu()  # (P, N)
+    probabilities = torch.zeros(prompts, size, dtype=torch.float64)
+    # The paths of the current level: prompt, value so far, digits so far, log-probability.
+    prompt = torch.arange(prompts)
+    value = torch.zeros(prompts, dtype=torch.long)
+    digits = torch.zeros(prompts, dtype=torch.long)
+    log_prob = torch.zeros(prompts, dtype=torch.float64)
+    allowed = torch.ones(len(ids), dtype=torch.bool)  # the first token may start a word
+    while True:
+        # Extend every path by every allowed number token that keeps it within max_digits.
+        child_log_prob = log_prob[:, None] + log_probs  # (M, N)
+        keep = allowed & (digits[:, None] + token_digits <= max_digits)
+        if min_probability > 0:
+            keep &= child_log_prob >= torch.log(torch.tensor(min_probability, dtype=torch.float64))
+        parents, tokens = keep.nonzero(as_tuple=True)
+        if len(parents) == 0:
+            break
+        prompt = prompt[parents]
+        value = value[parents] * 10 ** token_digits[tokens] + token_values[tokens]
+        digits = digits[parents] + token_digits[tokens]
+        log_prob = child_log_prob[parents, tokens]
+        logits = scorer.extend(parents, ids[tokens])
+        log_probs = _number_log_probs(logits, vocab, len(parents)).cpu()
+        allowed = ~starts_word
+        # The number ends here unless a continuing number token follows:
+        # log(1 − Σ_C p) from log Σ_C p (clamped: rounding can put it a hair above 0).
+        log_continue = torch.logsumexp(log_probs[:, allowed], dim=-1).clamp(max=0.0)
+        log_end = torch.log1p(-torch.exp(log_continue))
+        probabilities.index_put_((prompt, value), torch.exp(log_prob + log_end), accumulate=True)
+    return _summaries(probabilities)
