@@ -27,7 +27,7 @@ lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
-	$(VENV)/bin/lint-imports
+	$(VENV)/bin/lint-imports --no-cache
 
 # CE + NTL speed and memory against F.cross_entropy and ntloss (about 70 min on one thread;
 # results in benchmarks/results/). `make bench BENCH_ARGS=--quick` is a smoke run of minutes.

@@ -4,11 +4,12 @@ loop reference."""
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from typing import Any, NamedTuple
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from numtok import NumberVocab
@@ -96,6 +97,22 @@ def reference_spans(row: list[int], kinds: dict[int, TokenKind]) -> list[Referen
     return spans
 
 
+def assert_value_within_precision(spans: NumberSpans, index: int, text: str) -> None:
+    """``spans.values[index]`` is what NumberSpans promises for the decimal number ``text``:
+    ``float(text)`` itself where ``spans.exact`` (always for an integer of at most 18 digits),
+    otherwise within a relative error of ``(K + 5) · 2**-53`` for K number tokens."""
+    value, expected = float(spans.values[index]), float(text)
+    digits = sum(c.isdigit() for c in text)
+    if "." not in text and digits <= 18:
+        assert bool(spans.exact[index]), text
+    if bool(spans.exact[index]) or math.isinf(expected) or expected == 0:
+        assert value == expected, text
+        return
+    tokens = int((spans.number_span == index).sum())
+    error = abs(Fraction(value) - Fraction(text)) / abs(Fraction(text))
+    assert error <= Fraction(tokens + 5, 2**53), (text, value)
+
+
 def assert_spans_match_reference(token_ids: torch.Tensor, vocab: NumberVocab) -> NumberSpans:
     spans = find_number_spans(token_ids, vocab)
     kinds = token_kinds(vocab)
@@ -118,7 +135,7 @@ def assert_spans_match_reference(token_ids: torch.Tensor, vocab: NumberVocab) ->
         assert {r * width + p: place for p, place in span.numbers} == {
             p: number_place[p] for p in (r * width + q for q, _ in span.numbers)
         }
-        assert float(spans.values[index]) == float(span.text), span.text
+        assert_value_within_precision(spans, index, span.text)
     return spans
 
 
@@ -272,17 +289,82 @@ def _decimal_ids(text: str) -> list[int]:
 
 def test_exactness_flag(synthetic: NumberVocab) -> None:
     below = str(2**53 - 1)  # 16 digits as one integer, below 2**53
-    above = str(2**53 + 1)  # not a float64
+    above = str(2**53 + 1)  # not a float64, but an integer of at most 18 digits: rounded once
+    digits_19 = str(10**18 + 1)  # not a float64, and beyond int64's 18 digits
+    decimal_above = "9007199254.740993"  # 16 digits, 2**53 + 1 as one integer: rounded twice
     places_22 = "0." + "0" * 21 + "1"  # 1e-22 = 1 / 10**22, both exact
     places_23 = "0." + "0" * 22 + "1"  # 10**23 is not a float64
     digits_22 = "1." + "0" * 21 + "1"  # 22 places, but 10**22 + 1 is not below 2**53
-    texts = [below, above, places_22, places_23, digits_22]
+    texts = [below, above, digits_19, decimal_above, places_22, places_23, digits_22]
     ids = [token for text in texts for token in [*_decimal_ids(text), 27]]
     spans = find_number_spans(torch.tensor(ids), synthetic)
-    assert spans.exact.tolist() == [True, False, True, False, False]
-    assert spans.values[0] == float(below) and spans.values[2] == float(places_22)
+    assert spans.exact.tolist() == [True, True, False, False, True, False, False]
+    assert spans.values[0] == float(below) and spans.values[4] == float(places_22)
+    assert spans.values[1] == float(above)
     for value, text in zip(spans.values.tolist(), texts, strict=True):
         assert value == pytest.approx(float(text), rel=1e-15)
+
+
+# Single digits (ids 0-9) and every 3-digit chunk "000".."999" (ids 10-1009), a minus (1010) and a
+# decimal point (1011): a number can be written with any mix of them.
+CHUNKS = {i: str(i) for i in range(10)} | {10 + i: f"{i:03d}" for i in range(1000)}
+
+
+@pytest.fixture(scope="module")
+def chunks() -> NumberVocab:
+    return NumberVocab.from_values(
+        CHUNKS, vocab_size=1012, minus_ids=[1010], decimal_point_ids=[1011]
+    )
+
+
+def _chunked_ids(text: str, cuts: list[bool]) -> list[int]:
+    """``text`` (``-``, digits, ``.``) as token ids: each digit alone, or (where ``cuts`` says
+    so) three digits at once."""
+    ids, i, cut = [], 0, iter(cuts * len(text))
+    while i < len(text):
+        if text[i] in "-.":
+            ids.append(1010 if text[i] == "-" else 1011)
+            i += 1
+        elif text[i : i + 3].isdigit() and len(text[i : i + 3]) == 3 and next(cut):
+            ids.append(10 + int(text[i : i + 3]))
+            i += 3
+        else:
+            ids.append(int(text[i]))
+            i += 1
+    return ids
+
+
+@given(
+    st.integers(min_value=-(10**18) + 1, max_value=10**18 - 1),
+    st.lists(st.booleans(), min_size=1, max_size=6),
+)
+@example(34500000123453451, [False])  # one ulp away from float(text) when summed in float64
+@example(10**18 - 1, [True])
+@settings(max_examples=300, deadline=None)
+def test_integers_of_at_most_18_digits_are_exact(
+    chunks: NumberVocab, n: int, cuts: list[bool]
+) -> None:
+    spans = find_number_spans(torch.tensor(_chunked_ids(str(n), cuts)), chunks)
+    assert spans.values.tolist() == [float(str(n))]
+    assert spans.exact.tolist() == [True]
+
+
+@given(
+    st.integers(min_value=1, max_value=10**60),
+    st.integers(min_value=0, max_value=30),
+    st.booleans(),
+    st.lists(st.booleans(), min_size=1, max_size=6),
+)
+@settings(max_examples=300, deadline=None)
+def test_longer_numbers_are_within_the_stated_precision(
+    chunks: NumberVocab, n: int, places: int, negative: bool, cuts: list[bool]
+) -> None:
+    digits = str(n).rjust(places + 1, "0")
+    text = ("-" if negative else "") + digits[: len(digits) - places]
+    text += "." + digits[len(digits) - places :] if places else ""
+    spans = find_number_spans(torch.tensor(_chunked_ids(text, cuts)), chunks)
+    assert len(spans) == 1
+    assert_value_within_precision(spans, 0, text)
 
 
 def test_numbers_beyond_float64(synthetic: NumberVocab) -> None:

@@ -30,12 +30,15 @@ __all__ = [
 # Token classes of the span grammar.
 _OTHER, _DIGITS, _WORD_START_DIGITS, _MINUS, _WORD_START_MINUS, _POINT = range(6)
 
-# A span whose digits, read as one integer, stay below 2**53 and whose decimal places are at most
-# 22 (10**22 is the largest exact power of ten in float64) has a correctly rounded value.
+# int64 holds every integer of 18 digits: token values, and the digits of a span of at most 18
+# digits read as one integer, which is summed exactly.
+_INT64_DIGITS = 18
+_MAX_TOKEN_DIGITS = _INT64_DIGITS
+# Longer spans are summed in float64. One whose digits, read as one integer, stay below 2**53 and
+# whose decimal places are at most 22 (10**22 is the largest exact power of ten in float64) is
+# still exact.
 _EXACT_INTEGER_LIMIT = 2.0**53
 _EXACT_POWER_OF_TEN = 22
-# Token values are kept as int64, which holds every integer of 18 digits.
-_MAX_TOKEN_DIGITS = 18
 # 10**308 is the largest power of ten below float64's maximum.
 _LARGEST_POWER_OF_TEN = 308
 
@@ -126,11 +129,15 @@ class NumberSpans:
         negative: (S,) bool, the span has a minus sign.
         digits: (S,) long, digits in the span (integer and decimal part; ``007`` counts 3).
         fraction_digits: (S,) long, digits after the decimal point.
-        values: (S,) float64, the number each span writes.
+        values: (S,) float64, the number each span writes. A span of at most 18 digits is read as
+            one integer ``n`` in int64, exactly, and becomes ``±n / 10**fraction_digits`` with
+            one rounding for an integer (two for a decimal). A longer span is summed in float64:
+            its relative error is at most ``(K + 5) · 2**-53`` for a span of K number tokens
+            (about one unit in the last place in practice), and the value is ``±inf`` (or 0)
+            beyond float64's range (more than 308 integer digits).
         exact: (S,) bool, ``values`` is the correctly rounded float64 of the decimal number:
-            true when its digits read as one integer stay below 2**53 and it has at most 22
-            decimal places. Otherwise the value is within a few units in the last place, and
-            ``±inf`` beyond float64's range (a span of more than 308 integer digits).
+            true for every integer of at most 18 digits, and for any span whose digits, read as
+            one integer, stay below 2**53 and that has at most 22 decimal places.
         number_positions: (K,) flat position of each number token in a span.
         number_span: (K,) the span of each of those number tokens.
         number_place: (K,) its power of ten: a span's value is
@@ -290,8 +297,7 @@ def find_number_spans_from_tables(
         number_place=number_place,
     )
     token_values = tables.values[tables.position_of_id[safe_ids.reshape(-1)[number_positions]]]
-    values, integer = _place_value_sums(token_values, spans)
-    exact = (integer < _EXACT_INTEGER_LIMIT) & (span_fraction_digits <= _EXACT_POWER_OF_TEN)
+    values, exact = _exact_values(token_values, spans)
     return replace(spans, values=values, exact=exact)
 
 
@@ -311,6 +317,37 @@ def _cumsum_within(values: torch.Tensor, segment: torch.Tensor, num_segments: in
         0, segment, torch.where(is_first, total - values, 0)
     )
     return total - offset[segment]
+
+
+def _exact_values(
+    token_values: torch.Tensor, spans: NumberSpans
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The value each span writes (S,) float64 and whether it is correctly rounded (S,) bool,
+    from the number tokens' raw values ``x`` (K,) int64 (see :class:`NumberSpans`).
+
+    A span of at most 18 digits with ``f`` decimal places is the integer
+    ``n = Σ x_t · 10**(place_t + f) < 10**18``, summed in int64 without rounding, then
+    ``float(n) / 10**f``: correctly rounded when ``f = 0`` (one rounding) or when ``n < 2**53``
+    (``float(n)`` and ``10**f`` are exact, the division rounds once). Longer spans take the
+    float64 sum of :func:`_place_value_sums`.
+    """
+    short = spans.digits <= _INT64_DIGITS  # (S,)
+    exponent = spans.number_place + spans.fraction_digits[spans.number_span]  # (K,) >= 0
+    powers = torch.tensor([10**k for k in range(_INT64_DIGITS + 1)], device=exponent.device)
+    # Tokens of longer spans contribute 0 here (their exponent may exceed int64's powers).
+    power = torch.where(short[spans.number_span], powers[exponent.clamp_max(_INT64_DIGITS)], 0)
+    integer = torch.zeros_like(spans.digits).index_add(0, spans.number_span, token_values * power)
+    exact_integer = integer.to(torch.float64)  # (S,) the one rounding of an integer span
+    scaled = exact_integer / torch.pow(10.0, spans.fraction_digits.to(torch.float64))
+    signed = torch.where(spans.negative, -scaled, scaled)
+
+    long_values, long_integer = _place_value_sums(token_values, spans)
+    values = torch.where(short, signed, long_values)
+    integer_value = torch.where(short, exact_integer, long_integer)
+    exact = (short & (spans.fraction_digits == 0)) | (
+        (integer_value < _EXACT_INTEGER_LIMIT) & (spans.fraction_digits <= _EXACT_POWER_OF_TEN)
+    )
+    return values, exact
 
 
 def _place_value_sums(
@@ -345,8 +382,10 @@ def span_values(token_values: torch.Tensor, spans: NumberSpans) -> torch.Tensor:
     """Assemble whole numbers from values per number token: ``±Σ x_t · 10**place_t`` (S,).
 
     ``token_values`` (K,) holds one value per entry of ``spans.number_positions`` (for example
-    the expected value of each token); the places and signs are the spans'. With the tokens' own
-    values this gives ``spans.values``. Computed in float64; differentiable.
+    the expected value of each token); the places and signs are the spans'. Computed in float64,
+    term by term; differentiable. With the tokens' own values this gives ``spans.values`` wherever
+    a span's digits, read as one integer, stay below 2**53 (longer integers may differ from the
+    exact int64 sum of ``spans.values`` in the last place).
     """
     if token_values.shape != spans.number_positions.shape:
         raise ValueError(
