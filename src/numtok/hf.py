@@ -42,7 +42,9 @@ Evaluation (``trainer.evaluate()``) adds ``eval_ce`` and ``eval_ntl`` (``Σ ce /
 ``loss = ce + ntl_weight · ntl``). They reach ``trainer.state.log_history``, the progress bar and
 every reporting integration (TensorBoard, W&B, ...).
 
-Nothing here imports ``transformers``: the trainer is read by duck typing.
+Nothing here imports ``transformers``: the trainer is read by duck typing, and ``import numtok``
+works without it. Building an :class:`NTLossForTrainer` without the ``hf`` extra (transformers,
+accelerate) raises a ``ModuleNotFoundError`` that says ``pip install "numtok[hf]"``.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ from typing import Any
 
 import torch
 
+from numtok._extras import require_extra
 from numtok._ntl_maths import Kind, LossSpec
 from numtok._validation import check_bool, check_ntl_weight, shift_left
 from numtok.fused import CEWithNTLOutput, cross_entropy_with_ntl_from_tables
@@ -183,6 +186,10 @@ class NTLossForTrainer:
         compile: ``torch.compile`` the loss. ``None`` (default): compile when attached to a
             trainer whose ``args.torch_compile`` is set, with its backend and mode.
 
+    Raises:
+        ModuleNotFoundError: transformers or accelerate is not installed; the message says
+            ``pip install "numtok[hf]"``.
+
     Example::
 
         loss_fn = NTLossForTrainer(tokenizer, ntl_weight=0.3)
@@ -203,6 +210,7 @@ class NTLossForTrainer:
         vocab_size: int | None = None,
         compile: bool | None = None,
     ) -> None:
+        require_extra("hf", "NTLossForTrainer (the Hugging Face Trainer adapter)")
         if isinstance(vocab_or_tokenizer, NumberVocab):
             if vocab_size is not None and vocab_size != vocab_or_tokenizer.vocab_size:
                 raise ValueError(

@@ -1,0 +1,25 @@
+"""Optional dependencies: an entry point that needs one says which extra installs it.
+
+The core of numtok needs torch alone. The Hugging Face adapter needs the ``hf`` extra
+(``pip install "numtok[hf]"``); :func:`require_extra` turns its absence into one clear error at
+the entry point instead of a traceback from deep inside a later call.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+#: The modules each extra of pyproject.toml installs and numtok imports.
+EXTRAS: dict[str, tuple[str, ...]] = {"hf": ("transformers", "accelerate")}
+
+
+def require_extra(extra: str, feature: str) -> None:
+    """Raise ``ModuleNotFoundError`` naming ``pip install "numtok[extra]"`` when a module of
+    ``extra`` cannot be imported; ``feature`` says what needed it."""
+    missing = [name for name in EXTRAS[extra] if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ModuleNotFoundError(
+            f"{feature} needs {' and '.join(missing)}, which numtok's {extra!r} extra installs: "
+            f'pip install "numtok[{extra}]"',
+            name=missing[0],
+        )

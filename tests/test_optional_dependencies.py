@@ -1,0 +1,93 @@
+"""numtok with torch alone: the core imports and computes without any optional dependency, and the
+Hugging Face entry point names the extra to install instead of failing deep inside."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+# The modules the extras of pyproject.toml (hf, demo) and the dev tools bring, except torch's own
+# dependencies (sympy): hidden, they cannot be imported, as in an environment of torch alone.
+OPTIONAL = [
+    "transformers",
+    "accelerate",
+    "tokenizers",
+    "datasets",
+    "trl",
+    "numpy",
+    "matplotlib",
+    "mathematics_dataset",
+    "absl",
+    "tqdm",
+]
+
+
+def _run_without_optional_modules(code: str) -> subprocess.CompletedProcess[str]:
+    hide = f"import sys\nfor name in {OPTIONAL!r}:\n    sys.modules[name] = None\n"
+    return subprocess.run(
+        [sys.executable, "-c", hide + textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def test_the_core_works_with_torch_alone() -> None:
+    result = _run_without_optional_modules(
+        """
+        import torch
+        import numtok
+        from numtok import NumberVocab, cross_entropy_with_ntl, find_number_spans
+        from numtok import number_level_loss, number_token_loss, parse_number
+
+        vocab = NumberVocab.from_values(
+            {i: str(i) for i in range(10)}, vocab_size=12, decimal_point_ids=[10]
+        )
+        logits = torch.randn(2, 4, 12, requires_grad=True)
+        labels = torch.tensor([[1, 10, 5, 11], [7, 7, 11, 3]])
+        loss = number_token_loss(logits, labels, vocab) + number_level_loss(logits, labels, vocab)
+        loss = loss + cross_entropy_with_ntl(logits, labels, vocab).loss
+        loss.backward()
+        assert find_number_spans(labels, vocab).values.tolist() == [1.5, 77.0, 3.0]
+        assert parse_number("x = -1,234.5") == -1234.5
+        print("core ok")
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert "core ok" in result.stdout
+
+
+def test_the_hf_adapter_names_the_extra_to_install() -> None:
+    result = _run_without_optional_modules(
+        """
+        from numtok import NumberVocab
+        from numtok.hf import NTLossForTrainer
+
+        vocab = NumberVocab.from_values({i: str(i) for i in range(10)}, vocab_size=12)
+        try:
+            NTLossForTrainer(vocab)
+        except ModuleNotFoundError as error:
+            print(error)
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == (
+        "NTLossForTrainer (the Hugging Face Trainer adapter) needs transformers and accelerate, "
+        "which numtok's 'hf' extra installs: pip install \"numtok[hf]\""
+    )
+
+
+def test_importing_numtok_imports_no_optional_dependency() -> None:
+    code = (
+        "import sys, torch\n"
+        "before = set(sys.modules)\n"
+        "import numtok\n"
+        f"print(sorted((set(sys.modules) - before) & set({OPTIONAL!r})))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"  # whatever torch itself imports is not numtok's doing
