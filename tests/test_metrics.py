@@ -258,6 +258,8 @@ def test_compute_metrics_bad_input(digit_tokenizer: Any) -> None:
         make_compute_metrics(object())
     with pytest.raises(TypeError, match="shift_labels must be a bool"):
         make_compute_metrics(digit_tokenizer, shift_labels=1)
+    with pytest.raises(TypeError, match="ignore_index must be an int, got None"):
+        make_compute_metrics(digit_tokenizer, ignore_index=None)  # type: ignore[arg-type]
     compute_metrics = make_compute_metrics(digit_tokenizer, shift_labels=True)
     with pytest.raises(TypeError, match="EvalPrediction or a"):
         compute_metrics(42)

@@ -8,7 +8,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -31,17 +30,35 @@ def check_int(name: str, value: object) -> int:
     return value
 
 
+def check_number(
+    name: str,
+    value: object,
+    *,
+    minimum: float,
+    inclusive: bool,
+    why: str = "",
+    or_none: bool = False,
+) -> float:
+    """``value`` as a float: a finite int or float (not a bool) ``>= minimum`` (``inclusive``) or
+    ``> minimum``. The errors name the argument, the bound, ``why`` (a parenthesis for the value
+    error) and, with ``or_none``, that None is accepted too (the caller handles None)."""
+    bound = f"{'>=' if inclusive else '>'} {minimum:g}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        alternative = " or None" if or_none else ""
+        raise TypeError(f"{name} must be a number {bound}{alternative}, got {value!r}")
+    in_range = value >= minimum if inclusive else value > minimum
+    if not (math.isfinite(value) and in_range):
+        raise ValueError(f"{name} must be a finite number {bound}{why}, got {value!r}")
+    return float(value)
+
+
 def check_squash_factor(squash_factor: object) -> float | None:
     if squash_factor is None:
         return None
-    if isinstance(squash_factor, bool) or not isinstance(squash_factor, (int, float)):
-        raise TypeError(f"squash_factor must be a number > 1 or None, got {squash_factor!r}")
-    if not (math.isfinite(squash_factor) and squash_factor > 1):
-        raise ValueError(
-            f"squash_factor must be a finite number > 1 (the farthest wrong number costs that many "
-            f"times the nearest one), got {squash_factor!r}"
-        )
-    return float(squash_factor)
+    why = " (the farthest wrong number costs that many times the nearest one)"
+    return check_number(
+        "squash_factor", squash_factor, minimum=1, inclusive=False, why=why, or_none=True
+    )
 
 
 def check_logits(logits: object, *, vocab_size: int) -> torch.Tensor:
@@ -89,11 +106,7 @@ def check_token_ids(
 
 
 def check_ntl_weight(ntl_weight: object) -> float:
-    if isinstance(ntl_weight, bool) or not isinstance(ntl_weight, (int, float)):
-        raise TypeError(f"ntl_weight must be a number, got {ntl_weight!r}")
-    if not (math.isfinite(ntl_weight) and ntl_weight >= 0):
-        raise ValueError(f"ntl_weight must be a finite number >= 0, got {ntl_weight!r}")
-    return float(ntl_weight)
+    return check_number("ntl_weight", ntl_weight, minimum=0, inclusive=True)
 
 
 def check_logits_and_labels(
@@ -153,14 +166,6 @@ def check_num_items(num_items_in_batch: object) -> torch.Tensor | int | None:
     if num_items_in_batch <= 0:
         raise ValueError(f"num_items_in_batch must be > 0, got {num_items_in_batch}")
     return num_items_in_batch
-
-
-def shift_left(tensor: torch.Tensor, fill: float | int) -> torch.Tensor:
-    """``tensor[..., 1:]`` padded with ``fill`` at the end: position t holds what t+1 held, so
-    logits at t are compared with the next token, as causal language models need."""
-    if tensor.dim() < 1:
-        raise ValueError("shift=True needs labels with a sequence dimension, got a scalar")
-    return F.pad(tensor[..., 1:], (0, 1), value=fill)
 
 
 def check_elementwise_callable(name: str, fn: Callable[..., Any]) -> None:

@@ -25,12 +25,12 @@ from numtok._fused_rows import row_statistics
 from numtok._ntl_maths import Kind, LossSpec, number_positions, position_losses, reweighed
 from numtok._number_logits import compute_dtype
 from numtok._reduction import reduce_losses
+from numtok._shift import shift_labels
 from numtok._validation import (
     check_logits_and_labels,
     check_loss_weights,
     check_ntl_weight,
     check_num_items,
-    shift_left,
 )
 from numtok.vocab import NumberTables, NumberVocab
 
@@ -73,8 +73,7 @@ def prepare_rows(
     """Per-position facts for validated ``labels`` (...) and ``loss_weights`` (...), shifted
     left when ``spec.shift``; also returns the labels' shape (the shape of a ``"none"`` result)."""
     if spec.shift:
-        labels = shift_left(labels, spec.ignore_index)
-        loss_weights = None if loss_weights is None else shift_left(loss_weights, 0)
+        labels, loss_weights = shift_labels(labels, loss_weights, spec.ignore_index)
     flat_labels = labels.reshape(-1)  # (M,)
     is_target = flat_labels != spec.ignore_index
     is_number, position = number_positions(flat_labels, tables, spec)

@@ -60,7 +60,8 @@ import torch
 
 from numtok._extras import require_extra
 from numtok._ntl_maths import Kind, LossSpec
-from numtok._validation import check_bool, check_ntl_weight, shift_left
+from numtok._shift import shift_left
+from numtok._validation import check_bool, check_ntl_weight
 from numtok.fused import CEWithNTLOutput, cross_entropy_with_ntl_from_tables
 from numtok.vocab import NumberTables, NumberVocab
 

@@ -15,7 +15,6 @@ becomes one-hot and the loss is exactly cross-entropy.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -24,13 +23,14 @@ from numtok._buffers import VocabBuffers
 from numtok._fused_rows import row_statistics
 from numtok._number_logits import compute_dtype
 from numtok._reduction import reduce_losses
+from numtok._shift import shift_left
 from numtok._validation import (
     check_bool,
     check_int,
     check_logits_and_labels,
     check_num_items,
+    check_number,
     check_reduction,
-    shift_left,
 )
 from numtok.vocab import NumberTables, NumberVocab, check_number_vocab
 
@@ -50,15 +50,9 @@ class _SmoothingSpec:
         cls, vocab: NumberVocab, *, sigma: float, ignore_index: int, reduction: str, shift: bool
     ) -> _SmoothingSpec:
         check_number_vocab(vocab)
-        if isinstance(sigma, bool) or not isinstance(sigma, (int, float)):
-            raise TypeError(f"sigma must be a number > 0, got {sigma!r}")
-        if not (math.isfinite(sigma) and sigma > 0):
-            raise ValueError(
-                f"sigma must be a finite number > 0 (the width of the target over number values), "
-                f"got {sigma!r}"
-            )
+        why = " (the width of the target over number values)"
         return cls(
-            sigma=float(sigma),
+            sigma=check_number("sigma", sigma, minimum=0, inclusive=False, why=why),
             ignore_index=check_int("ignore_index", ignore_index),
             reduction=check_reduction(reduction),
             shift=check_bool("shift", shift),

@@ -1,4 +1,6 @@
-"""Number Token Loss (NTL): the functional reference and its ``nn.Module`` wrapper.
+"""Number Token Loss (NTL): :func:`number_token_loss`, the readable reference. Its ``nn.Module``
+form is :class:`numtok.NumberTokenLoss` (:mod:`numtok.module`); the maths every path shares is in
+:mod:`numtok._ntl_maths`; CE + NTL in one pass is :mod:`numtok.fused`.
 
 Definitions (Zausinger et al., "Regress, Don't Guess", ICML 2025), at a position whose label ``y``
 is a number token, with ``p = softmax(logits[number_token_ids])`` over the N number tokens only:
@@ -39,11 +41,11 @@ from numtok._ntl_maths import (
 )
 from numtok._number_logits import compute_dtype, number_logits_at
 from numtok._reduction import reduce_losses
+from numtok._shift import shift_labels
 from numtok._validation import (
     check_logits_and_labels,
     check_loss_weights,
     check_num_items,
-    shift_left,
 )
 from numtok.number_level import number_level_loss
 from numtok.vocab import NumberTables, NumberVocab
@@ -68,8 +70,7 @@ def number_token_loss_from_tables(
     loss_weights = check_loss_weights(loss_weights, labels.shape)
     num_items = check_num_items(num_items_in_batch)
     if spec.shift:
-        labels = shift_left(labels, spec.ignore_index)
-        loss_weights = None if loss_weights is None else shift_left(loss_weights, 0)
+        labels, loss_weights = shift_labels(labels, loss_weights, spec.ignore_index)
     dtype = compute_dtype(logits)
     vocab_size = logits.shape[-1]
 

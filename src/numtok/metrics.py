@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from numtok._validation import check_bool, check_int, check_number
 from numtok.text_numbers import last_number
 
 __all__ = [
@@ -60,14 +61,6 @@ class NumericMetrics:
     def as_dict(self) -> dict[str, float]:
         """Every field as a float, e.g. for a logger or ``Trainer.compute_metrics``."""
         return {name: float(value) for name, value in asdict(self).items()}
-
-
-def _check_tolerance(tolerance: object) -> float:
-    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)):
-        raise TypeError(f"tolerance must be a number >= 0, got {tolerance!r}")
-    if not (math.isfinite(tolerance) and tolerance >= 0):
-        raise ValueError(f"tolerance must be a finite number >= 0, got {tolerance!r}")
-    return float(tolerance)
 
 
 def _reference_value(index: int, reference: object) -> float:
@@ -176,7 +169,7 @@ def numeric_metrics(
     >>> m.exact_accuracy, m.unparseable, m.mae
     (0.6666666666666666, 1, 0.0)
     """
-    tolerance = _check_tolerance(tolerance)
+    tolerance = check_number("tolerance", tolerance, minimum=0, inclusive=True)
     if isinstance(predictions, str) or isinstance(references, str):
         raise TypeError("predictions and references must be sequences of answers, not one str")
     if len(predictions) != len(references):
@@ -275,14 +268,14 @@ def make_compute_metrics(
         shift_labels: align predictions at t with labels at t + 1 (causal LMs, teacher forcing).
         ignore_index: label value of positions that are not scored.
     """
-    tolerance = _check_tolerance(tolerance)
+    tolerance = check_number("tolerance", tolerance, minimum=0, inclusive=True)
     if not callable(getattr(tokenizer, "batch_decode", None)):
         raise TypeError(
             "tokenizer must have a batch_decode(ids, skip_special_tokens=True) method "
             f"(a Hugging Face tokenizer), got {type(tokenizer).__name__}"
         )
-    if not isinstance(shift_labels, bool):
-        raise TypeError(f"shift_labels must be a bool, got {shift_labels!r}")
+    check_bool("shift_labels", shift_labels)
+    check_int("ignore_index", ignore_index)
 
     def compute_metrics(eval_prediction: Any) -> dict[str, float]:
         raw_predictions, raw_labels = _unpack(eval_prediction)

@@ -29,6 +29,7 @@ from torch import nn
 from numtok._logsumexp import selected_rows_logsumexp
 from numtok._number_logits import compute_dtype, number_logits_at
 from numtok._reduction import reduce_losses
+from numtok._shift import shift_labels
 from numtok._validation import (
     check_bool,
     check_int,
@@ -36,7 +37,6 @@ from numtok._validation import (
     check_loss_weights,
     check_num_items,
     check_reduction,
-    shift_left,
 )
 from numtok.decoding import expected_token_values
 from numtok.spans import (
@@ -131,8 +131,7 @@ def _number_level_loss(
     loss_weights = check_loss_weights(loss_weights, labels.shape)
     num_items = check_num_items(num_items_in_batch)
     if spec.shift:
-        labels = shift_left(labels, spec.ignore_index)
-        loss_weights = None if loss_weights is None else shift_left(loss_weights, 0)
+        labels, loss_weights = shift_labels(labels, loss_weights, spec.ignore_index)
     spans = find_number_spans_from_tables(labels, tables, spec.ignore_index)
     too_long = spans.digits > _MAX_DIGITS
     if bool(too_long.any()):
