@@ -175,6 +175,10 @@ def test_pruning_keeps_a_lower_bound_of_the_exact_table() -> None:
     )
     assert bool((pruned.probabilities <= exact.probabilities + 1e-15).all())
     assert bool((pruned.mass < exact.mass).all())
+    assert exact.pruned.tolist() == [0.0, 0.0]
+    # What pruning lost lies under the pruned prefixes, whose probability bounds it.
+    lost = exact.mass - pruned.mass
+    assert bool((lost <= pruned.pruned + 1e-15).all()) and bool((pruned.pruned > 0).all())
     # 10-99 have one spelling each, so a kept one is complete; 0-9 also have "0v", maybe pruned.
     kept = pruned.probabilities[:, 10:] > 0
     assert bool(kept.any())

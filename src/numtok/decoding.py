@@ -114,14 +114,16 @@ def expected_span_values(
 
 class NumberPredictions(NamedTuple):
     """What :func:`predict_numbers` returns for P prompts: ``number`` (P,) the chosen readout;
-    ``mean``, ``median``, ``mode`` and ``mass`` (P,) and ``probabilities`` (P, 10**max_digits)
-    as in :class:`~numtok.readout.NumberDistribution`. All float64 on the CPU."""
+    ``mean``, ``median``, ``mode``, ``mass`` and ``pruned`` (P,) and ``probabilities``
+    (P, 10**max_digits) as in :class:`~numtok.readout.NumberDistribution`. All float64 on the
+    CPU."""
 
     number: torch.Tensor
     mean: torch.Tensor
     median: torch.Tensor
     mode: torch.Tensor
     mass: torch.Tensor
+    pruned: torch.Tensor
     probabilities: torch.Tensor
 
 
@@ -246,8 +248,8 @@ def predict_numbers(
         readout: ``"expected"``, ``"median"`` or ``"mode"``: which summary is ``number``.
         max_digits: the longest number enumerated, 1 to 4; the model scores about
             ``1.1 · 10**max_digits`` sequences per prompt (each the prompt plus the digits).
-        min_probability: prefixes less likely than this are not extended (faster; their mass
-            is left uncovered).
+        min_probability: prefixes less likely than this are not extended (faster); ``pruned``
+            bounds the probability this loses.
         batch_size: sequences per forward pass.
 
     Returns:
@@ -288,5 +290,6 @@ def predict_numbers(
         distribution.median,
         distribution.mode,
         distribution.mass,
+        distribution.pruned,
         distribution.probabilities,
     )

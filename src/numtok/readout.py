@@ -52,6 +52,9 @@ class NumberDistribution(NamedTuple):
     ``i`` the model writes the non-negative integer ``v`` with at most D digits and then ends it.
     ``mass`` (P,): the row sums, the probability the enumeration covers. ``mean``, ``median``
     and ``mode`` (P,) summarise each row renormalised to 1 (``nan`` where ``mass`` is 0).
+    ``pruned`` (P,): the total probability of the prefixes not extended because of
+    ``min_probability`` (0 without pruning): every number missing from a row for that reason
+    lies under one of them, so it bounds the probability lost.
     """
 
     probabilities: torch.Tensor
@@ -59,6 +62,7 @@ class NumberDistribution(NamedTuple):
     mean: torch.Tensor
     median: torch.Tensor
     mode: torch.Tensor
+    pruned: torch.Tensor
 
 
 def check_max_digits(max_digits: object) -> int:
@@ -104,7 +108,7 @@ def _number_log_probs(logits: torch.Tensor, vocab: NumberVocab, expected_rows: i
     return wide[:, vocab.ids.to(logits.device)].double() - log_normaliser  # (M, N)
 
 
-def _summaries(probabilities: torch.Tensor) -> NumberDistribution:
+def _summaries(probabilities: torch.Tensor, pruned: torch.Tensor) -> NumberDistribution:
     mass = probabilities.sum(dim=-1)  # (P,)
     values = torch.arange(probabilities.shape[-1], dtype=torch.float64)
     covered = mass > 0
@@ -114,7 +118,7 @@ def _summaries(probabilities: torch.Tensor) -> NumberDistribution:
     median = (cumulative < mass[:, None] / 2).sum(dim=-1).double()
     median = torch.where(covered, median, torch.nan)
     mode = torch.where(covered, probabilities.argmax(dim=-1).double(), torch.nan)
-    return NumberDistribution(probabilities, mass, mean, median, mode)
+    return NumberDistribution(probabilities, mass, mean, median, mode, pruned)
 
 
 @torch.no_grad()
@@ -148,8 +152,8 @@ def number_distribution(
         scorer: the model as a :class:`NextTokenScorer`.
         vocab: the number tokens.
         max_digits: the longest number enumerated (1 to :data:`MAX_DIGITS`).
-        min_probability: prefixes less likely than this are not extended (their mass is left
-            uncovered); 0 enumerates everything.
+        min_probability: prefixes less likely than this are not extended and their probability
+            is added to ``pruned``; 0 enumerates everything.
 
     Returns:
         :class:`NumberDistribution`.
@@ -173,6 +177,7 @@ def number_distribution(
     prompts = logits.shape[0]
     log_probs = _number_log_probs(logits, vocab, prompts).cpu()  # (P, N)
     probabilities = torch.zeros(prompts, size, dtype=torch.float64)
+    pruned = torch.zeros(prompts, dtype=torch.float64)
     # The paths of the current level: prompt, value so far, digits so far, log-probability.
     prompt = torch.arange(prompts)
     value = torch.zeros(prompts, dtype=torch.long)
@@ -184,7 +189,10 @@ def number_distribution(
         child_log_prob = log_prob[:, None] + log_probs  # (M, N)
         keep = allowed & (digits[:, None] + token_digits <= max_digits)
         if min_probability > 0:
-            keep &= child_log_prob >= torch.log(torch.tensor(min_probability, dtype=torch.float64))
+            likely = child_log_prob >= torch.log(torch.tensor(min_probability, dtype=torch.float64))
+            unlikely = torch.where(keep & ~likely, child_log_prob.exp(), 0.0).sum(dim=1)  # (M,)
+            pruned.index_add_(0, prompt, unlikely)
+            keep &= likely
         parents, tokens = keep.nonzero(as_tuple=True)
         if len(parents) == 0:
             break
@@ -200,4 +208,4 @@ def number_distribution(
         log_continue = torch.logsumexp(log_probs[:, allowed], dim=-1).clamp(max=0.0)
         log_end = torch.log1p(-torch.exp(log_continue))
         probabilities.index_put_((prompt, value), torch.exp(log_prob + log_end), accumulate=True)
-    return _summaries(probabilities)
+    return _summaries(probabilities, pruned)
