@@ -17,8 +17,9 @@ from numtok.cli import main
 from numtok.experiments.config import ExperimentConfig
 from numtok.experiments.data import TASKS, generate, read_cache
 from numtok.experiments.presets import PRESETS
-from numtok.experiments.report import METRICS, format_table, paired_test, write_report
+from numtok.experiments.report import METRICS, format_table, write_report
 from numtok.experiments.runner import run_experiment
+from numtok.experiments.stats import paired_test
 
 SMOKE = PRESETS["smoke"].config
 

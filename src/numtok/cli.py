@@ -2,8 +2,9 @@
 
 ``numtok demo`` runs the arithmetic comparison (CE vs CE + λ·NTL-WAS vs CE + λ·NTL-MSE on
 DeepMind's Mathematics data, a small transformer trained from scratch) in about ten minutes on two
-CPU cores; ``numtok repro --preset NAME`` runs the longer presets; ``numtok list`` shows the
-presets and tasks. Rerunning a command resumes its run folder.
+CPU cores; ``numtok repro --preset NAME`` runs the longer presets, and ``numtok repro --task
+rjokes`` the regression comparison on rJokes (CE, NTL and a regression head); ``numtok list``
+shows the presets and tasks. Rerunning a command resumes its run folder.
 """
 
 from __future__ import annotations
@@ -13,20 +14,16 @@ import os
 import shlex
 import sys
 from collections.abc import Sequence
+from dataclasses import fields
 from pathlib import Path
-
-from numtok.experiments.compat import load_mathematics_dataset
-from numtok.experiments.config import ExperimentConfig
-from numtok.experiments.data import TASKS
-from numtok.experiments.objectives import ARMS
-from numtok.experiments.presets import DEFAULT_REPRO_PRESET, PRESETS, check_preset
-from numtok.experiments.report import format_table, overhead_lines
-from numtok.experiments.run_folder import prepare_run_dir
-from numtok.experiments.runner import run_experiment
+from types import ModuleType
+from typing import Any
 
 __all__ = ["main"]
 
-# Settings that have a flag: config field -> flag.
+#: What the commands import beyond torch: the ``demo`` extra.
+_DEMO_EXTRA = ("numpy", "sympy", "mathematics_dataset", "absl", "six", "matplotlib", "tqdm")
+# Settings that have a flag: config field -> flag. Some belong to one task only.
 _FLAGS = {
     "task": "--task",
     "seeds": "--seeds",
@@ -36,9 +33,12 @@ _FLAGS = {
     "batch_size": "--batch-size",
     "train_questions": "--train-questions",
     "eval_questions": "--eval-questions",
+    "evaluate_on": "--evaluate-on",
+    "eval_jokes": "--eval-jokes",
     "device": "--device",
     "threads": "--threads",
 }
+RJOKES = "rjokes"
 
 
 def _seeds(text: str) -> tuple[int, ...]:
@@ -63,19 +63,38 @@ def _arms(text: str) -> tuple[str, ...]:
 
 
 def _add_run_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--task", help=f"Mathematics task (one of: {', '.join(TASKS)})")
+    parser.add_argument(
+        "--task", help=f"'{RJOKES}' (regression) or a Mathematics task (numtok list shows them)"
+    )
     parser.add_argument("--seeds", type=_seeds, help="number of seeds (3) or a list (0,4,7)")
     parser.add_argument(
         "--arms",
         type=_arms,
-        help=f"comma-separated arms among {', '.join(ARMS)} (ce required; gls: Gaussian "
-        "label smoothing)",
+        help="comma-separated arms: ce (required), was, mse, gls (Gaussian label smoothing); "
+        "rjokes also head (a regression head)",
     )
     parser.add_argument("--ntl-weight", type=float, help="λ in CE + λ·NTL (default 0.3)")
     parser.add_argument("--steps", type=int, help="training steps per arm")
-    parser.add_argument("--batch-size", type=int, help="questions per step")
-    parser.add_argument("--train-questions", type=int, help="size of the generated training set")
-    parser.add_argument("--eval-questions", type=int, help="held-out questions per split")
+    parser.add_argument("--batch-size", type=int, help="examples per step")
+    parser.add_argument(
+        "--train-questions", type=int, help="arithmetic: size of the generated training set"
+    )
+    parser.add_argument("--eval-questions", type=int, help="arithmetic: questions per split")
+    parser.add_argument(
+        "--evaluate-on",
+        choices=("validation", "test"),
+        help="rjokes: score the validation split (held out of the training file; for choosing "
+        "settings) or the test split (default)",
+    )
+    parser.add_argument(
+        "--eval-jokes", type=int, help="rjokes: jokes of that split to score (0: all)"
+    )
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        help="rjokes: the rJokes data/ folder (dev.tsv.gz and test.tsv.gz; default "
+        "$NUMTOK_RJOKES_DIR or ../shared/data/rjokes beside the checkout)",
+    )
     parser.add_argument("--device", help="cpu (default), cuda, cuda:N or mps")
     parser.add_argument("--threads", type=int, help="torch threads per worker process (default 1)")
     parser.add_argument(
@@ -87,27 +106,41 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         "--out", type=Path, help="run folder (default runs/<preset>-<settings hash>)"
     )
     parser.add_argument(
-        "--cache-dir", type=Path, help="generated questions cache (default ~/.cache/numtok)"
+        "--cache-dir", type=Path, help="arithmetic: generated questions cache (~/.cache/numtok)"
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="numtok", description="Number Token Loss experiments on DeepMind's Mathematics data"
+        prog="numtok", description="Number Token Loss experiments: arithmetic and regression"
     )
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser(
         "demo", help="CE vs CE+NTL-WAS vs CE+NTL-MSE on a + b arithmetic, ~10 min on 2 CPU cores"
     )
     _add_run_flags(demo)
-    repro = commands.add_parser("repro", help="a longer preset (numtok list shows them)")
+    repro = commands.add_parser("repro", help="a longer preset or --task rjokes (numtok list)")
     repro.add_argument(
-        "--preset", default=DEFAULT_REPRO_PRESET, help=f"default {DEFAULT_REPRO_PRESET}"
+        "--preset", help="default: add_or_sub-6k, or rjokes with --task rjokes (numtok list)"
     )
     _add_run_flags(repro)
     commands.add_parser("list", help="show the presets and tasks")
     return parser
+
+
+def _experiments() -> ModuleType:
+    """The experiment harness, or a clean exit naming the extra it needs."""
+    try:
+        import numtok.experiments.commands as commands
+    except ModuleNotFoundError as error:
+        if error.name is None or error.name.split(".")[0] not in _DEMO_EXTRA:
+            raise
+        sys.exit(
+            f"numtok: error: the experiments need the demo extra ({error.name} is not installed): "
+            'pip install "numtok[demo]"'
+        )
+    return commands
 
 
 def _with_flag_hint(message: str) -> str:
@@ -118,26 +151,61 @@ def _with_flag_hint(message: str) -> str:
     return message
 
 
-def _build_config(args: argparse.Namespace, preset_name: str) -> ExperimentConfig:
-    """The preset's settings with the flags given on the command line."""
-    return check_preset(preset_name).config.with_overrides(
-        **{name: getattr(args, name) for name in _FLAGS}
+def _preset_name(args: argparse.Namespace, harness: ModuleType) -> str:
+    if args.command == "demo":
+        return "demo"
+    if args.preset is not None:
+        return str(args.preset)
+    default: str = (
+        harness.DEFAULT_RJOKES_PRESET if args.task == RJOKES else harness.DEFAULT_REPRO_PRESET
     )
+    return default
 
 
-def _default_workers(config: ExperimentConfig) -> int:
+def _build_config(args: argparse.Namespace, preset_name: str, harness: ModuleType) -> Any:
+    """The preset's settings with the flags given on the command line; a flag that belongs to
+    the other task is a ValueError."""
+    config = harness.check_preset(preset_name).config
+    is_rjokes = isinstance(config, harness.RJokesConfig)
+    if args.task is not None and (args.task == RJOKES) != is_rjokes:
+        kind = "an rJokes" if is_rjokes else "an arithmetic"
+        raise ValueError(
+            f"--task {args.task} does not fit the preset {preset_name!r} ({kind} preset); "
+            "numtok list shows the presets of each task"
+        )
+    known = {f.name for f in fields(config)}
+    overrides = {}
+    for name, flag in _FLAGS.items():
+        value = getattr(args, name)
+        if value is None or name == "task":
+            continue
+        if name not in known:
+            task = "rJokes" if is_rjokes else "arithmetic"
+            raise ValueError(f"{flag} does not apply to the {task} task of {preset_name!r}")
+        overrides[name] = value
+    for flag, value in (("--data-dir", args.data_dir), ("--cache-dir", args.cache_dir)):
+        if value is not None and (flag == "--data-dir") != is_rjokes:
+            raise ValueError(f"{flag} does not apply to the preset {preset_name!r}")
+    if args.task is not None and not is_rjokes:
+        overrides["task"] = args.task
+    return config.with_overrides(**overrides)
+
+
+def _default_workers(config: Any) -> int:
     if config.device != "cpu":
         return 1
     jobs = len(config.seeds) * len(config.arms)
-    return max(1, min(jobs, (os.cpu_count() or 1) // config.threads))
+    threads: int = config.threads
+    return max(1, min(jobs, (os.cpu_count() or 1) // threads))
 
 
-def _list() -> None:
+def _list(harness: ModuleType) -> None:
     print("presets (numtok repro --preset NAME; numtok demo runs 'demo'):")
-    for preset in PRESETS.values():
+    for preset in harness.PRESETS.values():
         print(f"  {preset.name}: {preset.description}")
     print("tasks (--task NAME):")
-    for spec in TASKS.values():
+    print(f"  {RJOKES}: Reddit jokes' scores 0-11, a regression (presets rjokes*)")
+    for spec in harness.TASKS.values():
         print(f"  {spec.name}: {spec.description}")
 
 
@@ -146,27 +214,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     parser = _parser()
     args = parser.parse_args(arguments)
+    harness = _experiments()
     if args.command == "list":
-        _list()
+        _list(harness)
         return 0
-    preset_name = "demo" if args.command == "demo" else args.preset
+    preset_name = _preset_name(args, harness)
     # Everything that can be wrong with the command is checked before any work starts.
     try:
-        config = _build_config(args, preset_name)
+        config = _build_config(args, preset_name, harness)
         workers = args.workers if args.workers is not None else _default_workers(config)
         if workers < 1:
             raise ValueError(f"--workers must be at least 1, got {workers}")
         run_dir = args.out or Path("runs") / f"{preset_name}-{config.fingerprint()}"
-        load_mathematics_dataset()
-        prepare_run_dir(config, run_dir)
+        harness.check_prerequisites(config, args.data_dir)
+        harness.prepare_run_dir(config, run_dir)
     except (ValueError, TypeError, ModuleNotFoundError) as error:
         parser.exit(2, f"numtok: error: {_with_flag_hint(str(error))}\n")
 
     try:
-        results = run_experiment(
+        lines = harness.run_and_summarise(
             config,
             run_dir,
             workers=workers,
+            data_dir=args.data_dir,
             cache_dir=args.cache_dir,
             show_progress=not args.no_progress,
             command="numtok " + shlex.join(arguments),
@@ -178,16 +248,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 130
     print()
-    print(f"{config.task}: mean ± std over {len(config.seeds)} seeds, {config.steps} steps")
-    print(format_table(results))
-    print()
-    print(results["verdict"])
-    for hit in results["verdict_hits"]:
-        print(f"  - {hit}")
-    for line in overhead_lines(results):
-        print(line)
-    print(f"wall time {results['wall_seconds'] / 60:.1f} min")
-    print(f"run folder: {run_dir} (report.md, results.json, curves.png)")
+    print("\n".join(lines))
+    print(f"run folder: {run_dir}")
     return 0
 
 

@@ -21,7 +21,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from numtok.experiments.tokenizer import CharTokenizer
+from numtok.experiments.tokenizer import PromptAnswerTokenizer
 
 __all__ = ["PackedBatch", "TrainingSet", "pack"]
 
@@ -31,12 +31,15 @@ ROW_CAPACITY = 128
 
 class PackedBatch(NamedTuple):
     """``inputs``, ``labels`` and ``positions`` (R, C); ``allowed`` (R, 1, C, C) is True where a
-    query may attend to a key (same example, not later). Padding has label -100."""
+    query may attend to a key (same example, not later). Padding has label -100. Example ``e``
+    of the packed list starts at ``inputs[example_rows[e], example_offsets[e]]`` ((E,) each)."""
 
     inputs: torch.Tensor
     labels: torch.Tensor
     positions: torch.Tensor
     allowed: torch.Tensor
+    example_rows: torch.Tensor
+    example_offsets: torch.Tensor
 
     def to(self, device: torch.device) -> PackedBatch:
         return PackedBatch(*(t.to(device) for t in self))
@@ -73,6 +76,8 @@ def pack(
     labels = torch.full(shape, -100, dtype=torch.long)
     positions = torch.zeros(shape, dtype=torch.long)
     segment = torch.full(shape, -1, dtype=torch.long)  # which example of its row; -1: padding
+    example_rows = torch.empty(len(examples), dtype=torch.long)
+    example_offsets = torch.empty(len(examples), dtype=torch.long)
     for row, members in enumerate(bins):
         offset = 0
         for number, index in enumerate(members):
@@ -81,18 +86,21 @@ def pack(
             inputs[row, span], labels[row, span] = examples[index]
             positions[row, span] = torch.arange(length)
             segment[row, span] = number
+            example_rows[index], example_offsets[index] = row, offset
             offset += length
     causal = torch.ones(width, width, dtype=torch.bool).tril()
     same_example = segment[:, :, None] == segment[:, None, :]  # (R, C, C)
     # Padding queries see themselves, so that no attention row is empty (that would be NaN).
     allowed = (causal & same_example) | torch.eye(width, dtype=torch.bool)
-    return PackedBatch(inputs, labels, positions, allowed[:, None])
+    return PackedBatch(inputs, labels, positions, allowed[:, None], example_rows, example_offsets)
 
 
 class TrainingSet:
     """The encoded training questions and the batch of every (seed, step)."""
 
-    def __init__(self, examples: Sequence[tuple[str, str]], tokenizer: CharTokenizer) -> None:
+    def __init__(
+        self, examples: Sequence[tuple[str, str]], tokenizer: PromptAnswerTokenizer
+    ) -> None:
         self.examples = [
             (torch.tensor(inputs), torch.tensor(labels))
             for inputs, labels in (tokenizer.encode_example(q, a) for q, a in examples)

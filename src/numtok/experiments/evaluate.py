@@ -1,5 +1,10 @@
 """Greedy decoding and the paper's scoring: the last number of each generated answer is compared
-with the reference by :func:`numtok.metrics.numeric_metrics`, per evaluation split."""
+with the reference by :func:`numtok.metrics.numeric_metrics`, per evaluation split.
+
+Both greedy decoding and the number readouts of :mod:`numtok.readout` read the model through
+:class:`CachedScorer`: the prompts once (left-padded, with a key/value cache), then one token at
+a time for any tree of continuations.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +15,10 @@ from typing import Any
 import torch
 
 from numtok.experiments.model import KeyValueCache, Transformer
-from numtok.experiments.tokenizer import CharTokenizer
+from numtok.experiments.tokenizer import PromptAnswerTokenizer
 from numtok.metrics import numeric_metrics
 
-__all__ = ["Evaluation", "evaluate", "greedy_answers"]
+__all__ = ["CachedScorer", "Evaluation", "evaluate", "greedy_answers"]
 
 #: The generator never produces longer answers (``generate_settings.MAX_ANSWER_LENGTH``); one
 #: more token leaves room for ``<eos>``.
@@ -21,61 +26,93 @@ MAX_ANSWER_TOKENS = 31
 _EXAMPLES_PER_SPLIT = 5
 
 
-@torch.no_grad()
+class CachedScorer:
+    """The model as a :class:`numtok.readout.NextTokenScorer` over a batch of prompts.
+
+    ``start()`` reads the prompts, left-padded so that every row's next token is at the end:
+    padding keys are masked out, positions count real tokens only, and each padding query may
+    attend to itself so that no softmax row is empty (that would give NaN values that spread
+    through later layers). ``extend(parents, tokens)`` selects the cached rows ``parents`` and
+    feeds each one token.
+    """
+
+    def __init__(
+        self, model: Transformer, prompts: Sequence[Sequence[int]], pad_id: int, device: Any
+    ) -> None:
+        self.model = model
+        width = max(len(p) for p in prompts)
+        tokens = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+        real = torch.zeros((len(prompts), width), dtype=torch.bool)
+        for row, prompt in enumerate(prompts):
+            tokens[row, width - len(prompt) :] = torch.tensor(prompt)
+            real[row, width - len(prompt) :] = True
+        self.tokens, self.real = tokens.to(device), real.to(device)  # (B, S)
+        self.cache = KeyValueCache(model.config.n_layers)
+        self.positions = (self.real.long().cumsum(dim=1) - 1).clamp_min(0)  # (B, S)
+
+    @torch.no_grad()
+    def start(self) -> torch.Tensor:
+        return self.model.logits(self.prefill())  # (B, V)
+
+    @torch.no_grad()
+    def prefill(self) -> torch.Tensor:
+        """Read the prompts into the cache; the hidden states (B, C) at their last tokens."""
+        width = self.tokens.shape[1]
+        causal = torch.ones(width, width, dtype=torch.bool, device=self.tokens.device).tril()
+        diagonal = torch.eye(width, dtype=torch.bool, device=self.tokens.device)
+        allowed = (causal & self.real[:, None, :]) | diagonal  # (B, S, S)
+        hidden = self.model.features(
+            self.tokens, positions=self.positions, allowed=allowed[:, None], cache=self.cache
+        )
+        self.positions = self.positions[:, -1:] + 1  # (B, 1): where the next token goes
+        last: torch.Tensor = hidden[:, -1]
+        return last
+
+    @torch.no_grad()
+    def extend(self, parents: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        parents = parents.to(self.real.device)
+        self.cache = self.cache.select(parents)
+        self.real = torch.cat((self.real[parents], torch.ones_like(self.real[parents, :1])), 1)
+        hidden = self.model.features(
+            tokens.to(self.real.device)[:, None],
+            positions=self.positions[parents],
+            allowed=self.real[:, None, None, :],
+            cache=self.cache,
+        )
+        self.positions = self.positions[parents] + 1
+        return self.model.logits(hidden[:, -1])  # (M, V)
+
+
 def _greedy_batch(
     model: Transformer,
-    tokenizer: CharTokenizer,
+    tokenizer: PromptAnswerTokenizer,
     questions: Sequence[str],
     max_new_tokens: int,
     device: torch.device,
 ) -> list[str]:
-    """Generate answers for one batch, left-padded so that every row's next token is at the end.
-
-    Padding keys are masked out, positions count real tokens only, and each padding query may
-    attend to itself so that no softmax row is empty (that would give NaN values that spread
-    through later layers).
-    """
-    prompts = [[*tokenizer.encode(q), tokenizer.separator_id] for q in questions]
-    width = max(len(p) for p in prompts)
-    tokens = torch.full((len(prompts), width), tokenizer.pad_id, dtype=torch.long)
-    real = torch.zeros((len(prompts), width), dtype=torch.bool)
-    for row, prompt in enumerate(prompts):
-        tokens[row, width - len(prompt) :] = torch.tensor(prompt)
-        real[row, width - len(prompt) :] = True
-    tokens, real = tokens.to(device), real.to(device)
-    positions = (real.long().cumsum(dim=1) - 1).clamp_min(0)  # (B, T)
-
-    causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
-    diagonal = torch.eye(width, dtype=torch.bool, device=device)
-    allowed = (causal & real[:, None, :]) | diagonal  # (B, T, T)
-    cache = KeyValueCache(model.config.n_layers)
-    logits = model(tokens, positions=positions, allowed=allowed[:, None], cache=cache)
-
+    """Generate answers for one batch: the most likely token at every step, until ``<eos>``."""
+    scorer = CachedScorer(
+        model, [tokenizer.encode_prompt(q) for q in questions], tokenizer.pad_id, device
+    )
+    logits = scorer.start()
+    rows = torch.arange(len(questions), device=device)
     generated = []
-    finished = torch.zeros(len(prompts), dtype=torch.bool, device=device)
-    next_position = positions[:, -1:] + 1  # (B, 1)
+    finished = torch.zeros(len(questions), dtype=torch.bool, device=device)
     for _ in range(max_new_tokens):
-        next_token = logits[:, -1].argmax(dim=-1)  # (B,)
+        next_token = logits.argmax(dim=-1)  # (B,)
         next_token = torch.where(finished, tokenizer.end_id, next_token)
         generated.append(next_token)
         finished |= next_token == tokenizer.end_id
         if bool(finished.all()):
             break
-        real = torch.cat((real, torch.ones_like(real[:, :1])), dim=1)  # (B, S)
-        logits = model(
-            next_token[:, None],
-            positions=next_position,
-            allowed=real[:, None, None, :],
-            cache=cache,
-        )
-        next_position = next_position + 1
-    rows = torch.stack(generated, dim=1).tolist()  # (B, generated)
-    return [tokenizer.decode(row) for row in rows]
+        logits = scorer.extend(rows, next_token)
+    answers = torch.stack(generated, dim=1).tolist()  # (B, generated)
+    return [tokenizer.decode(answer) for answer in answers]
 
 
 def greedy_answers(
     model: Transformer,
-    tokenizer: CharTokenizer,
+    tokenizer: PromptAnswerTokenizer,
     questions: Sequence[str],
     *,
     batch_size: int,
@@ -113,7 +150,7 @@ class Evaluation:
 
 def evaluate(
     model: Transformer,
-    tokenizer: CharTokenizer,
+    tokenizer: PromptAnswerTokenizer,
     splits: Mapping[str, Sequence[tuple[str, str]]],
     *,
     batch_size: int,

@@ -34,8 +34,9 @@ __all__ = [
 
 #: ``progress(steps_done_since_last_call)``.
 Progress = Callable[[int], None]
-#: ``step(step_index, learning_rate) -> (loss, ce, ntl or None)``, after the update.
-Step = Callable[[int, float], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]
+#: ``step(step_index, learning_rate) -> (loss, ce, ntl)``, after the update; ``ce`` (the token
+#: cross-entropy) and ``ntl`` are None for arms that do not compute them.
+Step = Callable[[int, float], tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]]
 
 # Step times of the first steps include one-off allocations; the median skips them.
 _TIMING_WARMUP_STEPS = 5
@@ -83,18 +84,19 @@ class _Interval:
         zero = torch.zeros((), dtype=torch.float64)
         return cls(0, zero, zero.clone(), zero.clone())
 
-    def add(self, loss: torch.Tensor, ce: torch.Tensor, ntl: torch.Tensor | None) -> None:
+    def add(self, loss: torch.Tensor, ce: torch.Tensor | None, ntl: torch.Tensor | None) -> None:
         self.steps += 1
         self.loss = self.loss + loss.detach().cpu().double()
-        self.ce = self.ce + ce.detach().cpu().double()
+        if ce is not None:
+            self.ce = self.ce + ce.detach().cpu().double()
         if ntl is not None:
             self.ntl = self.ntl + ntl.detach().cpu().double()
 
-    def entry(self, step: int, has_ntl: bool) -> dict[str, Any]:
+    def entry(self, step: int, has_ce: bool, has_ntl: bool) -> dict[str, Any]:
         return {
             "step": step,
             "loss": float(self.loss) / self.steps,
-            "ce": float(self.ce) / self.steps,
+            "ce": float(self.ce) / self.steps if has_ce else None,
             "ntl": float(self.ntl) / self.steps if has_ntl else None,
         }
 
@@ -122,6 +124,7 @@ def train_with_checkpoints(
     directory: Path,
     *,
     has_ntl: bool,
+    has_ce: bool = True,
     progress: Progress | None = None,
 ) -> TrainingLog:
     """Run ``step`` for steps ``0 .. config.steps - 1`` with the schedule of
@@ -151,7 +154,7 @@ def train_with_checkpoints(
 
         done = index + 1
         if done % config.log_every == 0 or done == config.steps:
-            history.append(interval.entry(done, has_ntl))
+            history.append(interval.entry(done, has_ce, has_ntl))
             interval = _Interval.empty()
         if done % config.checkpoint_every == 0 and done < config.steps:
             save_atomically(

@@ -69,6 +69,13 @@ class KeyValueCache:
         self.keys[layer], self.values[layer] = keys, values
         return keys, values
 
+    def select(self, rows: torch.Tensor) -> KeyValueCache:
+        """A cache of the sequences ``rows`` (M,) of this one, in that order (rows may repeat)."""
+        selected = KeyValueCache(len(self.keys))
+        selected.keys = [None if k is None else k.index_select(0, rows) for k in self.keys]
+        selected.values = [None if v is None else v.index_select(0, rows) for v in self.values]
+        return selected
+
 
 class _Attention(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
@@ -160,6 +167,27 @@ class Transformer(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
+    def features(
+        self,
+        tokens: torch.Tensor,
+        *,
+        positions: torch.Tensor | None = None,
+        allowed: torch.Tensor | None = None,
+        cache: KeyValueCache | None = None,
+    ) -> torch.Tensor:
+        """tokens (B, T) -> the final (normalised) hidden states (B, T, C)."""
+        if positions is None:
+            positions = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
+        x = self.embedding(tokens)  # (B, T, C)
+        for layer, block in enumerate(self.blocks):
+            x = block(x, positions, allowed, cache, layer)
+        normalised: torch.Tensor = self.final_norm(x)
+        return normalised
+
+    def logits(self, features: torch.Tensor) -> torch.Tensor:
+        """Hidden states (..., C) -> logits (..., V); the output layer is the embedding matrix."""
+        return F.linear(features, self.embedding.weight)
+
     def forward(
         self,
         tokens: torch.Tensor,
@@ -168,13 +196,9 @@ class Transformer(nn.Module):
         allowed: torch.Tensor | None = None,
         cache: KeyValueCache | None = None,
     ) -> torch.Tensor:
-        """tokens (B, T) -> logits (B, T, V); the output layer is the embedding matrix."""
-        if positions is None:
-            positions = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
-        x = self.embedding(tokens)  # (B, T, C)
-        for layer, block in enumerate(self.blocks):
-            x = block(x, positions, allowed, cache, layer)
-        return F.linear(self.final_norm(x), self.embedding.weight)  # (B, T, V)
+        """tokens (B, T) -> logits (B, T, V)."""
+        hidden = self.features(tokens, positions=positions, allowed=allowed, cache=cache)
+        return self.logits(hidden)  # (B, T, V)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

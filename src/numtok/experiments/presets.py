@@ -1,18 +1,26 @@
-"""Named settings: ``demo`` (the default of ``numtok demo``) and the longer ``repro`` presets."""
+"""Named settings: ``demo`` (the default of ``numtok demo``), the longer arithmetic ``repro``
+presets and the rJokes presets."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from numtok.experiments.config import ExperimentConfig
+from numtok.experiments.config import ExperimentConfig, TrainingConfig
+from numtok.experiments.rjokes.config import RJokesConfig
 
-__all__ = ["DEFAULT_REPRO_PRESET", "PRESETS", "Preset", "check_preset"]
+__all__ = [
+    "DEFAULT_REPRO_PRESET",
+    "DEFAULT_RJOKES_PRESET",
+    "PRESETS",
+    "Preset",
+    "check_preset",
+]
 
 
 @dataclass(frozen=True)
 class Preset:
     name: str
-    config: ExperimentConfig
+    config: TrainingConfig
     description: str
 
 
@@ -75,9 +83,36 @@ PRESETS: dict[str, Preset] = {
             "the paper's ablation task, 4-layer d=256 model, 20k steps × 128, 3 seeds: "
             "days on CPU; meant for a GPU (--device cuda)",
         ),
+        Preset(
+            "rjokes",
+            RJokesConfig(),
+            "rJokes regression: CE, CE+NTL-WAS, CE+NTL-MSE and a regression head, 500 steps × "
+            "64, 3 seeds, 2000 test jokes: ≤15 min on 2 cores (needs the rJokes data folder)",
+        ),
+        Preset(
+            "rjokes-smoke",
+            RJokesConfig(
+                steps=30,
+                seeds=(0, 1),
+                batch_size=16,
+                d_model=32,
+                n_layers=1,
+                n_heads=2,
+                warmup_steps=5,
+                vocabulary_words=500,
+                validation_jokes=20,
+                eval_jokes=20,
+                eval_batch_size=20,
+                log_every=5,
+                checkpoint_every=10,
+            ),
+            "a seconds-long rJokes run through every stage (set-up check; the tests use it)",
+        ),
     )
 }
 
+#: The preset ``numtok repro --task rjokes`` runs when none is named.
+DEFAULT_RJOKES_PRESET = "rjokes"
 #: The preset ``numtok repro`` runs when none is named: the smallest budget we measured at which
 #: the models have learned to add (~30 % exact on easy questions) and arm differences exceed the
 #: seed spread on every split, more often than chance (README "Does NTL help", 2026-11-30).

@@ -1,11 +1,8 @@
 """Summaries of a finished run: ``results.json``, ``report.md``, ``curves.png`` and the table
 printed at the end of ``numtok demo``.
 
-Seeds are the unit of replication. For each split, arm and metric the report gives the mean and
-standard deviation over seeds, and the *paired* difference to CE seed by seed (both arms of a seed
-share initial weights and batches, so the pairing removes the large seed-to-seed variation of
-when learning takes off). A difference "exceeds the seed spread" when a two-sided paired t-test
-over seeds rejects "no difference" at the 5 % level: ``|mean Δ| > t(0.975, n-1) · sd(Δ)/√n``.
+For each split, arm and metric the report gives the mean and standard deviation over seeds, and
+the *paired* difference to CE seed by seed, tested as :mod:`numtok.experiments.stats` describes.
 """
 
 from __future__ import annotations
@@ -13,23 +10,21 @@ from __future__ import annotations
 import datetime
 import json
 import math
-import os
-import platform
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-
-import torch
 
 import numtok
 from numtok.experiments.config import ExperimentConfig
 from numtok.experiments.data import TASKS
 from numtok.experiments.model import Transformer
 from numtok.experiments.objectives import ARM_LABELS
+from numtok.experiments.report_format import hardware, json_safe, table
+from numtok.experiments.stats import paired_comparison, summarise
 from numtok.experiments.tokenizer import CharTokenizer
 
-__all__ = ["METRICS", "format_table", "paired_test", "write_report"]
+__all__ = ["METRICS", "format_table", "write_report"]
 
 #: Metrics shown and tested: name -> (column title, higher is better). Plain MAE is left out: a
 #: few generations with many extra digits decide it (1e16 and more).
@@ -49,39 +44,6 @@ SPLIT_LABELS = {
     "interpolate": "interpolation (test setting)",
     "extrapolate": "extrapolation (bigger numbers / longer)",
 }
-# Two-sided 95 % critical values of Student's t for 1..30 degrees of freedom; 30's is used
-# beyond (slightly conservative).
-_T_975 = (
-    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
-)  # fmt: skip
-
-
-def _finite(values: Sequence[float | None]) -> list[float]:
-    return [v for v in values if v is not None and math.isfinite(v)]
-
-
-def _summary(values: Sequence[float | None]) -> dict[str, Any]:
-    finite = _finite(values)
-    return {
-        "mean": statistics.fmean(finite) if finite else None,
-        "std": statistics.stdev(finite) if len(finite) > 1 else None,
-        "values": list(values),
-    }
-
-
-def paired_test(differences: Sequence[float]) -> tuple[float | None, bool | None]:
-    """(t statistic, exceeds the seed spread) for per-seed differences; (None, None) when fewer
-    than two seeds leave the spread unknown."""
-    n = len(differences)
-    if n < 2:
-        return None, None
-    mean, sd = statistics.fmean(differences), statistics.stdev(differences)
-    if sd == 0:
-        return (math.inf if mean else 0.0), mean != 0
-    t = mean / (sd / math.sqrt(n))
-    return t, abs(t) > _T_975[min(n - 1, len(_T_975)) - 1]
 
 
 def _by_seed(results: Sequence[dict[str, Any]]) -> dict[tuple[int, str], dict[str, Any]]:
@@ -99,23 +61,17 @@ def _summarise(
         summary[split], paired[split] = {}, {}
         for arm in config.arms:
             summary[split][arm] = {
-                metric: _summary([runs[(s, arm)]["metrics"][split][metric] for s in config.seeds])
+                metric: summarise([runs[(s, arm)]["metrics"][split][metric] for s in config.seeds])
                 for metric in METRICS
             }
             if arm == "ce":
                 continue
             paired[split][arm] = {}
             for metric in METRICS:
-                pairs = [
-                    (
-                        runs[(s, arm)]["metrics"][split][metric],
-                        runs[(s, "ce")]["metrics"][split][metric],
-                    )
-                    for s in config.seeds
-                ]
-                differences = [a - b for a, b in pairs if _finite([a, b]) == [a, b]]
-                t, exceeds = paired_test(differences)
-                paired[split][arm][metric] = {**_summary(differences), "t": t, "exceeds": exceeds}
+                paired[split][arm][metric] = paired_comparison(
+                    [runs[(s, arm)]["metrics"][split][metric] for s in config.seeds],
+                    [runs[(s, "ce")]["metrics"][split][metric] for s in config.seeds],
+                )
     return summary, paired
 
 
@@ -160,32 +116,6 @@ def _verdict(config: ExperimentConfig, paired: dict[str, Any]) -> tuple[str, lis
     return text, hits
 
 
-def _hardware(config: ExperimentConfig) -> dict[str, Any]:
-    info: dict[str, Any] = {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "device": config.device,
-        "threads_per_worker": config.threads,
-    }
-    if config.device.startswith("cuda"):
-        info["gpu"] = torch.cuda.get_device_name(torch.device(config.device))
-    return info
-
-
-def _json_safe(value: Any) -> Any:
-    """NaN and infinities become null: results.json stays standard JSON."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value
-
-
 def _format_value(metric: str, value: float | None) -> str:
     if value is None:
         return "n/a"
@@ -215,7 +145,7 @@ def format_table(results: dict[str, Any], *, markdown: bool = False) -> str:
         for arm in config.arms:
             entry = results["summary"][split][arm]
             rows.append([split, ARM_LABELS[arm], *(_mean_std(m, entry[m]) for m in METRICS)])
-    return _table(header, rows, markdown)
+    return table(header, rows, markdown=markdown)
 
 
 def _differences_table(results: dict[str, Any]) -> str:
@@ -233,19 +163,7 @@ def _differences_table(results: dict[str, Any]) -> str:
                 mark = " **\\***" if entry["exceeds"] else ""
                 cells.append(f"{_signed(metric, entry['mean'])}{mark} ({per_seed})")
             rows.append([split, ARM_LABELS[arm], *cells])
-    return _table(header, rows, markdown=True)
-
-
-def _table(header: list[str], rows: list[list[str]], markdown: bool) -> str:
-    if markdown:
-        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        lines += ["| " + " | ".join(row) + " |" for row in rows]
-        return "\n".join(lines)
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(header, widths, strict=True)).rstrip()]
-    lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-    return "\n".join(lines)
+    return table(header, rows, markdown=True)
 
 
 def overhead_lines(results: dict[str, Any]) -> list[str]:
@@ -436,12 +354,12 @@ def write_report(
     results (as stored in results.json)."""
     summary, paired = _summarise(config, runs)
     verdict, hits = _verdict(config, paired)
-    results = _json_safe(
+    results = json_safe(
         {
             "numtok_version": numtok.__version__,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": command,
-            "hardware": _hardware(config),
+            "hardware": hardware(config.device, config.threads),
             "wall_seconds": wall_seconds,
             "workers": workers,
             "config": config.to_dict(),

@@ -1,0 +1,93 @@
+"""What the ``numtok`` command runs, for either task: checks before any work, the run, and the
+lines it prints at the end. (Importing this needs the ``demo`` extra.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from numtok.experiments.compat import load_mathematics_dataset
+from numtok.experiments.config import ExperimentConfig, TrainingConfig
+from numtok.experiments.data import TASKS
+from numtok.experiments.presets import (
+    DEFAULT_REPRO_PRESET,
+    DEFAULT_RJOKES_PRESET,
+    PRESETS,
+    check_preset,
+)
+from numtok.experiments.report import format_table, overhead_lines
+from numtok.experiments.rjokes.config import RJokesConfig
+from numtok.experiments.rjokes.data import find_data_dir
+from numtok.experiments.rjokes.report import summary_table, verdict_lines
+from numtok.experiments.rjokes.runner import run_rjokes
+from numtok.experiments.run_folder import prepare_run_dir
+from numtok.experiments.runner import run_experiment
+
+__all__ = [
+    "DEFAULT_REPRO_PRESET",
+    "DEFAULT_RJOKES_PRESET",
+    "PRESETS",
+    "TASKS",
+    "RJokesConfig",
+    "check_prerequisites",
+    "check_preset",
+    "prepare_run_dir",
+    "run_and_summarise",
+]
+
+
+def check_prerequisites(config: TrainingConfig, data_dir: Path | None) -> None:
+    """What a run needs besides its settings: the rJokes files, or the Mathematics generator."""
+    if isinstance(config, RJokesConfig):
+        find_data_dir(data_dir)
+    else:
+        load_mathematics_dataset()
+
+
+def run_and_summarise(
+    config: TrainingConfig,
+    run_dir: Path,
+    *,
+    workers: int,
+    data_dir: Path | None,
+    cache_dir: Path | None,
+    show_progress: bool,
+    command: str,
+) -> list[str]:
+    """Run (or resume) the comparison and return the summary lines to print."""
+    if isinstance(config, RJokesConfig):
+        results = run_rjokes(
+            config,
+            run_dir,
+            data_dir=data_dir,
+            workers=workers,
+            show_progress=show_progress,
+            command=command,
+        )
+        return [
+            f"rJokes, {config.evaluate_on} split ({results['data']['evaluated']} jokes): mean ± "
+            f"std over {len(config.seeds)} seeds, {config.steps} steps",
+            summary_table(results, markdown=False),
+            "",
+            *verdict_lines(results),
+            f"wall time {results['wall_seconds'] / 60:.1f} min",
+            "report.md, results.json (a flat table 'rows') and report.png are in the run folder",
+        ]
+    assert isinstance(config, ExperimentConfig)
+    results = run_experiment(
+        config,
+        run_dir,
+        workers=workers,
+        cache_dir=cache_dir,
+        show_progress=show_progress,
+        command=command,
+    )
+    return [
+        f"{config.task}: mean ± std over {len(config.seeds)} seeds, {config.steps} steps",
+        format_table(results),
+        "",
+        results["verdict"],
+        *(f"  - {hit}" for hit in results["verdict_hits"]),
+        *overhead_lines(results),
+        f"wall time {results['wall_seconds'] / 60:.1f} min",
+        "report.md, results.json and curves.png are in the run folder",
+    ]

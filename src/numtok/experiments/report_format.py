@@ -1,0 +1,54 @@
+"""What every run's report shares: a description of the machine, JSON without NaN, and tables
+as aligned text or Markdown."""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+__all__ = ["hardware", "json_safe", "table"]
+
+
+def hardware(device: str, threads: int) -> dict[str, Any]:
+    """The platform, CPU count, Python and torch versions, and the device a run used."""
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "device": device,
+        "threads_per_worker": threads,
+    }
+    if device.startswith("cuda"):
+        info["gpu"] = torch.cuda.get_device_name(torch.device(device))
+    return info
+
+
+def json_safe(value: Any) -> Any:
+    """NaN and infinities become null: results.json stays standard JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]], *, markdown: bool) -> str:
+    """Rows of cells under a header: a Markdown table, or text columns aligned with spaces."""
+    if markdown:
+        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
+        return "\n".join(lines)
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(header, widths, strict=True)).rstrip()]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    return "\n".join(lines)

@@ -1,0 +1,66 @@
+"""The settings of one rJokes comparison, checked before any work starts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from numtok.experiments.config import (
+    TrainingConfig,
+    check_non_negative_int,
+    check_number,
+    check_positive_int,
+)
+from numtok.readout import check_max_digits
+
+__all__ = ["EVALUATION_SPLITS", "RJOKES_ARMS", "RJokesConfig"]
+
+#: The arms, in report order: cross-entropy, CE + λ·NTL-WAS, CE + λ·NTL-MSE, a scalar regression
+#: head on the same trunk, and (optional) Gaussian-label-smoothed CE.
+RJOKES_ARMS = ("ce", "was", "mse", "head", "gls")
+#: ``validation`` (held out of the training file) while choosing settings; ``test`` once.
+EVALUATION_SPLITS = ("validation", "test")
+
+
+@dataclass(frozen=True)
+class RJokesConfig(TrainingConfig):
+    """Everything that determines an rJokes run's results (the data folder, ``workers`` and
+    output folders do not). The defaults are the ``rjokes`` preset.
+
+    A joke is cut to its first ``max_prompt_tokens`` tokens (a word-level vocabulary of the
+    ``vocabulary_words`` most frequent words of the training jokes, plus the ten digits); the
+    model answers with the score's digits. ``eval_jokes`` jokes of the ``evaluate_on`` split are
+    scored (0: all of them); number readouts enumerate answers of up to ``max_digits`` digits,
+    extending only prefixes at least ``min_probability`` likely (0: all; the probability this
+    leaves out is reported as ``pruned``).
+    """
+
+    ARMS: ClassVar[tuple[str, ...]] = RJOKES_ARMS
+
+    task: str = "rjokes"
+    arms: tuple[str, ...] = ("ce", "was", "mse", "head")
+    steps: int = 500
+    warmup_steps: int = 50
+    max_prompt_tokens: int = 48
+    vocabulary_words: int = 12_000
+    validation_jokes: int = 4_000
+    evaluate_on: str = "test"
+    eval_jokes: int = 2_000
+    max_digits: int = 2
+    min_probability: float = 1e-6
+
+    def validate(self) -> None:
+        if self.task != "rjokes":
+            raise ValueError(f"task must be 'rjokes' for an RJokesConfig, got {self.task!r}")
+        super().validate()
+        for name in ("max_prompt_tokens", "vocabulary_words", "validation_jokes"):
+            check_positive_int(name, getattr(self, name))
+        check_non_negative_int("eval_jokes", self.eval_jokes)
+        if self.evaluate_on not in EVALUATION_SPLITS:
+            raise ValueError(
+                f"evaluate_on must be one of {list(EVALUATION_SPLITS)}, got {self.evaluate_on!r}"
+            )
+        check_max_digits(self.max_digits)
+        check_number("min_probability", self.min_probability, minimum=0.0, strict=False)
+        if self.min_probability >= 1:
+            raise ValueError(f"min_probability must be below 1, got {self.min_probability}")

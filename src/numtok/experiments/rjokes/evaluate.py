@@ -1,0 +1,157 @@
+"""Scoring an rJokes arm: its predicted score for every evaluation joke under each readout, and
+the regression metrics of each readout.
+
+Token arms are read out three ways: ``greedy`` (decode the most likely token at each step and
+parse the number, as the paper does), ``expected`` (the mean of the model's distribution over
+whole numbers) and ``median`` (its median), both from :func:`numtok.readout.number_distribution`,
+exact for answers of up to ``max_digits`` digits. The ``head`` arm predicts its scalar.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from numtok.experiments.evaluate import CachedScorer, greedy_answers
+from numtok.experiments.model import Transformer
+from numtok.experiments.rjokes.data import Joke
+from numtok.experiments.rjokes.model import ScoreRegressor
+from numtok.experiments.tokenizer import WordTokenizer
+from numtok.metrics import numeric_metrics
+from numtok.readout import number_distribution
+from numtok.text_numbers import last_number
+
+__all__ = [
+    "REGRESSION_METRICS",
+    "TOKEN_READOUTS",
+    "head_predictions",
+    "mean_by_score",
+    "readouts_of",
+    "regression_metrics",
+    "token_predictions",
+]
+
+TOKEN_READOUTS = ("greedy", "expected", "median")
+#: Metric -> (column title, higher is better).
+REGRESSION_METRICS: dict[str, tuple[str, bool]] = {
+    "rmse": ("RMSE", False),
+    "mae": ("MAE", False),
+    "pearson": ("Pearson", True),
+    "spearman": ("Spearman", True),
+    "accuracy": ("exact acc", True),
+    "unparseable": ("unparseable", False),
+}
+# Prompts per enumeration batch: at 2 digits the cache holds 100 rows per prompt.
+_READOUT_PROMPTS = 16
+# Greedy answers longer than this are cut (a score has at most two digits, then <eos>).
+_GREEDY_TOKENS = 6
+
+Predictions = list[float | None]
+
+
+def readouts_of(arm: str) -> tuple[str, ...]:
+    return ("head",) if arm == "head" else TOKEN_READOUTS
+
+
+def _by_length(prompts: Sequence[list[int]], size: int) -> list[list[int]]:
+    """Indices of ``prompts`` in batches of ``size`` similar lengths (little padding)."""
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    return [order[start : start + size] for start in range(0, len(order), size)]
+
+
+def _finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+@torch.no_grad()
+def token_predictions(
+    model: Transformer,
+    tokenizer: WordTokenizer,
+    jokes: Sequence[Joke],
+    *,
+    batch_size: int,
+    max_digits: int,
+    min_probability: float,
+    device: torch.device,
+) -> tuple[dict[str, Predictions], list[float], list[float]]:
+    """Each readout's prediction per joke (None: no number), and per joke the probability mass
+    the distribution readouts cover and the probability pruning left out (bounded)."""
+    was_training = model.training
+    model.eval()
+    texts = [text for text, _ in jokes]
+    greedy = greedy_answers(
+        model, tokenizer, texts, batch_size=batch_size, device=device, max_new_tokens=_GREEDY_TOKENS
+    )
+    predictions: dict[str, Predictions] = {"greedy": [last_number(answer) for answer in greedy]}
+    mean: Predictions = [None] * len(jokes)
+    median: Predictions = [None] * len(jokes)
+    mass = [0.0] * len(jokes)
+    pruned = [0.0] * len(jokes)
+    vocab = tokenizer.number_vocab()
+    prompts = [tokenizer.encode_prompt(text) for text in texts]
+    for chunk in _by_length(prompts, _READOUT_PROMPTS):
+        scorer = CachedScorer(model, [prompts[i] for i in chunk], tokenizer.pad_id, device)
+        distribution = number_distribution(
+            scorer, vocab, max_digits=max_digits, min_probability=min_probability
+        )
+        for row, index in enumerate(chunk):
+            mean[index] = _finite_or_none(float(distribution.mean[row]))
+            median[index] = _finite_or_none(float(distribution.median[row]))
+            mass[index] = float(distribution.mass[row])
+            pruned[index] = float(distribution.pruned[row])
+    predictions["expected"], predictions["median"] = mean, median
+    model.train(was_training)
+    return predictions, mass, pruned
+
+
+@torch.no_grad()
+def head_predictions(
+    model: ScoreRegressor,
+    tokenizer: WordTokenizer,
+    jokes: Sequence[Joke],
+    *,
+    batch_size: int,
+    mean: float,
+    std: float,
+    device: torch.device,
+) -> dict[str, Predictions]:
+    """The head's score per joke, mapped back from the standardised scale."""
+    was_training = model.training
+    model.eval()
+    prompts = [tokenizer.encode_prompt(text) for text, _ in jokes]
+    scores: Predictions = [None] * len(jokes)
+    for chunk in _by_length(prompts, batch_size):
+        scorer = CachedScorer(model.trunk, [prompts[i] for i in chunk], tokenizer.pad_id, device)
+        predicted = model(scorer.prefill()) * std + mean  # (B,)
+        for index, value in zip(chunk, predicted.tolist(), strict=True):
+            scores[index] = value
+    model.train(was_training)
+    return {"head": scores}
+
+
+def mean_by_score(predictions: Predictions, scores: Sequence[int]) -> dict[str, float]:
+    """The mean prediction for each true score (jokes without a prediction left out)."""
+    sums: dict[int, list[float]] = {}
+    for value, score in zip(predictions, scores, strict=True):
+        if value is not None:
+            sums.setdefault(score, []).append(value)
+    return {str(score): sum(values) / len(values) for score, values in sorted(sums.items())}
+
+
+def regression_metrics(predictions: Predictions, scores: Sequence[int]) -> dict[str, Any]:
+    """RMSE, MAE, Pearson and Spearman over the jokes with a prediction; ``accuracy``: the share
+    of all jokes whose prediction rounds to the true score (|prediction − score| ≤ 0.5);
+    ``unparseable``: the share without a prediction."""
+    texts = ["" if value is None else repr(value) for value in predictions]
+    metrics = numeric_metrics(texts, list(scores), tolerance=0.5)
+    return {
+        "rmse": metrics.rmse,
+        "mae": metrics.mae,
+        "pearson": metrics.pearson,
+        "spearman": metrics.spearman,
+        "accuracy": metrics.exact_accuracy,
+        "unparseable": metrics.unparseable_rate,
+    }

@@ -1,0 +1,462 @@
+"""Summaries of a finished rJokes run: ``results.json``, ``report.md`` and ``report.png``.
+
+``results.json`` holds a flat table ``rows``, one row per (arm, readout, seed, split) with the
+metrics as keys, ready for a data frame; ``summary`` (mean ± std over seeds per arm and
+readout); ``comparisons``, paired differences seed by seed (:mod:`numtok.experiments.stats`) of
+three kinds: ``ntl_vs_ce`` (each other token arm against CE under the same readout),
+``readout_vs_greedy`` (each distribution readout against greedy decoding within an arm) and
+``vs_head`` (every token arm and readout against the regression head); and the constant
+predictions (training mean, median and mode) scored on the same jokes, for scale.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numtok
+from numtok.experiments.model import Transformer
+from numtok.experiments.objectives import ARM_LABELS
+from numtok.experiments.report_format import hardware, json_safe, table
+from numtok.experiments.rjokes.config import RJokesConfig
+from numtok.experiments.rjokes.data import Joke
+from numtok.experiments.rjokes.evaluate import (
+    REGRESSION_METRICS,
+    TOKEN_READOUTS,
+    readouts_of,
+    regression_metrics,
+)
+from numtok.experiments.stats import paired_comparison, summarise
+
+__all__ = ["LABELS", "PUBLISHED", "constant_predictions", "summary_table", "write_report"]
+
+LABELS = {**ARM_LABELS, "head": "regression head"}
+#: The metrics the comparisons test (the unparseable rate is shown, not tested).
+TESTED = ("rmse", "mae", "pearson", "spearman", "accuracy")
+#: The dataset paper's regression baselines, trained on the full 550k-joke train split (not
+#: available offline): rJokesData ``analysis/regression_results_base.csv``.
+PUBLISHED = (
+    "BERT-base Pearson 0.44–0.47, RMSE 1.63–1.88; RoBERTa-base Pearson 0.45–0.47, RMSE 1.64–1.88 "
+    "(Weller and Seppi 2020, trained on the full 550k-joke train split)"
+)
+COMPARISON_TITLES = {
+    "ntl_vs_ce": "Each arm against CE, same readout (arm − CE)",
+    "readout_vs_greedy": "Distribution readouts against greedy decoding (readout − greedy)",
+    "vs_head": "Token arms against the regression head (arm − head)",
+}
+_COLOURS = {"ce": "tab:gray", "was": "tab:blue", "mse": "tab:orange", "gls": "tab:green"}
+_EXAMPLES = 5
+
+
+def _pairs(config: RJokesConfig) -> list[tuple[str, str]]:
+    """The (arm, readout) pairs of a run, in report order."""
+    return [(arm, readout) for arm in config.arms for readout in readouts_of(arm)]
+
+
+def _name(arm: str, readout: str) -> str:
+    return LABELS[arm] if arm == "head" else f"{LABELS[arm]}, {readout}"
+
+
+def _rows(config: RJokesConfig, runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    rows = []
+    for run in sorted(runs, key=lambda r: (config.arms.index(r["arm"]), r["seed"])):
+        for readout, metrics in run["metrics"].items():
+            distribution = readout in ("expected", "median")
+            rows.append(
+                {
+                    "arm": run["arm"],
+                    "readout": readout,
+                    "seed": run["seed"],
+                    "split": config.evaluate_on,
+                    **metrics,
+                    "mass": run["mass"] if distribution else None,
+                    "pruned": run["pruned"] if distribution else None,
+                }
+            )
+    return rows
+
+
+def _values(
+    runs: dict[tuple[int, str], dict[str, Any]],
+    seeds: Sequence[int],
+    arm: str,
+    readout: str,
+    metric: str,
+) -> list[float | None]:
+    return [runs[(seed, arm)]["metrics"][readout][metric] for seed in seeds]
+
+
+def _comparisons(
+    config: RJokesConfig, runs: dict[tuple[int, str], dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Paired comparisons ``(arm, readout) − (baseline arm, baseline readout)``."""
+    token_arms = [arm for arm in config.arms if arm != "head"]
+    wanted = [
+        ("ntl_vs_ce", arm, readout, "ce", readout)
+        for arm in token_arms
+        if arm != "ce"
+        for readout in TOKEN_READOUTS
+    ]
+    wanted += [
+        ("readout_vs_greedy", arm, readout, arm, "greedy")
+        for arm in token_arms
+        for readout in TOKEN_READOUTS
+        if readout != "greedy"
+    ]
+    if "head" in config.arms:
+        wanted += [
+            ("vs_head", arm, readout, "head", "head")
+            for arm in token_arms
+            for readout in TOKEN_READOUTS
+        ]
+    return [
+        {
+            "kind": kind,
+            "arm": arm,
+            "readout": readout,
+            "baseline_arm": base_arm,
+            "baseline_readout": base_readout,
+            **{
+                metric: paired_comparison(
+                    _values(runs, config.seeds, arm, readout, metric),
+                    _values(runs, config.seeds, base_arm, base_readout, metric),
+                )
+                for metric in TESTED
+            },
+        }
+        for kind, arm, readout, base_arm, base_readout in wanted
+    ]
+
+
+def constant_predictions(train: Sequence[Joke], jokes: Sequence[Joke]) -> dict[str, Any]:
+    """The metrics of predicting one constant for every joke: the training scores' mean, median
+    and mode (correlations are undefined for a constant)."""
+    scores = [score for _, score in train]
+    constants = {
+        "mean": statistics.fmean(scores),
+        "median": statistics.median(scores),
+        "mode": statistics.mode(scores),
+    }
+    truth = [score for _, score in jokes]
+    return {
+        name: {"value": value, **regression_metrics([float(value)] * len(truth), truth)}
+        for name, value in constants.items()
+    }
+
+
+def _number(value: float | None) -> str:
+    return "n/a" if value is None or not math.isfinite(value) else f"{value:.3f}"
+
+
+def _mean_std(entry: dict[str, Any]) -> str:
+    text = _number(entry["mean"])
+    return text if entry["std"] is None else f"{text} ± {_number(entry['std'])}"
+
+
+def _difference(entry: dict[str, Any]) -> str:
+    """``+0.041 [−0.012, +0.094]``, with ``*`` when the difference exceeds the seed spread."""
+    if entry["mean"] is None:
+        return "n/a"
+    text = f"{entry['mean']:+.3f}"
+    if entry["low"] is not None:
+        text += f" [{entry['low']:+.3f}, {entry['high']:+.3f}]"
+    return text + (" **\\***" if entry["exceeds"] else "")
+
+
+def _judgement(entry: dict[str, Any], metric: str) -> str:
+    if entry["mean"] is None or entry["exceeds"] is None:
+        return "n/a"
+    if not entry["exceeds"]:
+        return "within the seed spread"
+    return "better" if (entry["mean"] > 0) == REGRESSION_METRICS[metric][1] else "worse"
+
+
+def summary_table(results: dict[str, Any], *, markdown: bool = True) -> str:
+    """Mean ± std over seeds for every arm and readout, then the constant predictions."""
+    config = RJokesConfig.from_dict(results["config"])
+    header = ["arm", "readout", *(title for title, _ in REGRESSION_METRICS.values()), "mass"]
+    rows = []
+    for arm, readout in _pairs(config):
+        entry = results["summary"][arm][readout]
+        masses = [
+            row["mass"]
+            for row in results["rows"]
+            if (row["arm"], row["readout"]) == (arm, readout) and row["mass"] is not None
+        ]
+        rows.append(
+            [
+                LABELS[arm],
+                readout,
+                *(_mean_std(entry[metric]) for metric in REGRESSION_METRICS),
+                _number(statistics.fmean(masses)) if masses else "-",
+            ]
+        )
+    for name, entry in results["constant_predictions"].items():
+        rows.append(
+            [
+                f"constant: training {name} ({entry['value']:.3g})",
+                "-",
+                *(_number(entry[metric]) for metric in REGRESSION_METRICS),
+                "-",
+            ]
+        )
+    return table(header, rows, markdown=markdown)
+
+
+def _comparison_table(results: dict[str, Any], kind: str) -> str:
+    header = ["arm, readout", "against", *(REGRESSION_METRICS[m][0] for m in TESTED)]
+    rows = [
+        [
+            _name(c["arm"], c["readout"]),
+            _name(c["baseline_arm"], c["baseline_readout"]),
+            *(_difference(c[m]) for m in TESTED),
+        ]
+        for c in results["comparisons"]
+        if c["kind"] == kind
+    ]
+    return table(header, rows, markdown=True)
+
+
+def verdict_lines(results: dict[str, Any]) -> list[str]:
+    """Plain sentences from the comparisons: what NTL changes under each readout, and how far the
+    best token readout is from the head (RMSE is what the head's loss aims at, MAE what the
+    median readout and NTL-WAS aim at)."""
+    if len(results["config"]["seeds"]) < 2:
+        return ["With one seed the seed spread is unknown; run with --seeds 3 or more."]
+    lines = []
+    for comparison in results["comparisons"]:
+        if comparison["kind"] == "readout_vs_greedy":
+            continue
+        parts = [
+            f"{REGRESSION_METRICS[m][0]} {entry['mean']:+.3f} ({_judgement(entry, m)})"
+            for m in ("rmse", "mae", "pearson")
+            if (entry := comparison[m])["mean"] is not None
+        ]
+        lines.append(
+            f"{_name(comparison['arm'], comparison['readout'])} vs "
+            f"{_name(comparison['baseline_arm'], comparison['baseline_readout'])}: "
+            + ", ".join(parts)
+        )
+    return lines
+
+
+def _settings_lines(results: dict[str, Any]) -> list[str]:
+    config = RJokesConfig.from_dict(results["config"])
+    data = results["data"]
+    hw = results["hardware"]
+    pruning = (
+        f"prefixes below {config.min_probability:g} not extended (largest probability left out "
+        f"of one joke's distribution: {results['largest_pruned']:.2g})"
+        if config.min_probability > 0
+        else "every prefix enumerated (exact)"
+    )
+    return [
+        f"- date: {results['date']}",
+        f"- command: `{results['command']}`" if results["command"] else "- command: (API call)",
+        f"- hardware: {hw['platform']}, {hw['cpu_count']} CPU cores, device {hw['device']}, "
+        f"torch {hw['torch']}, {results['workers']} worker process(es) × "
+        f"{hw['threads_per_worker']} thread(s)",
+        f"- wall time of this invocation: {results['wall_seconds'] / 60:.1f} min (a resumed run "
+        "counts only its own part)",
+        f"- data: {', '.join(data['files'])} (sha256 of their bytes {data['digest']}); "
+        f"{data['train']:,} training jokes, {data['validation']:,} held out for validation; "
+        f"evaluated on {data['evaluated']:,} jokes of the {config.evaluate_on} split",
+        f"- model: decoder-only transformer, {config.n_layers} layers, d={config.d_model}, "
+        f"{config.n_heads} heads, RoPE, {results['model_parameters']:,} parameters; word tokens "
+        f"({config.vocabulary_words:,} most frequent training words + the ten digits), a joke "
+        f"cut to {config.max_prompt_tokens} tokens, then `<answer>` and the score's digits",
+        f"- training: {config.steps} steps × batch {config.batch_size}, AdamW lr "
+        f"{config.learning_rate:g}, {config.warmup_steps} warm-up steps then cosine; token arms: "
+        "loss on the answer tokens; head: squared error on the standardised score",
+        f"- arms: {', '.join(LABELS[a] for a in config.arms)}; λ = {config.ntl_weight:g}; seeds "
+        f"{list(config.seeds)} (each seed: same initial trunk and batches for every arm)",
+        f"- readouts: greedy decoding (the paper's), and the mean (`expected`) and median of the "
+        f"model's distribution over whole numbers of up to {config.max_digits} digits; {pruning}",
+    ]
+
+
+def _markdown(results: dict[str, Any]) -> str:
+    config = RJokesConfig.from_dict(results["config"])
+    lines = [
+        "# CE vs CE + λ·NTL vs a regression head on rJokes",
+        "",
+        *_settings_lines(results),
+        "",
+        f"## Results on {config.evaluate_on} (mean ± std over {len(config.seeds)} seeds)",
+        "",
+        "`exact acc`: the share of jokes whose prediction rounds to the true score; `mass`: the "
+        "probability the enumerated numbers cover (the rest went to words, longer numbers or "
+        "pruning). For scale, the published baselines: " + PUBLISHED + ".",
+        "",
+        summary_table(results),
+        "",
+        "## Paired differences",
+        "",
+        "Per seed, then the mean over seeds with its 95 % interval; **\\*** marks a difference "
+        "beyond the seed spread (two-sided paired t-test, 5 %). Lower is better for RMSE and "
+        "MAE, higher for Pearson, Spearman and exact accuracy.",
+        "",
+    ]
+    for kind, title in COMPARISON_TITLES.items():
+        if any(c["kind"] == kind for c in results["comparisons"]):
+            lines += [f"### {title}", "", _comparison_table(results, kind), ""]
+    lines += [
+        "## Verdict",
+        "",
+        *(f"- {line}" for line in verdict_lines(results)),
+        "",
+        "## Cost",
+        "",
+        *_cost_lines(results),
+        "",
+        "## Predictions",
+        "",
+        "![mean prediction per true score, and RMSE / Pearson per arm and readout](report.png)",
+        "",
+        f"Examples (seed {config.seeds[0]}, the first {_EXAMPLES} evaluated jokes):",
+        "",
+    ]
+    first = {r["arm"]: r for r in results["runs"] if r["seed"] == config.seeds[0]}
+    header = ["joke", "score", *(_name(arm, readout) for arm, readout in _pairs(config))]
+    rows = []
+    for index in range(_EXAMPLES):
+        example = first[config.arms[0]]["examples"][index]
+        cells = [example["joke"].replace("|", "/")[:60], str(example["score"])]
+        for arm, readout in _pairs(config):
+            value = first[arm]["examples"][index][readout]
+            cells.append("-" if value is None else f"{value:.2f}")
+        rows.append(cells)
+    lines += [table(header, rows, markdown=True), ""]
+    return "\n".join(lines)
+
+
+def _cost_lines(results: dict[str, Any]) -> list[str]:
+    timing = results["timing"]
+    lines = []
+    ce_ms = 1e3 * timing["arms"]["ce"]["median_seconds"]
+    for arm, entry in timing["arms"].items():
+        if arm == "ce":
+            continue
+        lines.append(
+            f"- {LABELS[arm]}: a training step takes {entry['ratio_to_ce']:.3f}× CE's (median "
+            f"{1e3 * entry['median_seconds']:.1f} ms vs {ce_ms:.1f} ms "
+            f"over {timing['rounds']} interleaved rounds; per-round ratios p20–p80 "
+            f"{entry['ratio_p20']:.3f}–{entry['ratio_p80']:.3f})"
+        )
+    for arm in results["config"]["arms"]:
+        runs = [r for r in results["runs"] if r["arm"] == arm]
+        minutes = statistics.fmean(r["train_seconds"] for r in runs) / 60
+        lines.append(
+            f"- {LABELS[arm]}: training {minutes:.1f} min, scoring "
+            f"{statistics.fmean(r['eval_seconds'] for r in runs):.0f} s per seed"
+        )
+    return lines
+
+
+def _plot(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    config = RJokesConfig.from_dict(results["config"])
+    token_arms = [arm for arm in config.arms if arm != "head"]
+    figure, axes = plt.subplots(2, 3, figsize=(15, 9))
+
+    def by_score(arm: str, readout: str) -> tuple[list[int], list[float]]:
+        """The mean prediction per true score, averaged over seeds."""
+        tables = [r["by_score"][readout] for r in results["runs"] if r["arm"] == arm]
+        scores = sorted({int(s) for t in tables for s in t}, key=int)
+        means = [statistics.fmean(t[str(s)] for t in tables if str(s) in t) for s in scores]
+        return scores, means
+
+    for axis, readout in zip(axes[0], TOKEN_READOUTS, strict=True):
+        top = max(int(s) for r in results["runs"] for t in r["by_score"].values() for s in t)
+        axis.plot([0, top], [0, top], color="black", linewidth=0.8, linestyle=":")
+        for arm in token_arms:
+            axis.plot(*by_score(arm, readout), marker="o", color=_COLOURS[arm], label=LABELS[arm])
+        if "head" in config.arms:
+            axis.plot(*by_score("head", "head"), marker="s", color="tab:red", label="head")
+        axis.set(
+            title=f"{readout}: mean prediction per true score",
+            xlabel="true score",
+            ylabel="mean prediction",
+        )
+        axis.legend(fontsize=8)
+
+    pairs = _pairs(config)
+    names = [_name(arm, readout) for arm, readout in pairs]
+    for axis, metric in zip(axes[1], ("rmse", "mae", "pearson"), strict=True):
+        for index, (arm, readout) in enumerate(pairs):
+            entry = results["summary"][arm][readout][metric]
+            colour = _COLOURS.get(arm, "tab:red")
+            if entry["mean"] is not None:
+                axis.bar(index, entry["mean"], yerr=entry["std"] or 0.0, color=colour, capsize=3)
+            seeds = [v for v in entry["values"] if v is not None]
+            axis.scatter([index] * len(seeds), seeds, color="black", s=8, zorder=3)
+        axis.set_xticks(range(len(pairs)), names, rotation=70, ha="right", fontsize=7)
+        axis.set(title=f"{REGRESSION_METRICS[metric][0]} (mean ± std; dots: seeds)")
+    figure.suptitle(
+        f"rJokes, {config.evaluate_on} split: {config.steps} steps, λ={config.ntl_weight:g}, "
+        f"{len(config.seeds)} seeds"
+    )
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def write_report(
+    config: RJokesConfig,
+    runs: Sequence[dict[str, Any]],
+    timing: dict[str, Any],
+    run_dir: Path,
+    *,
+    data: dict[str, Any],
+    constants: dict[str, Any],
+    vocabulary_size: int,
+    command: str | None,
+    wall_seconds: float,
+    workers: int,
+) -> dict[str, Any]:
+    """Write ``results.json``, ``report.md`` and ``report.png`` into ``run_dir``; return the
+    results (as stored in results.json)."""
+    by_seed = {(r["seed"], r["arm"]): r for r in runs}
+    pruned = [r["pruned"] for r in runs if r["pruned"] is not None]
+    results = json_safe(
+        {
+            "numtok_version": numtok.__version__,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": command,
+            "hardware": hardware(config.device, config.threads),
+            "wall_seconds": wall_seconds,
+            "workers": workers,
+            "config": config.to_dict(),
+            "data": data,
+            "model_parameters": Transformer(config.model_config(vocabulary_size)).num_parameters(),
+            "rows": _rows(config, runs),
+            "summary": {
+                arm: {
+                    readout: {
+                        metric: summarise(_values(by_seed, config.seeds, arm, readout, metric))
+                        for metric in REGRESSION_METRICS
+                    }
+                    for readout in readouts_of(arm)
+                }
+                for arm in config.arms
+            },
+            "comparisons": _comparisons(config, by_seed),
+            "constant_predictions": constants,
+            "largest_pruned": max(pruned, default=0.0),
+            "timing": timing,
+            "runs": list(runs),
+        }
+    )
+    (run_dir / "results.json").write_text(json.dumps(results, indent=1))
+    (run_dir / "report.md").write_text(_markdown(results))
+    _plot(results, run_dir / "report.png")
+    return dict(results)

@@ -1,0 +1,139 @@
+"""Run a whole rJokes comparison: every (seed, arm) in worker processes, the step timing, and
+the report. Rerunning the same settings into the same folder resumes: finished arms are read
+back, interrupted ones continue from their checkpoints."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from numtok.experiments.loop import learning_rate_at
+from numtok.experiments.parallel import Job, open_executor, progress_bar, report_progress
+from numtok.experiments.rjokes.config import RJokesConfig
+from numtok.experiments.rjokes.data import RJokesData, find_data_dir, load_rjokes
+from numtok.experiments.rjokes.report import constant_predictions, write_report
+from numtok.experiments.rjokes.train import (
+    ScoredTrainingSet,
+    arm_step,
+    build_arm,
+    build_tokenizer,
+    evaluation_jokes,
+    train_arm,
+)
+from numtok.experiments.run_folder import prepare_run_dir
+from numtok.experiments.timing import interleaved_step_times
+
+__all__ = ["run_rjokes"]
+
+_TIMING = "timing.json"
+_TIMING_ROUNDS = 20
+
+
+def _arm_job(
+    config_dict: dict[str, Any], seed: int, arm: str, run_dir: str, data_dir: str
+) -> dict[str, Any]:
+    config = RJokesConfig.from_dict(config_dict)
+    data = load_rjokes(data_dir, validation_jokes=config.validation_jokes)
+    return train_arm(config, seed, arm, data, Path(run_dir), progress=report_progress)
+
+
+def _step_times(config: RJokesConfig, data: RJokesData) -> dict[str, Any]:
+    """One training step of every arm, interleaved, on the first seed's weights and batches."""
+    if torch.device(config.device).type == "cpu":
+        torch.set_num_threads(config.threads)
+    tokenizer = build_tokenizer(config, data)
+    training = ScoredTrainingSet(data.train, tokenizer)
+    seed = config.seeds[0]
+    steps = {
+        arm: arm_step(config, seed, *build_arm(config, seed, arm, tokenizer), training)
+        for arm in config.arms
+    }
+    return interleaved_step_times(
+        steps,
+        learning_rate=lambda index: learning_rate_at(index, config),
+        batch_size=config.batch_size,
+        device=config.device,
+        threads=config.threads,
+        rounds=_TIMING_ROUNDS,
+    )
+
+
+def run_rjokes(
+    config: RJokesConfig,
+    run_dir: Path,
+    *,
+    data_dir: Path | str | None = None,
+    workers: int = 1,
+    show_progress: bool = True,
+    command: str | None = None,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Run (or resume) the rJokes comparison described by ``config`` in ``run_dir``.
+
+    Writes ``run_dir/results.json``, ``report.md`` and ``report.png`` and returns the results.
+
+    Args:
+        data_dir: the rJokes ``data/`` folder (default:
+            :func:`~numtok.experiments.rjokes.data.default_data_dir`).
+        workers: processes that train arms at the same time; each uses ``config.threads``
+            threads. Results do not depend on it.
+        command: the command line, recorded in the report.
+        log: where status lines go (default: stderr).
+    """
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be a positive int, got {workers!r}")
+    started = time.perf_counter()
+    say = log or (lambda text: print(text, file=sys.stderr))
+    directory = find_data_dir(data_dir)
+    data = load_rjokes(directory, validation_jokes=config.validation_jokes)
+    run_dir = Path(run_dir)
+    prepare_run_dir(config, run_dir)
+    say(
+        f"numtok: rJokes, arms {', '.join(config.arms)}, seeds {list(config.seeds)}, "
+        f"{config.steps} steps, evaluated on {config.evaluate_on}; run folder {run_dir}"
+    )
+    jobs: list[Job] = [
+        (_arm_job, (config.to_dict(), seed, arm, str(run_dir), str(directory)))
+        for seed in config.seeds
+        for arm in config.arms
+    ]
+    with (
+        open_executor(workers) as executor,
+        progress_bar(show_progress, len(jobs) * config.steps, "training", "step") as bar,
+    ):
+        runs = executor.run(jobs, bar)
+
+    timing_path = run_dir / _TIMING
+    if timing_path.exists():
+        timing = json.loads(timing_path.read_text())
+    else:
+        say("numtok: timing one training step per arm (interleaved rounds)...")
+        timing = _step_times(config, data)
+        timing_path.write_text(json.dumps(timing, indent=1))
+
+    evaluated = evaluation_jokes(config, data)
+    return write_report(
+        config,
+        runs,
+        timing,
+        run_dir,
+        data={
+            "files": data.files,
+            "digest": data.digest,
+            "train": len(data.train),
+            "validation": len(data.validation),
+            "test": len(data.test),
+            "evaluated": len(evaluated),
+        },
+        constants=constant_predictions(data.train, evaluated),
+        vocabulary_size=len(build_tokenizer(config, data)),
+        command=command,
+        wall_seconds=time.perf_counter() - started,
+        workers=workers,
+    )

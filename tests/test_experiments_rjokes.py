@@ -1,0 +1,313 @@
+"""The rJokes comparison on a small generated data folder: data and splits, the word tokenizer,
+paired arms and their losses, the cached readouts against unpadded forward passes, metrics,
+a whole run with its report, resumption, and the command line."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("matplotlib", reason="needs the demo extra: pip install numtok[demo]")
+
+from numtok import number_token_loss
+from numtok.cli import main
+from numtok.experiments.evaluate import CachedScorer
+from numtok.experiments.presets import PRESETS
+from numtok.experiments.rjokes import RJokesConfig, run_rjokes
+from numtok.experiments.rjokes.data import (
+    RJokesData,
+    evaluation_subset,
+    find_data_dir,
+    load_rjokes,
+    read_jokes,
+)
+from numtok.experiments.rjokes.evaluate import (
+    mean_by_score,
+    regression_metrics,
+    token_predictions,
+)
+from numtok.experiments.rjokes.model import ScoreRegressor
+from numtok.experiments.rjokes.report import constant_predictions
+from numtok.experiments.rjokes.train import ScoredTrainingSet, arm_step, build_arm, build_tokenizer
+from numtok.experiments.tokenizer import WordTokenizer
+from numtok.readout import number_distribution
+
+SMOKE: RJokesConfig = PRESETS["rjokes-smoke"].config  # type: ignore[assignment]
+WORDS = [
+    "cat",
+    "dog",
+    "priest",
+    "rabbi",
+    "bar",
+    "walks",
+    "into",
+    "says",
+    "why",
+    "knock",
+    "who",
+    "there",
+    "pun",
+    "wife",
+    "doctor",
+]
+
+
+def write_jokes(path: Path, count: int, seed: int) -> None:
+    """Jokes of 3-40 words; the score counts the words 'pun' and 'priest' (0-11), so it can be
+    learned."""
+    rng = random.Random(seed)
+    lines = []
+    for _ in range(count):
+        words = [rng.choice(WORDS) for _ in range(rng.randint(3, 40))]
+        if rng.random() < 0.2:
+            words.append(str(rng.randint(0, 99)))  # digits inside the joke text
+        score = min(11, sum(w in ("pun", "priest") for w in words))
+        lines.append(f"{score}\t{' '.join(words).capitalize()}!\n")
+    with gzip.open(path, "wt", encoding="utf-8") as file:
+        file.writelines(lines)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("rjokes")
+    write_jokes(directory / "dev.tsv.gz", 300, seed=1)
+    write_jokes(directory / "test.tsv.gz", 200, seed=2)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def data(data_dir: Path) -> RJokesData:
+    return load_rjokes(data_dir, validation_jokes=SMOKE.validation_jokes)
+
+
+def test_validation_is_a_fixed_held_out_slice(data_dir: Path, data: RJokesData) -> None:
+    assert len(data.train) == 280 and len(data.validation) == 20 and len(data.test) == 200
+    pool = read_jokes(data_dir / "dev.tsv.gz")
+    assert sorted(data.train + data.validation) == sorted(pool)
+    again = load_rjokes(data_dir, validation_jokes=20)
+    assert again.validation == data.validation and again.digest == data.digest
+    subset = evaluation_subset(data.test, 50)
+    assert len(subset) == 50 and set(subset) <= set(evaluation_subset(data.test, 120))
+    assert evaluation_subset(data.test, 0) == data.test
+
+
+def test_a_train_file_is_preferred_and_plain_tsv_is_read(tmp_path: Path) -> None:
+    write_jokes(tmp_path / "dev.tsv.gz", 30, seed=3)
+    (tmp_path / "train.tsv").write_text("3\tA priest, a pun.\n0\tKnock knock.\n1\tWho is there?\n")
+    write_jokes(tmp_path / "test.tsv.gz", 10, seed=4)
+    loaded = load_rjokes(tmp_path, validation_jokes=1)
+    assert len(loaded.train) + len(loaded.validation) == 3
+    assert loaded.files[0].endswith("train.tsv")
+
+
+def test_missing_or_bad_data_is_a_clear_error(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.delenv("NUMTOK_RJOKES_DIR", raising=False)
+    with pytest.raises(ValueError, match=r"lacks train\.tsv\(\.gz\) or dev\.tsv\(\.gz\) and test"):
+        find_data_dir(tmp_path)
+    monkeypatch.setenv("NUMTOK_RJOKES_DIR", str(tmp_path / "elsewhere"))
+    with pytest.raises(ValueError, match=r"github\.com/orionw/rJokesData"):
+        find_data_dir(None)
+    (tmp_path / "dev.tsv").write_text("1\tfine\nhigh\tno score\n")
+    with pytest.raises(ValueError, match=r"dev\.tsv:2: expected 'score<TAB>joke'"):
+        read_jokes(tmp_path / "dev.tsv")
+    write_jokes(tmp_path / "test.tsv.gz", 5, seed=0)
+    (tmp_path / "dev.tsv").write_text("1\tfine\n2\talso fine\n")
+    with pytest.raises(ValueError, match=r"validation_jokes must be between 1 and 1 .* got 2"):
+        load_rjokes(tmp_path, validation_jokes=2)
+
+
+def test_word_tokenizer() -> None:
+    tokenizer = WordTokenizer.from_texts(
+        ["The cat, the CAT 12!", "the dog's cat"], max_words=3, max_prompt_tokens=4
+    )
+    assert tokenizer.tokens[3:14] == ["<unk>", *"0123456789"]
+    # "cat" and "the" 3 times each (ties alphabetically), then "!" first of the single ones
+    assert tokenizer.tokens[14:] == ["cat", "the", "!"]
+    ids = tokenizer.encode("the cat 1 2 zebra")
+    assert ids[:2] == [15, 14] and ids[-1] == tokenizer.unknown_id
+    assert tokenizer.encode_prompt("the cat the cat the cat")[-1] == tokenizer.separator_id
+    assert len(tokenizer.encode_prompt("the cat the cat the cat")) == 5
+    assert tokenizer.decode(tokenizer.encode("the cat 1 2")) == "the cat 12"
+    assert tokenizer.number_vocab().digits == list("0123456789")
+    inputs, labels = tokenizer.encode_example("the cat", "10")
+    assert labels == [-100, -100, tokenizer.tokens.index("1"), tokenizer.tokens.index("0"), 2]
+    assert inputs[2] == tokenizer.separator_id
+
+
+def test_arms_share_the_trunk_and_compute_their_losses(data: RJokesData) -> None:
+    config = SMOKE.with_overrides(arms=("ce", "was", "mse", "head", "gls"), ntl_weight=0.7)
+    tokenizer = build_tokenizer(config, data)
+    training = ScoredTrainingSet(data.train, tokenizer)
+    models = {arm: build_arm(config, 3, arm, tokenizer) for arm in config.arms}
+    trunk = models["ce"][0].state_dict()
+    head_model = models["head"][0]
+    assert isinstance(head_model, ScoreRegressor)
+    for arm, (model, _, _) in models.items():
+        state = (
+            model.trunk.state_dict() if isinstance(model, ScoreRegressor) else model.state_dict()
+        )
+        assert all(torch.equal(state[k], v) for k, v in trunk.items()), arm
+    assert float(head_model.head.weight.detach().abs().sum()) == 0.0
+
+    batch = training.batch(3, 0, config.batch_size)
+    vocab = tokenizer.number_vocab()
+    model, optimizer, objective = models["was"]
+    with torch.no_grad():
+        logits = model(batch.inputs, positions=batch.positions, allowed=batch.allowed)
+    loss, ce, ntl = arm_step(config, 3, model, optimizer, objective, training)(0, 1e-3)
+    torch.testing.assert_close(ce, F.cross_entropy(logits.flatten(0, 1), batch.labels.flatten()))
+    torch.testing.assert_close(ntl, number_token_loss(logits, batch.labels, vocab, kind="was"))
+    torch.testing.assert_close(loss, ce + 0.7 * ntl)
+
+    model, optimizer, objective = models["head"]
+    assert isinstance(model, ScoreRegressor)
+    chosen = torch.as_tensor(training.batch_indices(3, 0, config.batch_size))
+    columns = batch.example_offsets + training.answer_offsets[chosen]
+    assert bool((batch.inputs[batch.example_rows, columns] == tokenizer.separator_id).all())
+    with torch.no_grad():
+        hidden = model.trunk.features(
+            batch.inputs, positions=batch.positions, allowed=batch.allowed
+        )
+        expected = F.mse_loss(model(hidden[batch.example_rows, columns]), training.targets[chosen])
+    loss, ce, ntl = arm_step(config, 3, model, optimizer, objective, training)(0, 1e-3)
+    assert ce is None and ntl is None
+    torch.testing.assert_close(loss, expected)
+    scores = torch.tensor([s for _, s in data.train], dtype=torch.float32)
+    torch.testing.assert_close(training.targets * training.score_std + training.score_mean, scores)
+
+
+def test_cached_scorer_matches_unpadded_forward_passes(data: RJokesData) -> None:
+    tokenizer = build_tokenizer(SMOKE, data)
+    model = build_arm(SMOKE, 0, "ce", tokenizer)[0].eval()
+    prompts = [tokenizer.encode_prompt(text) for text, _ in data.test[:5]]
+    assert len({len(p) for p in prompts}) > 1, "prompts of different lengths test the padding"
+    scorer = CachedScorer(model, prompts, tokenizer.pad_id, "cpu")
+
+    def alone(sequence: list[int]) -> torch.Tensor:
+        with torch.no_grad():
+            return model(torch.tensor([sequence]))[0, -1]
+
+    torch.testing.assert_close(scorer.start(), torch.stack([alone(p) for p in prompts]))
+    parents, tokens = torch.tensor([4, 0, 0, 2]), torch.tensor([5, 6, 7, 8])
+    sequences = [[*prompts[p], t] for p, t in zip(parents.tolist(), tokens.tolist(), strict=True)]
+    torch.testing.assert_close(
+        scorer.extend(parents, tokens), torch.stack([alone(s) for s in sequences])
+    )
+    parents, tokens = torch.tensor([3, 1]), torch.tensor([9, 10])
+    sequences = [[*sequences[p], t] for p, t in zip(parents.tolist(), tokens.tolist(), strict=True)]
+    torch.testing.assert_close(
+        scorer.extend(parents, tokens), torch.stack([alone(s) for s in sequences])
+    )
+
+
+def test_token_readouts_are_the_distribution_summaries(data: RJokesData) -> None:
+    tokenizer = build_tokenizer(SMOKE, data)
+    model = build_arm(SMOKE, 0, "ce", tokenizer)[0]
+    jokes = data.test[:20]
+    predictions, mass, pruned = token_predictions(
+        model, tokenizer, jokes, batch_size=7, max_digits=2, min_probability=0.0, device="cpu"
+    )
+    prompts = [tokenizer.encode_prompt(text) for text, _ in jokes]
+    exact = number_distribution(
+        CachedScorer(model, prompts, tokenizer.pad_id, "cpu"), tokenizer.number_vocab()
+    )
+    assert predictions["expected"] == pytest.approx(exact.mean.tolist())
+    assert predictions["median"] == exact.median.tolist()
+    assert mass == pytest.approx(exact.mass.tolist()) and pruned == [0.0] * 20
+    assert len(predictions["greedy"]) == 20
+
+
+def test_regression_metrics() -> None:
+    metrics = regression_metrics([1.0, 2.6, None, 0.0], [1, 2, 3, 0])
+    assert metrics["rmse"] == pytest.approx(math.sqrt(0.36 / 3))
+    assert metrics["mae"] == pytest.approx(0.2)
+    assert metrics["accuracy"] == pytest.approx(0.5)  # 1 and 0 round right; 2.6 does not
+    assert metrics["unparseable"] == pytest.approx(0.25)
+    assert metrics["pearson"] == pytest.approx(2.6 / math.sqrt(3.44 * 2))  # Σdpdr / √(Σdp²Σdr²)
+    assert mean_by_score([1.0, 3.0, None, 2.0], [1, 1, 0, 0]) == {"0": 2.0, "1": 2.0}
+    train = [("a", 0), ("b", 0), ("c", 1), ("d", 5)]
+    constants = constant_predictions(train, [("x", 0), ("y", 2)])
+    assert constants["mean"]["value"] == 1.5 and constants["mode"]["value"] == 0
+    assert constants["median"]["rmse"] == pytest.approx(math.sqrt((0.25 + 2.25) / 2))
+
+
+@pytest.fixture(scope="module")
+def smoke_run(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    run_dir = tmp_path_factory.mktemp("run")
+    results = run_rjokes(SMOKE, run_dir, data_dir=data_dir, show_progress=False)
+    return run_dir, results
+
+
+def test_run_writes_rows_report_and_plot(smoke_run: tuple[Path, Any]) -> None:
+    run_dir, results = smoke_run
+    assert (run_dir / "report.md").exists() and (run_dir / "report.png").stat().st_size > 0
+    stored = json.loads((run_dir / "results.json").read_text())
+    assert stored == results
+    rows = stored["rows"]
+    combinations = {(r["arm"], r["readout"]) for r in rows}
+    assert combinations == {
+        *(
+            (arm, readout)
+            for arm in ("ce", "was", "mse")
+            for readout in ("greedy", "expected", "median")
+        ),
+        ("head", "head"),
+    }
+    assert len(rows) == len(combinations) * len(SMOKE.seeds)
+    keys = {"arm", "readout", "seed", "split", "rmse", "mae", "pearson", "spearman", "accuracy"}
+    assert all(keys | {"unparseable"} <= set(row) and row["split"] == "test" for row in rows)
+    kinds = {c["kind"] for c in stored["comparisons"]}
+    assert kinds == {"ntl_vs_ce", "readout_vs_greedy", "vs_head"}
+    head = next(c for c in stored["comparisons"] if c["kind"] == "vs_head")
+    differences = [
+        a - b
+        for a, b in zip(
+            [r["rmse"] for r in rows if (r["arm"], r["readout"]) == (head["arm"], head["readout"])],
+            [r["rmse"] for r in rows if r["arm"] == "head"],
+            strict=True,
+        )
+    ]
+    assert head["rmse"]["values"] == pytest.approx(differences)
+    report = (run_dir / "report.md").read_text()
+    assert "regression head" in report and "BERT-base" in report and "## Verdict" in report
+
+
+def test_rerun_reads_finished_arms_back(smoke_run: tuple[Path, Any], data_dir: Path) -> None:
+    run_dir, results = smoke_run
+    stamps = {p: p.stat().st_mtime_ns for p in run_dir.glob("seed*/*/result.json")}
+    again = run_rjokes(SMOKE, run_dir, data_dir=data_dir, show_progress=False)
+    assert again["rows"] == results["rows"]
+    assert stamps == {p: p.stat().st_mtime_ns for p in run_dir.glob("seed*/*/result.json")}
+    with pytest.raises(ValueError, match="holds a run with other settings"):
+        run_rjokes(SMOKE.with_overrides(steps=31), run_dir, data_dir=data_dir)
+
+
+def test_command_line(data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    status = main(
+        ["repro", "--preset", "rjokes-smoke", "--seeds", "1", "--arms", "ce,head", "--workers", "1",
+         "--no-progress", "--data-dir", str(data_dir), "--out", str(tmp_path / "run")]
+    )  # fmt: skip
+    assert status == 0
+    output = capsys.readouterr().out
+    assert "RMSE" in output and "regression head" in output
+    assert json.loads((tmp_path / "run" / "results.json").read_text())["config"]["seeds"] == [0]
+    for flags, message in (
+        (["--task", "rjokes", "--train-questions", "5"], "--train-questions does not apply"),
+        (["--task", "rjokes", "--data-dir", str(tmp_path)], "lacks train.tsv(.gz)"),
+        (["--preset", "demo", "--task", "rjokes"], "does not fit the preset 'demo'"),
+        (["--task", "rjokes", "--evaluate-on", "valid"], "invalid choice: 'valid'"),
+        (["--task", "rjokes", "--arms", "ce,dist2"], "arms must be chosen from"),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["repro", *flags, "--out", str(tmp_path / "refused")])
+        assert exit_info.value.code == 2
+        assert message in capsys.readouterr().err
+        assert not (tmp_path / "refused").exists()
