@@ -36,7 +36,13 @@ from numtok.experiments.rjokes.evaluate import (
 )
 from numtok.experiments.rjokes.model import ScoreRegressor
 from numtok.experiments.rjokes.report import constant_predictions
-from numtok.experiments.rjokes.train import ScoredTrainingSet, arm_step, build_arm, build_tokenizer
+from numtok.experiments.rjokes.train import (
+    ScoredTrainingSet,
+    arm_step,
+    build_arm,
+    build_tokenizer,
+    train_arm,
+)
 from numtok.experiments.tokenizer import WordTokenizer
 from numtok.readout import number_distribution
 
@@ -288,6 +294,17 @@ def test_rerun_reads_finished_arms_back(smoke_run: tuple[Path, Any], data_dir: P
     assert stamps == {p: p.stat().st_mtime_ns for p in run_dir.glob("seed*/*/result.json")}
     with pytest.raises(ValueError, match="holds a run with other settings"):
         run_rjokes(SMOKE.with_overrides(steps=31), run_dir, data_dir=data_dir)
+
+
+def test_progress_counts_steps_and_scored_jokes(data: RJokesData, tmp_path: Path) -> None:
+    config = SMOKE.with_overrides(steps=12, checkpoint_every=5)
+    for arm in ("was", "head"):
+        reported: list[int] = []
+        train_arm(config, 0, arm, data, tmp_path, progress=reported.append)
+        assert sum(reported) == 12 + config.eval_jokes
+        again: list[int] = []
+        train_arm(config, 0, arm, data, tmp_path, progress=again.append)
+        assert again == [12 + config.eval_jokes]  # read back, not trained again
 
 
 def test_command_line(data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

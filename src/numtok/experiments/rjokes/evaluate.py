@@ -10,7 +10,7 @@ exact for answers of up to ``max_digits`` digits. The ``head`` arm predicts its 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -50,6 +50,12 @@ _READOUT_PROMPTS = 16
 _GREEDY_TOKENS = 6
 
 Predictions = list[float | None]
+#: ``progress(jokes_scored_since_last_call)``.
+Progress = Callable[[int], None]
+
+
+def _silent(amount: int) -> None:
+    pass
 
 
 def readouts_of(arm: str) -> tuple[str, ...]:
@@ -76,6 +82,7 @@ def token_predictions(
     max_digits: int,
     min_probability: float,
     device: torch.device,
+    progress: Progress = _silent,
 ) -> tuple[dict[str, Predictions], list[float], list[float]]:
     """Each readout's prediction per joke (None: no number), and per joke the probability mass
     the distribution readouts cover and the probability pruning left out (bounded)."""
@@ -102,6 +109,7 @@ def token_predictions(
             median[index] = _finite_or_none(float(distribution.median[row]))
             mass[index] = float(distribution.mass[row])
             pruned[index] = float(distribution.pruned[row])
+        progress(len(chunk))
     predictions["expected"], predictions["median"] = mean, median
     model.train(was_training)
     return predictions, mass, pruned
@@ -117,6 +125,7 @@ def head_predictions(
     mean: float,
     std: float,
     device: torch.device,
+    progress: Progress = _silent,
 ) -> dict[str, Predictions]:
     """The head's score per joke, mapped back from the standardised scale."""
     was_training = model.training
@@ -128,6 +137,7 @@ def head_predictions(
         predicted = model(scorer.prefill()) * std + mean  # (B,)
         for index, value in zip(chunk, predicted.tolist(), strict=True):
             scores[index] = value
+        progress(len(chunk))
     model.train(was_training)
     return {"head": scores}
 

@@ -103,9 +103,10 @@ def run_rjokes(
         for seed in config.seeds
         for arm in config.arms
     ]
+    work = len(jobs) * (config.steps + len(evaluation_jokes(config, data)))
     with (
         open_executor(workers) as executor,
-        progress_bar(show_progress, len(jobs) * config.steps, "training", "step") as bar,
+        progress_bar(show_progress, work, "training steps + scored jokes", "it") as bar,
     ):
         runs = executor.run(jobs, bar)
 

@@ -155,7 +155,8 @@ def train_arm(
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Train and score one arm for one seed; returns (and writes) its result. A finished arm is
-    read back; an interrupted one resumes from its checkpoint.
+    read back; an interrupted one resumes from its checkpoint. ``progress`` hears of every
+    training step and every scored joke.
 
     Returns:
         ``{"seed", "arm", "history", "metrics": {readout: {metric: value}}, "mass" (the mean
@@ -165,10 +166,11 @@ def train_arm(
         "eval_seconds"}``.
     """
     directory = arm_directory(run_dir, seed, arm)
+    jokes = evaluation_jokes(config, data)
     stored = read_result(directory)
     if stored is not None:
         if progress is not None:
-            progress(config.steps)
+            progress(config.steps + len(jokes))
         return stored
     device = torch.device(config.device)
     if device.type == "cpu":
@@ -188,7 +190,7 @@ def train_arm(
     )
 
     eval_started = time.perf_counter()
-    jokes = evaluation_jokes(config, data)
+    scored = progress or (lambda amount: None)
     mass: list[float] | None = None
     pruned: list[float] | None = None
     if isinstance(model, ScoreRegressor):
@@ -200,6 +202,7 @@ def train_arm(
             mean=training.score_mean,
             std=training.score_std,
             device=device,
+            progress=scored,
         )
     else:
         assert isinstance(model, Transformer)
@@ -211,6 +214,7 @@ def train_arm(
             max_digits=config.max_digits,
             min_probability=config.min_probability,
             device=device,
+            progress=scored,
         )
     scores = [score for _, score in jokes]
     result = {
