@@ -91,3 +91,20 @@ def test_importing_numtok_imports_no_optional_dependency() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"  # whatever torch itself imports is not numtok's doing
+
+
+def test_the_command_names_the_extra_to_install() -> None:
+    result = _run_without_optional_modules(
+        """
+        from numtok.cli import main
+
+        main(["demo"])
+        """
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "numtok: error: numtok demo / numtok repro needs numpy, matplotlib, tqdm, "
+        "mathematics_dataset and absl, which numtok's 'demo' extra installs: "
+        'pip install "numtok[demo]"'
+    )

@@ -1,8 +1,9 @@
 """Optional dependencies: an entry point that needs one says which extra installs it.
 
 The core of numtok needs torch alone. The Hugging Face adapter needs the ``hf`` extra
-(``pip install "numtok[hf]"``); :func:`require_extra` turns its absence into one clear error at
-the entry point instead of a traceback from deep inside a later call.
+(``pip install "numtok[hf]"``), the ``numtok`` command's experiments the ``demo`` extra;
+:func:`require_extra` turns their absence into one clear error at the entry point instead of a
+traceback from deep inside a later call.
 """
 
 from __future__ import annotations
@@ -10,7 +11,15 @@ from __future__ import annotations
 import importlib.util
 
 #: The modules each extra of pyproject.toml installs and numtok imports.
-EXTRAS: dict[str, tuple[str, ...]] = {"hf": ("transformers", "accelerate")}
+EXTRAS: dict[str, tuple[str, ...]] = {
+    "hf": ("transformers", "accelerate"),
+    "demo": ("numpy", "matplotlib", "tqdm", "mathematics_dataset", "absl", "six"),
+}
+
+
+def _listed(names: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 def require_extra(extra: str, feature: str) -> None:
@@ -19,7 +28,7 @@ def require_extra(extra: str, feature: str) -> None:
     missing = [name for name in EXTRAS[extra] if importlib.util.find_spec(name) is None]
     if missing:
         raise ModuleNotFoundError(
-            f"{feature} needs {' and '.join(missing)}, which numtok's {extra!r} extra installs: "
+            f"{feature} needs {_listed(missing)}, which numtok's {extra!r} extra installs: "
             f'pip install "numtok[{extra}]"',
             name=missing[0],
         )

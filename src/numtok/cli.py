@@ -19,10 +19,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from numtok._extras import require_extra
+
 __all__ = ["main"]
 
-#: What the commands import beyond torch: the ``demo`` extra.
-_DEMO_EXTRA = ("numpy", "sympy", "mathematics_dataset", "absl", "six", "matplotlib", "tqdm")
 # Settings that have a flag: config field -> flag. Some belong to one task only.
 _FLAGS = {
     "task": "--task",
@@ -129,17 +129,14 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _experiments() -> ModuleType:
+def _experiments(parser: argparse.ArgumentParser) -> ModuleType:
     """The experiment harness, or a clean exit naming the extra it needs."""
     try:
-        import numtok.experiments.commands as commands
+        require_extra("demo", "numtok demo / numtok repro")
     except ModuleNotFoundError as error:
-        if error.name is None or error.name.split(".")[0] not in _DEMO_EXTRA:
-            raise
-        sys.exit(
-            f"numtok: error: the experiments need the demo extra ({error.name} is not installed): "
-            'pip install "numtok[demo]"'
-        )
+        parser.exit(2, f"numtok: error: {error}\n")
+    import numtok.experiments.commands as commands
+
     return commands
 
 
@@ -214,7 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     parser = _parser()
     args = parser.parse_args(arguments)
-    harness = _experiments()
+    harness = _experiments(parser)
     if args.command == "list":
         _list(harness)
         return 0

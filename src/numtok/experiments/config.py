@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, ClassVar, TypeVar
 
 import torch
 
+from numtok._validation import check_int, check_number
 from numtok.experiments.data import check_task
 from numtok.experiments.model import ModelConfig
 from numtok.experiments.objectives import ARMS as ARITHMETIC_ARMS
@@ -19,7 +19,6 @@ __all__ = [
     "TrainingConfig",
     "check_device",
     "check_non_negative_int",
-    "check_number",
     "check_positive_int",
 ]
 
@@ -75,10 +74,10 @@ class TrainingConfig:
         ):
             check_positive_int(name, getattr(self, name))
         check_non_negative_int("warmup_steps", self.warmup_steps)
-        check_number("learning_rate", self.learning_rate, minimum=0.0, strict=True)
-        check_number("ntl_weight", self.ntl_weight, minimum=0.0, strict=False)
-        check_number("weight_decay", self.weight_decay, minimum=0.0, strict=False)
-        check_number("grad_clip", self.grad_clip, minimum=0.0, strict=True)
+        check_number("learning_rate", self.learning_rate, minimum=0.0, inclusive=False)
+        check_number("ntl_weight", self.ntl_weight, minimum=0.0, inclusive=True)
+        check_number("weight_decay", self.weight_decay, minimum=0.0, inclusive=True)
+        check_number("grad_clip", self.grad_clip, minimum=0.0, inclusive=False)
         if not self.seeds:
             raise ValueError("seeds must name at least one seed, got none (e.g. --seeds 3)")
         for seed in self.seeds:
@@ -190,23 +189,10 @@ def check_device(device: object) -> torch.device:
 
 
 def check_positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r}")
-    if value < 1:
+    if check_int(name, value) < 1:
         raise ValueError(f"{name} must be at least 1, got {value}")
 
 
 def check_non_negative_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r}")
-    if value < 0:
+    if check_int(name, value) < 0:
         raise ValueError(f"{name} must be >= 0, got {value}")
-
-
-def check_number(name: str, value: object, *, minimum: float, strict: bool) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {value!r}")
-    too_small = value <= minimum if strict else value < minimum
-    if not math.isfinite(value) or too_small:
-        relation = ">" if strict else ">="
-        raise ValueError(f"{name} must be a finite number {relation} {minimum:g}, got {value!r}")

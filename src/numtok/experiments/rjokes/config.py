@@ -5,12 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from numtok.experiments.config import (
-    TrainingConfig,
-    check_non_negative_int,
-    check_number,
-    check_positive_int,
-)
+from numtok._validation import check_number
+from numtok.experiments.config import TrainingConfig, check_non_negative_int, check_positive_int
 from numtok.readout import check_max_digits
 
 __all__ = ["EVALUATION_SPLITS", "RJOKES_ARMS", "RJokesConfig"]
@@ -61,6 +57,6 @@ class RJokesConfig(TrainingConfig):
                 f"evaluate_on must be one of {list(EVALUATION_SPLITS)}, got {self.evaluate_on!r}"
             )
         check_max_digits(self.max_digits)
-        check_number("min_probability", self.min_probability, minimum=0.0, strict=False)
+        check_number("min_probability", self.min_probability, minimum=0.0, inclusive=True)
         if self.min_probability >= 1:
             raise ValueError(f"min_probability must be below 1, got {self.min_probability}")
