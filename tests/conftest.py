@@ -32,6 +32,39 @@ settings.load_profile(
 )
 
 
+# The device of the device-sensitive tests (those that take the ``device`` fixture): CPU by
+# default, a GPU with NUMTOK_TEST_DEVICE=cuda (benchmarks/gpu.sh runs them so: `pytest -m device`).
+DEVICE_VARIABLE = "NUMTOK_TEST_DEVICE"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", f"device: uses the device fixture (runs on ${DEVICE_VARIABLE}, default cpu)"
+    )
+    name = os.environ.get(DEVICE_VARIABLE, "cpu")
+    try:
+        chosen = torch.device(name)
+    except RuntimeError as error:
+        raise pytest.UsageError(
+            f"{DEVICE_VARIABLE}={name!r} is not a torch device: {error}"
+        ) from error
+    if chosen.type == "cuda" and not torch.cuda.is_available():
+        raise pytest.UsageError(f"{DEVICE_VARIABLE}={name!r} but torch sees no CUDA device")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "device" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.device)
+
+
+@pytest.fixture(scope="session")
+def device() -> torch.device:
+    """``torch.device(os.environ.get("NUMTOK_TEST_DEVICE", "cpu"))``: build a test's tensors on
+    it and the test runs on CPU by default and on a GPU in benchmarks/gpu.sh."""
+    return torch.device(os.environ.get(DEVICE_VARIABLE, "cpu"))
+
+
 @pytest.fixture(autouse=True)
 def _seed_torch() -> None:
     """Every test draws the same torch random numbers on every run, whatever ran before it."""
