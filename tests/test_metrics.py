@@ -179,6 +179,13 @@ def test_perfect_answers_score_perfectly(values: list[int]) -> None:
 # ------------------------------------------------------------------ bad input
 
 
+def test_numbers_and_none_score_like_the_texts_that_spell_them() -> None:
+    texts = numeric_metrics(["3", "it is 2.5", "no idea", "-1"], [3, 2, 7, 0], tolerance=0.5)
+    numbers = numeric_metrics([3, 2.5, None, -1.0], [3, 2, 7, 0], tolerance=0.5)
+    assert numbers == texts and numbers.unparseable == 1
+    assert numeric_metrics([math.nan, 1.0], [1, 1]).unparseable == 1
+
+
 @pytest.mark.parametrize(
     ("predictions", "references", "error", "message"),
     [
@@ -190,7 +197,8 @@ def test_perfect_answers_score_perfectly(values: list[int]) -> None:
         (["1"], ["seven"], ValueError, r"references\[0\] has no number in it: 'seven'"),
         (["1"], [None], TypeError, r"references\[0\] must be a number or a str, got NoneType"),
         (["1"], [True], TypeError, r"references\[0\] must be a number or a str, got bool"),
-        ([1.0], [1], TypeError, r"predictions\[0\] must be a str \(generated text\), got float"),
+        ([True], [1], TypeError, r"predictions\[0\] must be a str .*, a number or None, got bool"),
+        ([b"1"], [1], TypeError, r"predictions\[0\] must be a str .*, a number or None, got bytes"),
         ("12", ["1", "2"], TypeError, "sequences of answers, not one str"),
     ],
 )

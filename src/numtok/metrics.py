@@ -134,16 +134,32 @@ def _slog(x: float) -> float:
     return math.copysign(math.log1p(abs(x)), x)
 
 
+def _prediction_value(index: int, prediction: object) -> float | None:
+    """A generated text's last number, a number as it is (NaN: none), or None (no answer)."""
+    if isinstance(prediction, str):
+        return last_number(prediction)
+    if prediction is None:
+        return None
+    if isinstance(prediction, (int, float)) and not isinstance(prediction, bool):
+        return None if math.isnan(prediction) else float(prediction)
+    raise TypeError(
+        f"predictions[{index}] must be a str (generated text), a number or None, "
+        f"got {type(prediction).__name__}"
+    )
+
+
 def numeric_metrics(
-    predictions: Sequence[str],
+    predictions: Sequence[str | float | None],
     references: Sequence[str | float],
     *,
     tolerance: float = 0.0,
 ) -> NumericMetrics:
     """Score generated answers against reference numbers.
 
-    Each prediction is read with :func:`numtok.text_numbers.last_number` (the last number in the
-    text); a reference is a number or a string read the same way. With ``P`` the parsed
+    Each prediction is a generated text, read with :func:`numtok.text_numbers.last_number` (the
+    last number in the text), or a number (a readout such as
+    :func:`numtok.decoding.predict_numbers`), where ``None`` or NaN means no answer; a reference
+    is a number or a string read like a text. With ``P`` the parsed
     predictions ``p_i`` and their references ``r_i`` (``n = |P|``) and ``count`` all predictions:
 
     * ``exact_accuracy = #{|p_i - r_i| <= tolerance} / count`` (unparseable: wrong);
@@ -160,8 +176,8 @@ def numeric_metrics(
     median stay meaningful.
 
     Raises:
-        TypeError: a prediction that is not a str, a reference that is neither a number nor a
-            str, a non-numeric tolerance.
+        TypeError: a prediction that is neither a str, a number nor None, a reference that is
+            neither a number nor a str, a non-numeric tolerance.
         ValueError: different lengths, empty inputs, a reference without a number or not finite,
             a negative or non-finite tolerance.
 
@@ -179,16 +195,11 @@ def numeric_metrics(
         )
     if not predictions:
         raise ValueError("numeric_metrics needs at least one prediction, got empty lists")
-    for index, prediction in enumerate(predictions):
-        if not isinstance(prediction, str):
-            raise TypeError(
-                f"predictions[{index}] must be a str (generated text), "
-                f"got {type(prediction).__name__}"
-            )
+    values = [_prediction_value(i, p) for i, p in enumerate(predictions)]
     reference_values = [_reference_value(i, r) for i, r in enumerate(references)]
     pairs = [
         (value, reference)
-        for value, reference in zip(map(last_number, predictions), reference_values, strict=True)
+        for value, reference in zip(values, reference_values, strict=True)
         if value is not None
     ]
     count, parsed = len(predictions), len(pairs)

@@ -155,8 +155,7 @@ def regression_metrics(predictions: Predictions, scores: Sequence[int]) -> dict[
     """RMSE, MAE, Pearson and Spearman over the jokes with a prediction; ``accuracy``: the share
     of all jokes whose prediction rounds to the true score (|prediction − score| ≤ 0.5);
     ``unparseable``: the share without a prediction."""
-    texts = ["" if value is None else repr(value) for value in predictions]
-    metrics = numeric_metrics(texts, list(scores), tolerance=0.5)
+    metrics = numeric_metrics(predictions, list(scores), tolerance=0.5)
     return {
         "rmse": metrics.rmse,
         "mae": metrics.mae,
