@@ -168,7 +168,8 @@ def test_bad_input_fails_before_any_work(
     flags: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        main(["demo", *flags, "--out", str(tmp_path / "run"), "--cache-dir", str(tmp_path)])
+        main(["demo", "--task", "arithmetic__add_or_sub", *flags, "--out", str(tmp_path / "run"),
+              "--cache-dir", str(tmp_path)])  # fmt: skip
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "run").exists()

@@ -328,3 +328,24 @@ def test_command_line(data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixt
         assert exit_info.value.code == 2
         assert message in capsys.readouterr().err
         assert not (tmp_path / "refused").exists()
+
+
+def test_demo_runs_rjokes_when_its_data_is_found_else_arithmetic(
+    data_dir: Path, tmp_path: Path, monkeypatch: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # --eval-jokes exists for rJokes only: which error comes tells which task the demo chose.
+    flags = ["--eval-jokes", "5", "--steps", "0", "--out", str(tmp_path / "run")]
+    monkeypatch.setenv("NUMTOK_RJOKES_DIR", str(data_dir))
+    with pytest.raises(SystemExit):
+        main(["demo", *flags])
+    assert "steps must be at least 1, got 0" in capsys.readouterr().err
+    monkeypatch.setenv("NUMTOK_RJOKES_DIR", str(tmp_path / "nowhere"))
+    with pytest.raises(SystemExit):
+        main(["demo", *flags])
+    error = capsys.readouterr().err
+    assert "running the arithmetic comparison, since the rJokes data folder" in error
+    assert "--eval-jokes does not apply to the arithmetic task of 'demo'" in error
+    with pytest.raises(SystemExit):
+        main(["demo", "--data-dir", str(tmp_path / "nowhere"), "--out", str(tmp_path / "run")])
+    assert "lacks train.tsv(.gz)" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()

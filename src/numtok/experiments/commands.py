@@ -30,6 +30,7 @@ __all__ = [
     "RJokesConfig",
     "check_prerequisites",
     "check_preset",
+    "find_data_dir",
     "prepare_run_dir",
     "run_and_summarise",
 ]
