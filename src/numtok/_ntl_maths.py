@@ -237,3 +237,14 @@ def reweighed(loss: torch.Tensor, log_number_mass: torch.Tensor, spec: LossSpec)
     number tokens; ``m <= 1``, also where rounding (or a row of -inf logits) says otherwise."""
     mass = torch.exp(log_number_mass.clamp_max(0.0))
     return loss * mass + _REWEIGH_MARGIN * spec.max_cost * (1 - mass)
+
+
+def reweighed_derivatives(
+    loss: torch.Tensor, log_number_mass: torch.Tensor, spec: LossSpec
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The partial derivatives of :func:`reweighed` with respect to ``loss`` and to
+    ``log_number_mass``: ``m`` and ``(loss - 1.01·D)·m``, the latter 0 where ``log m > 0`` (there
+    the clamp holds ``m`` at 1, as autograd through :func:`reweighed` has it)."""
+    mass = torch.exp(log_number_mass.clamp_max(0.0))
+    slope = (loss - _REWEIGH_MARGIN * spec.max_cost) * mass
+    return mass, torch.where(log_number_mass <= 0, slope, torch.zeros_like(slope))

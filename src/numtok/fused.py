@@ -22,7 +22,14 @@ from typing import NamedTuple
 import torch
 
 from numtok._fused_rows import row_statistics
-from numtok._ntl_maths import Kind, LossSpec, number_positions, position_losses, reweighed
+from numtok._ntl_maths import (
+    Kind,
+    LossSpec,
+    number_positions,
+    position_losses,
+    reweighed,
+    reweighed_derivatives,
+)
 from numtok._number_logits import compute_dtype
 from numtok._reduction import reduce_losses
 from numtok._shift import shift_labels
@@ -34,7 +41,18 @@ from numtok._validation import (
 )
 from numtok.vocab import NumberTables, NumberVocab
 
-__all__ = ["CEWithNTLOutput", "cross_entropy_with_ntl", "cross_entropy_with_ntl_from_tables"]
+__all__ = [
+    "CEWithNTLOutput",
+    "ReductionScales",
+    "RowGradients",
+    "combine_terms",
+    "cross_entropy_with_ntl",
+    "cross_entropy_with_ntl_from_tables",
+    "loss_and_row_gradients",
+    "prepare_rows",
+    "reduce_terms",
+    "reduction_scales",
+]
 
 
 @dataclass(frozen=True)
@@ -61,6 +79,10 @@ class _Rows(NamedTuple):
     is_number: torch.Tensor  # the label is a number token: counted by NTL
     position: torch.Tensor  # the label's index among the N number tokens, 0 where not a number
     ntl_weights: torch.Tensor  # loss_weights at number positions, 0 elsewhere (compute dtype)
+
+    def take(self, index: slice | torch.Tensor) -> _Rows:
+        """The same facts for the positions ``index`` (a chunk of rows)."""
+        return _Rows(*(fact[index] for fact in self))
 
 
 def prepare_rows(
@@ -90,6 +112,48 @@ def prepare_rows(
     return rows, labels.shape
 
 
+def _row_losses(
+    lse: torch.Tensor,
+    target_logit: torch.Tensor,
+    base: torch.Tensor,
+    number_lse: torch.Tensor | None,
+    rows: _Rows,
+    spec: LossSpec,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cross-entropy (m,) and NTL (m,) of each row, before the reduction: ``lse - x[y]`` where
+    the label counts, else 0; the NTL ``base`` (m,), reweighed with ``log m = number_lse - lse``
+    when ``spec.reweigh``, times the row's loss weight at number positions, else 0."""
+    ce = torch.where(rows.is_target, lse - target_logit, torch.zeros_like(lse))  # (m,)
+    ntl = base
+    if number_lse is not None:
+        # Rows that are not numbers get m = 1, so that nothing non-finite from them reaches the
+        # gradient.
+        ntl = reweighed(ntl, _log_number_mass(lse, number_lse, rows), spec)
+    ntl = torch.where(rows.is_number, ntl * rows.ntl_weights, torch.zeros_like(ntl))  # (m,)
+    return ce, ntl
+
+
+def _log_number_mass(lse: torch.Tensor, number_lse: torch.Tensor, rows: _Rows) -> torch.Tensor:
+    """``log m = logsumexp(z) - lse`` at number positions, 0 elsewhere (m), as reweighing needs."""
+    return number_lse - torch.where(rows.is_number, lse, number_lse)
+
+
+def reduce_terms(
+    ce: torch.Tensor,
+    ntl: torch.Tensor,
+    rows: _Rows,
+    spec: LossSpec,
+    num_items: torch.Tensor | int | None,
+    shape: torch.Size,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reduced cross-entropy and NTL terms from their values per row (M,) (as
+    :func:`loss_and_row_gradients` gives them), with the reductions of ``F.cross_entropy`` and
+    :func:`~numtok.number_token_loss`; the loss is ``ce + ntl_weight * ntl``."""
+    ce = reduce_losses(ce, shape, spec.reduction, num_items, rows.is_target.sum())
+    ntl = reduce_losses(ntl, shape, spec.reduction, num_items, rows.ntl_weights.sum())
+    return ce, ntl
+
+
 def combine_terms(
     lse: torch.Tensor,
     target_logit: torch.Tensor,
@@ -103,20 +167,185 @@ def combine_terms(
 ) -> CEWithNTLOutput:
     """CE + w·NTL from the row statistics ``lse`` (M,), ``target_logit`` (M,) and
     ``number_logits`` (M, N), with the reductions of ``F.cross_entropy`` and
-    :func:`~numtok.number_token_loss`. Autograd through this function yields exactly the
-    per-row coefficients that :func:`~numtok._fused_rows.write_row_gradient` expands."""
-    ce = torch.where(rows.is_target, lse - target_logit, torch.zeros_like(lse))  # (M,)
-    ntl = position_losses(number_logits, rows.position, tables, spec)  # (M,)
-    if spec.reweigh:
-        # log m = logsumexp(z) - lse; rows that are not numbers get m = 1 so that nothing
-        # non-finite from them reaches the gradient.
-        lse_numbers = torch.logsumexp(number_logits, dim=-1)
-        ntl = reweighed(ntl, lse_numbers - torch.where(rows.is_number, lse, lse_numbers), spec)
-    ntl = torch.where(rows.is_number, ntl * rows.ntl_weights, torch.zeros_like(ntl))  # (M,)
-
-    ce = reduce_losses(ce, shape, spec.reduction, num_items, rows.is_target.sum())
-    ntl = reduce_losses(ntl, shape, spec.reduction, num_items, rows.ntl_weights.sum())
+    :func:`~numtok.number_token_loss`; differentiable with ordinary autograd. Autograd through
+    this function yields exactly the per-row coefficients that :func:`loss_and_row_gradients`
+    computes directly."""
+    base = position_losses(number_logits, rows.position, tables, spec)  # (M,)
+    number_lse = torch.logsumexp(number_logits, dim=-1) if spec.reweigh else None
+    ce, ntl = _row_losses(lse, target_logit, base, number_lse, rows, spec)
+    ce, ntl = reduce_terms(ce, ntl, rows, spec, num_items, shape)
     return CEWithNTLOutput(loss=ce + ntl_weight * ntl, ce=ce.detach(), ntl=ntl.detach())
+
+
+# ------------------------------------------------------------------ gradient in the forward pass
+
+
+class ReductionScales(NamedTuple):
+    """How much one unit of a row's cross-entropy (``ce``) and of its weighted NTL (``ntl``)
+    adds to the reduced loss: 0-dim tensors in the compute dtype. ``"sum"`` and ``"none"``: 1;
+    ``"mean"``: ``1 / num_items_in_batch`` when given, else ``1 / (number of non-ignored
+    labels)`` and ``1 / Σ loss_weights over number positions`` (``1 / tiny`` when that is 0: every
+    row's term is 0 then)."""
+
+    ce: torch.Tensor
+    ntl: torch.Tensor
+
+
+def reduction_scales(
+    rows: _Rows, spec: LossSpec, num_items: torch.Tensor | int | None
+) -> ReductionScales:
+    """The :class:`ReductionScales` of all M rows (not of a chunk: the "mean" counts them all)."""
+    one = torch.ones((), dtype=rows.ntl_weights.dtype, device=rows.ntl_weights.device)
+    if spec.reduction != "mean":
+        return ReductionScales(ce=one, ntl=one)
+    if num_items is not None:
+        scale = one / torch.as_tensor(num_items, dtype=one.dtype, device=one.device)
+        return ReductionScales(ce=scale, ntl=scale)
+    tiny = torch.finfo(one.dtype).tiny
+    return ReductionScales(
+        ce=one / rows.is_target.sum().to(one.dtype).clamp_min(tiny),
+        ntl=one / rows.ntl_weights.sum().clamp_min(tiny),
+    )
+
+
+class _NumberTerms(NamedTuple):
+    """The NTL side of each row, computed from its number logits ``z`` alone, before the full
+    log-sum-exp is known; all (m,) or (m, N), in the compute dtype."""
+
+    base: torch.Tensor  # ℓ(z): the NTL before reweighing and loss weights
+    coefficient: torch.Tensor  # c = w · scales.ntl · loss weight, 0 where the label is no number
+    grad_base: torch.Tensor  # (m, N) c · ∂ℓ/∂z
+    number_lse: torch.Tensor | None  # logsumexp(z), reweigh only
+    number_probs: torch.Tensor | None  # (m, N) softmax(z) = ∂ logsumexp(z)/∂z, reweigh only
+
+    def take(self, index: slice | torch.Tensor) -> _NumberTerms:
+        number_lse, number_probs = self.number_lse, self.number_probs
+        return _NumberTerms(
+            self.base[index],
+            self.coefficient[index],
+            self.grad_base[index],
+            None if number_lse is None else number_lse[index],
+            None if number_probs is None else number_probs[index],
+        )
+
+
+def _number_terms(
+    number_logits: torch.Tensor,
+    rows: _Rows,
+    tables: NumberTables,
+    spec: LossSpec,
+    ntl_weight: float,
+    scales: ReductionScales,
+) -> _NumberTerms:
+    """:class:`_NumberTerms` of the rows ``rows`` (m) from their finite number logits (m, N).
+
+    ``∂ℓ/∂z`` (any kind, also a callable one) comes from ``torch.func.vjp`` over
+    :func:`~numtok._ntl_maths.position_losses`: it works with autograd off, in an
+    ``autograd.Function``'s forward, inside a ``torch.library`` custom op and under
+    ``torch.compile``, and touches only (m, N) tensors."""
+    coefficient = ntl_weight * scales.ntl * rows.ntl_weights  # (m,), 0 off number positions
+
+    def base_of(z: torch.Tensor) -> torch.Tensor:
+        return position_losses(z, rows.position, tables, spec)
+
+    base, pullback = torch.func.vjp(base_of, number_logits)[:2]
+    (grad_base,) = pullback(coefficient)
+    number_lse = number_probs = None
+    if spec.reweigh:
+        number_lse = torch.logsumexp(number_logits, dim=-1)  # (m,)
+        number_probs = torch.exp(number_logits - number_lse[:, None])  # (m, N)
+    return _NumberTerms(base, coefficient, grad_base, number_lse, number_probs)
+
+
+def _row_gradients(
+    lse: torch.Tensor,
+    terms: _NumberTerms,
+    rows: _Rows,
+    spec: LossSpec,
+    scales: ReductionScales,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(∂L/∂lse (m,), ∂L/∂x[y] (m,), ∂L/∂z (m, N))`` of the rows, given their full log-sum-exp
+    ``lse`` (m,); see :func:`loss_and_row_gradients` for the formulas."""
+    grad_target = -scales.ce * rows.is_target  # (m,)
+    if terms.number_lse is None:
+        return -grad_target, grad_target, terms.grad_base
+    assert terms.number_probs is not None
+    log_mass = _log_number_mass(lse, terms.number_lse, rows)  # (m,)
+    mass, slope = reweighed_derivatives(terms.base, log_mass, spec)
+    slope = terms.coefficient * slope  # c · ∂ reweighed/∂ log m
+    grad_numbers = mass[:, None] * terms.grad_base + slope[:, None] * terms.number_probs
+    return -grad_target - slope, grad_target, grad_numbers
+
+
+class RowGradients(NamedTuple):
+    """What :func:`loss_and_row_gradients` returns for m rows, in the compute dtype.
+
+    Attributes:
+        ce: (m,) each row's cross-entropy, 0 where the label is ignored.
+        ntl: (m,) each row's NTL (reweighed when asked, times its loss weight), 0 where the
+            label is not a number token. :func:`reduce_terms` turns all M rows of both into the
+            reported terms.
+        grad_lse: (m,) ∂L/∂lse, the coefficient of the row's softmax in its logits' gradient.
+        grad_target: (m,) ∂L/∂x[y], added at the label's column.
+        grad_numbers: (m, N) ∂L/∂z, added at the number-token columns.
+    """
+
+    ce: torch.Tensor
+    ntl: torch.Tensor
+    grad_lse: torch.Tensor
+    grad_target: torch.Tensor
+    grad_numbers: torch.Tensor
+
+
+def loss_and_row_gradients(
+    lse: torch.Tensor,
+    target_logit: torch.Tensor,
+    number_logits: torch.Tensor,
+    rows: _Rows,
+    tables: NumberTables,
+    spec: LossSpec,
+    ntl_weight: float,
+    scales: ReductionScales,
+) -> RowGradients:
+    """The loss terms of m rows and the gradient pieces of their logits for a unit upstream
+    gradient, from the row statistics alone: the building block of computing the logits'
+    gradient in the forward pass, one chunk of rows at a time.
+
+    Inputs, for the m rows of a chunk, in the compute dtype: ``lse`` (m,) the full-vocabulary
+    log-sum-exp, ``target_logit`` (m,) the label's logit ``x[y]`` (anything where ignored),
+    ``number_logits`` (m, N) the finite number-token logits ``z`` (as
+    :func:`~numtok._fused_rows.compute_row_statistics` gives them); ``rows`` =
+    ``all_rows.take(chunk)`` from :func:`prepare_rows`; ``scales`` = :func:`reduction_scales` of
+    *all* rows (the "mean" denominators count every row, not the chunk's).
+
+    With ``s_ce``, ``s_ntl`` the scales, ``a`` the row's loss weight (0 unless the label is a
+    number token), ``t`` = 1 unless the label is ignored, ``ℓ(z)`` the NTL before reweighing
+    (:func:`~numtok._ntl_maths.position_losses`), the row adds to the loss
+
+        L_r = s_ce·t·(lse - x[y]) + w·s_ntl·a·R(ℓ(z), log m),   log m = logsumexp(z) - lse,
+
+    with ``R(ℓ, log m) = ℓ·m + 1.01·D·(1 - m)`` when ``reweigh`` (m clamped to ≤ 1), else ``ℓ``.
+    The reduced loss is ``Σ_r L_r`` (``"mean"``, ``"sum"``); for ``"none"`` the scales are 1 and
+    ``L_r`` is position r's loss itself. With ``c = w·s_ntl·a``:
+
+        ∂L_r/∂x[y] = -s_ce·t
+        ∂L_r/∂lse  =  s_ce·t - c·∂R/∂log m
+        ∂L_r/∂z    =  c·(∂R/∂ℓ · ∂ℓ/∂z + ∂R/∂log m · softmax(z))
+
+    (``∂R/∂ℓ = m``, ``∂R/∂log m = (ℓ - 1.01·D)·m``; without reweighing 1 and 0), and the gradient
+    of the row's logits x (V,) is
+
+        ∂L_r/∂x = ∂L_r/∂lse · softmax(x) + ∂L_r/∂x[y] · onehot(y) + scatter(∂L_r/∂z -> number ids)
+
+    which :func:`~numtok._fused_rows.write_row_gradient` writes. Scaling by the upstream
+    gradient (a scalar, or per row for ``"none"``) is left to the caller's backward. ``∂ℓ/∂z``
+    is computed with ``torch.func.vjp`` on (m, N) tensors (any kind, also a callable one; works
+    with autograd off and inside an ``autograd.Function``'s forward). The values and gradients
+    equal autograd through :func:`combine_terms` (tested against the float64 reference).
+    """
+    terms = _number_terms(number_logits, rows, tables, spec, ntl_weight, scales)
+    ce, ntl = _row_losses(lse, target_logit, terms.base, terms.number_lse, rows, spec)
+    return RowGradients(ce, ntl, *_row_gradients(lse, terms, rows, spec, scales))
 
 
 def cross_entropy_with_ntl_from_tables(
