@@ -1,22 +1,35 @@
 """linear_cross_entropy_with_ntl against materialising ``hidden @ weight.T + bias`` and calling
 the unfused reference ``F.cross_entropy + w * number_token_loss``: values and the gradients for
-hidden, weight and bias within 1e-9 in float64, for chunk sizes that do and do not divide N."""
+hidden, weight and bias within 1e-9 in float64, through both passes (gradients computed in the
+forward pass, for scalar reductions; logits recomputed in backward, for ``"none"`` and under
+saved-tensor hooks), for chunk sizes that do and do not divide N, on the device of
+``NUMTOK_TEST_DEVICE`` where a test takes ``device``."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import pytest
 import torch
 
 from numtok import NumberVocab
-from numtok.fused import cross_entropy_with_ntl
+from numtok.fused import CEWithNTLOutput, cross_entropy_with_ntl
 from numtok.linear import default_chunk_size, linear_cross_entropy_with_ntl
 
-from cases import KIND_IDS, KINDS, VOCABS, make_labels, make_vocab
+from cases import KIND_IDS, KINDS, REFERENCE_CASES, VOCABS, make_labels, make_vocab
 from test_fused import WEIGHT, reference
 
 HIDDEN_SIZE = 6
+CPU = torch.device("cpu")
+#: The grad_fn of a loss whose gradients were computed in the forward pass.
+IN_FORWARD = "_LossWithGradientsBackward"
+
+
+def saved_tensors_hooks() -> torch.autograd.graph.saved_tensors_hooks:
+    """Identity saved-tensor hooks (as activation offloading installs): scalar reductions then
+    take the pass that recomputes the logits in backward."""
+    return torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)
 
 
 def make_inputs(
@@ -25,18 +38,18 @@ def make_inputs(
     seed: int = 0,
     dtype: torch.dtype = torch.float64,
     with_bias: bool = True,
+    device: torch.device = CPU,
+    ignore_index: int = -100,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """hidden (*shape, H), weight (V, H), bias (V,) or None, labels (*shape)."""
+    """hidden (*shape, H), weight (V, H), bias (V,) or None, labels (*shape), on ``device``."""
     vocab_size = VOCABS[name][1]
     generator = torch.Generator().manual_seed(seed)
     hidden = torch.randn(*shape, HIDDEN_SIZE, generator=generator, dtype=dtype)
     weight = torch.randn(vocab_size, HIDDEN_SIZE, generator=generator, dtype=dtype)
     bias = torch.randn(vocab_size, generator=generator, dtype=dtype) if with_bias else None
-    labels = make_labels(name, shape, generator)
-    params = [hidden, weight] + ([bias] if bias is not None else [])
-    for tensor in params:
-        tensor.requires_grad_()
-    return hidden, weight, bias, labels
+    labels = make_labels(name, shape, generator, ignore_index).to(device)
+    params = [t.to(device).requires_grad_() for t in (hidden, weight, bias) if t is not None]
+    return params[0], params[1], params[2] if with_bias else None, labels
 
 
 def materialised_logits(
@@ -61,45 +74,85 @@ def assert_linear_matches_reference(
     bias: torch.Tensor | None,
     labels: torch.Tensor,
     chunk_size: int | None = None,
+    recompute: bool = False,
     **settings: Any,
-) -> None:
+) -> CEWithNTLOutput:
+    """``recompute=True`` runs the linear path under saved-tensor hooks, which send scalar
+    reductions to the pass that recomputes the logits in backward; the path taken is checked."""
     vocab = make_vocab(name)
     inputs = [hidden, weight] + ([bias] if bias is not None else [])
-    out = linear_cross_entropy_with_ntl(
-        hidden,
-        weight,
-        labels,
-        vocab,
-        bias=bias,
-        chunk_size=chunk_size,
-        ntl_weight=WEIGHT,
-        **settings,
-    )
+    with saved_tensors_hooks() if recompute else contextlib.nullcontext():
+        out = linear_cross_entropy_with_ntl(
+            hidden,
+            weight,
+            labels,
+            vocab,
+            bias=bias,
+            chunk_size=chunk_size,
+            ntl_weight=WEIGHT,
+            **settings,
+        )
+    in_forward = not recompute and settings.get("reduction", "mean") != "none"
+    assert (type(out.loss.grad_fn).__name__ == IN_FORWARD) == in_forward
     value, grads = grads_for(out.loss, inputs)
     logits = materialised_logits(hidden, weight, bias)
     ref_value, ref_grads = grads_for(reference(logits, labels, vocab, **settings)[0], inputs)
     torch.testing.assert_close(value, ref_value, rtol=1e-9, atol=1e-12)
     torch.testing.assert_close(grads, ref_grads, rtol=1e-9, atol=1e-12)
+    return out
 
 
-@pytest.mark.parametrize("name", list(VOCABS))
+@pytest.mark.parametrize(("name", "shape", "seed", "settings"), REFERENCE_CASES)
+@pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no-bias"])
+def test_reference_cases(
+    name: str,
+    shape: tuple[int, ...],
+    seed: int,
+    settings: dict[str, Any],
+    with_bias: bool,
+    device: torch.device,
+) -> None:
+    """Every case of the fused and unfused losses, in chunks of 4 rows (the last one partial
+    for most shapes)."""
+    ignore_index = settings.get("ignore_index", -100)
+    if "loss_weights" in settings:
+        settings = {**settings, "loss_weights": settings["loss_weights"].to(device)}
+    hidden, weight, bias, labels = make_inputs(
+        name, shape, seed, with_bias=with_bias, device=device, ignore_index=ignore_index
+    )
+    assert_linear_matches_reference(name, hidden, weight, bias, labels, 4, **settings)
+
+
 @pytest.mark.parametrize("reweigh", [False, True])
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("chunk_size", [None, 1, 4, 15, 100])
-def test_matches_reference(
-    name: str, reweigh: bool, reduction: str, chunk_size: int | None
+@pytest.mark.parametrize("recompute", [False, True], ids=["in-forward", "recompute"])
+def test_chunk_sizes(
+    reweigh: bool, reduction: str, chunk_size: int | None, recompute: bool, device: torch.device
 ) -> None:
     """15 positions: chunks of 4 leave a partial last chunk, 15 is one chunk, 100 exceeds N."""
-    hidden, weight, bias, labels = make_inputs(name)
+    name = "chunks"
+    hidden, weight, bias, labels = make_inputs(name, device=device)
     assert_linear_matches_reference(
-        name, hidden, weight, bias, labels, chunk_size, reweigh=reweigh, reduction=reduction
+        name,
+        hidden,
+        weight,
+        bias,
+        labels,
+        chunk_size,
+        recompute,
+        reweigh=reweigh,
+        reduction=reduction,
     )
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
-def test_kinds_match_reference(kind: Any) -> None:
-    hidden, weight, bias, labels = make_inputs("chunks", seed=1)
-    assert_linear_matches_reference("chunks", hidden, weight, bias, labels, 4, kind=kind)
+@pytest.mark.parametrize("recompute", [False, True], ids=["in-forward", "recompute"])
+def test_kinds_match_reference(kind: Any, recompute: bool, device: torch.device) -> None:
+    hidden, weight, bias, labels = make_inputs("chunks", seed=1, device=device)
+    assert_linear_matches_reference(
+        "chunks", hidden, weight, bias, labels, 4, recompute, kind=kind, reweigh=True
+    )
 
 
 @pytest.mark.parametrize(
@@ -108,68 +161,156 @@ def test_kinds_match_reference(kind: Any) -> None:
         {"shift": True, "reweigh": True},
         {"shift": True, "reduction": "none"},
         {"num_items_in_batch": 7, "squash_factor": 3.0},
+        {"num_items_in_batch": torch.tensor(9), "reduction": "sum"},
         {"ignore_index": 0},
         {"loss_weights": "random", "shift": True, "kind": "huber"},
     ],
     ids=str,
 )
-def test_settings_match_reference(extra: dict[str, Any]) -> None:
-    hidden, weight, bias, labels = make_inputs("chunks", shape=(2, 7), seed=2, with_bias=False)
-    labels = labels.masked_fill(labels == -100, extra.get("ignore_index", -100))
+@pytest.mark.parametrize("recompute", [False, True], ids=["in-forward", "recompute"])
+def test_settings_match_reference(
+    extra: dict[str, Any], recompute: bool, device: torch.device
+) -> None:
+    ignore_index = extra.get("ignore_index", -100)
+    hidden, weight, bias, labels = make_inputs(
+        "chunks", (2, 7), 2, with_bias=False, device=device, ignore_index=ignore_index
+    )
     if extra.get("loss_weights") == "random":
         weights = torch.rand(2, 7, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
-        extra = {**extra, "loss_weights": weights}
-    assert_linear_matches_reference("chunks", hidden, weight, bias, labels, 3, **extra)
+        extra = {**extra, "loss_weights": weights.to(device)}
+    assert_linear_matches_reference("chunks", hidden, weight, bias, labels, 3, recompute, **extra)
 
 
-def test_gradcheck() -> None:
+@pytest.mark.parametrize("recompute", [False, True], ids=["in-forward", "recompute"])
+def test_batch_without_numbers(recompute: bool, device: torch.device) -> None:
+    """No label is a number token: NTL's mean over no position is 0, with and without
+    reweighing."""
+    hidden, weight, bias, labels = make_inputs("digits", seed=6, device=device)
+    is_number = make_vocab("digits").tables(device).position_of_id[labels.clamp_min(0)] >= 0
+    words = labels.masked_fill(is_number, 16)
+    for reweigh in (False, True):
+        out = assert_linear_matches_reference(
+            "digits", hidden, weight, bias, words, 4, recompute, reweigh=reweigh
+        )
+        assert out.ntl == 0 and out.ce > 0
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("recompute", [False, True], ids=["in-forward", "recompute"])
+def test_ignore_only_batch_gives_zero(
+    reduction: str, recompute: bool, device: torch.device
+) -> None:
+    """Nothing but ignore_index: loss 0 and zero gradients (PyTorch's mean gives NaN)."""
+    vocab = make_vocab("digits")
+    hidden, weight, bias, labels = make_inputs("digits", seed=7, device=device)
+    assert bias is not None
+    labels = torch.full_like(labels, -100)
+    with saved_tensors_hooks() if recompute else contextlib.nullcontext():
+        out = linear_cross_entropy_with_ntl(
+            hidden, weight, labels, vocab, bias=bias, reduction=reduction, chunk_size=4
+        )
+    grads = torch.autograd.grad(out.loss.sum(), [hidden, weight, bias])
+    assert torch.all(out.loss == 0)
+    assert all(torch.all(grad == 0) for grad in grads)
+
+
+@pytest.mark.parametrize("recompute", [False, True], ids=["in-forward", "recompute"])
+def test_tied_weights(recompute: bool, device: torch.device) -> None:
+    """The output layer's weight also embeds the input ids (tied embeddings): its gradient sums
+    both uses."""
+    vocab = make_vocab("chunks")
+    generator = torch.Generator().manual_seed(10)
+    weight = torch.randn(59, HIDDEN_SIZE, generator=generator, dtype=torch.float64)
+    mix = torch.randn(HIDDEN_SIZE, HIDDEN_SIZE, generator=generator, dtype=torch.float64)
+    weight, mix = weight.to(device).requires_grad_(), mix.to(device)
+    input_ids = torch.randint(59, (3, 8), generator=generator).to(device)
+    labels = make_labels("chunks", (3, 8), generator).to(device)
+
+    def hidden() -> torch.Tensor:
+        return torch.tanh(weight[input_ids] @ mix)  # (3, 8, H)
+
+    with saved_tensors_hooks() if recompute else contextlib.nullcontext():
+        out = linear_cross_entropy_with_ntl(
+            hidden(), weight, labels, vocab, chunk_size=5, ntl_weight=WEIGHT, shift=True
+        )
+    value, grads = grads_for(out.loss, [weight])
+    ref_value, ref_grads = grads_for(
+        reference(hidden() @ weight.T, labels, vocab, shift=True)[0], [weight]
+    )
+    torch.testing.assert_close(value, ref_value, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(grads, ref_grads, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("recompute", [False, True], ids=["in-forward", "recompute"])
+def test_gradcheck(recompute: bool) -> None:
     vocab = make_vocab("chunks")
     hidden, weight, bias, labels = make_inputs("chunks", shape=(2, 3), seed=3)
 
     def fn(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return linear_cross_entropy_with_ntl(
-            h, w, labels, vocab, bias=b, chunk_size=4, reweigh=True, kind="mse"
-        ).loss
+        with saved_tensors_hooks() if recompute else contextlib.nullcontext():
+            return linear_cross_entropy_with_ntl(
+                h, w, labels, vocab, bias=b, chunk_size=4, reweigh=True, kind="mse"
+            ).loss
 
     assert bias is not None
     assert torch.autograd.gradcheck(fn, (hidden, weight, bias))
 
 
-def test_frozen_weight_or_frozen_hidden() -> None:
-    """Only the gradients that are asked for are computed, and they are the right ones."""
+@pytest.mark.parametrize("recompute", [False, True], ids=["in-forward", "recompute"])
+def test_only_the_gradients_asked_for(recompute: bool, device: torch.device) -> None:
+    """A frozen weight, frozen hidden states, or the bias alone: only the gradients that are
+    asked for are computed, and they are the right ones."""
     vocab = make_vocab("digits")
-    hidden, weight, _, labels = make_inputs("digits", seed=4, with_bias=False)
-    frozen = weight.detach()
-    out = linear_cross_entropy_with_ntl(hidden, frozen, labels, vocab, chunk_size=4)
-    (grad_hidden,) = torch.autograd.grad(out.loss, [hidden])
-    ref = cross_entropy_with_ntl(hidden @ frozen.T, labels, vocab)
-    torch.testing.assert_close(grad_hidden, torch.autograd.grad(ref.loss, [hidden])[0])
+    hidden, weight, bias, labels = make_inputs("digits", seed=4, device=device)
+    assert bias is not None
+    for trainable in ([hidden], [weight], [bias], [hidden, bias]):
+        inputs = [t if any(t is u for u in trainable) else t.detach() for t in (hidden, weight)]
+        inputs.append(bias if any(bias is u for u in trainable) else bias.detach())
+        with saved_tensors_hooks() if recompute else contextlib.nullcontext():
+            out = linear_cross_entropy_with_ntl(
+                inputs[0], inputs[1], labels, vocab, bias=inputs[2], chunk_size=4
+            )
+        ref = cross_entropy_with_ntl(materialised_logits(*inputs), labels, vocab)
+        torch.testing.assert_close(
+            torch.autograd.grad(out.loss, trainable), torch.autograd.grad(ref.loss, trainable)
+        )
 
-    features = hidden.detach()
-    out = linear_cross_entropy_with_ntl(features, weight, labels, vocab, chunk_size=4)
-    out.loss.backward()
-    assert features.grad is None and weight.grad is not None
-    ref = cross_entropy_with_ntl(features @ weight.T, labels, vocab)
-    torch.testing.assert_close(weight.grad, torch.autograd.grad(ref.loss, [weight])[0])
 
-
-def test_without_grad_returns_the_same_value() -> None:
+def test_evaluation_computes_no_gradient(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under torch.no_grad, or with no input that requires a gradient, the gradient-in-forward
+    pass is not entered: only the row statistics are computed, and the value is the same."""
     vocab = make_vocab("digits")
     hidden, weight, bias, labels = make_inputs("digits", seed=5)
+    ref = cross_entropy_with_ntl(materialised_logits(hidden, weight, bias), labels, vocab)
+    with torch.no_grad():
+        expected = linear_cross_entropy_with_ntl(hidden, weight, labels, vocab, bias=bias).loss
+
+    def refuse(*args: Any) -> None:
+        raise AssertionError("the gradient-in-forward pass ran without a gradient to compute")
+
+    monkeypatch.setattr("numtok.linear.linear_loss_in_forward", refuse)
     with torch.no_grad():
         out = linear_cross_entropy_with_ntl(hidden, weight, labels, vocab, bias=bias)
-    ref = cross_entropy_with_ntl(materialised_logits(hidden, weight, bias), labels, vocab)
     assert not out.loss.requires_grad
     torch.testing.assert_close(out.loss, ref.loss.detach(), rtol=1e-12, atol=0)
+    frozen = [t.detach() for t in (hidden, weight, bias) if t is not None]
+    out = linear_cross_entropy_with_ntl(frozen[0], frozen[1], labels, vocab, bias=frozen[2])
+    assert not out.loss.requires_grad and torch.equal(out.loss, expected)
 
 
 def test_no_logits_sized_tensor_is_kept_for_backward() -> None:
-    """With V = 1000 columns: only (M, H), (V, H), (M,) and (M, N) tensors are saved."""
+    """With V = 1000 columns: the gradient-in-forward pass keeps the gradients, (M, H), (V, H)
+    and (V,); the recompute pass (under saved-tensor hooks, which see what it saves) keeps
+    (M, H), (V, H), (M,) and (M, N) tensors."""
     vocab = NumberVocab.from_values(dict(VOCABS["digits"][0]), vocab_size=1000)
     hidden = torch.randn(4, 25, HIDDEN_SIZE, requires_grad=True)
     weight = torch.randn(1000, HIDDEN_SIZE, requires_grad=True)
     bias = torch.randn(1000, requires_grad=True)
     labels = torch.randint(1000, (4, 25))
+    out = linear_cross_entropy_with_ntl(hidden, weight, labels, vocab, bias=bias, reweigh=True)
+    kept = out.loss.grad_fn.saved_tensors  # type: ignore[union-attr]
+    assert [tuple(t.shape) for t in kept] == [(100, HIDDEN_SIZE), (1000, HIDDEN_SIZE), (1000,)]
+
     saved: list[torch.Tensor] = []
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
@@ -182,6 +323,17 @@ def test_no_logits_sized_tensor_is_kept_for_backward() -> None:
     assert saved and max(t.numel() for t in saved) < logits_size / 4
 
 
+def test_backward_twice_with_retain_graph() -> None:
+    """Backward scales the stored gradients without changing them: a second backward through a
+    retained graph gives the same gradients again."""
+    vocab = make_vocab("chunks")
+    hidden, weight, bias, labels = make_inputs("chunks", seed=11)
+    out = linear_cross_entropy_with_ntl(hidden, weight, labels, vocab, bias=bias, chunk_size=4)
+    first = torch.autograd.grad(3 * out.loss, [hidden, weight, bias], retain_graph=True)
+    second = torch.autograd.grad(3 * out.loss, [hidden, weight, bias])
+    torch.testing.assert_close(first, second, rtol=0, atol=0)
+
+
 def test_default_chunk_size() -> None:
     assert default_chunk_size(4096, 1024) == 1024  # the logits buffer as large as the weight
     assert default_chunk_size(4096, 64) == 256  # at least 256 rows
@@ -189,37 +341,32 @@ def test_default_chunk_size() -> None:
     assert default_chunk_size(0, 8) == 1
 
 
-@pytest.mark.parametrize("reduction", ["mean", "none"])
-def test_ignore_only_batch_gives_zero(reduction: str) -> None:
-    vocab = make_vocab("digits")
-    hidden, weight, bias, _ = make_inputs("digits", seed=7)
-    labels = torch.full((3, 5), -100)
-    out = linear_cross_entropy_with_ntl(
-        hidden, weight, labels, vocab, bias=bias, reduction=reduction
-    )
-    grads = torch.autograd.grad(out.loss.sum(), [hidden, weight])
-    assert torch.all(out.loss == 0)
-    assert all(torch.all(grad == 0) for grad in grads)
-
-
-# The chunked path computes the logits with the same low-precision products as the materialised
-# path (per chunk or block instead of at once); the weight's gradient is one product per block
-# of columns, the hidden states' gradient a float32 sum over blocks. Against a float32 reference
-# on the same (upcast) inputs, the relative error of the loss is at most 1e-3 and that of each
-# gradient (Frobenius norm) 2^-7 for bfloat16 and 2^-10 for float16; measured: about 6e-5 and
-# 3e-3 (bfloat16), 1.4e-5 and 4e-4 (float16), as for the materialised path.
+# The chunked passes compute the logits with the same low-precision products as the
+# materialised path (per chunk or block instead of at once). Gradient in forward: the hidden
+# states' gradient is one product per row chunk, the weight's gradient a sum over the chunks in
+# the weight's dtype (one rounding per chunk). Recompute: the weight's gradient is one product
+# per block of columns, the hidden states' gradient a float32 sum over blocks. Against a float32
+# reference on the same (upcast) inputs, the relative error of the loss is at most 1e-3 and that
+# of each gradient (Frobenius norm) 2^-7 for bfloat16 and 2^-10 for float16; measured (8 chunks):
+# about 6e-5 and 3e-3 (bfloat16), 1.4e-5 and 4e-4 (float16), as for the materialised path.
 LOW_PRECISION = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}
 
 
 @pytest.mark.parametrize("dtype", list(LOW_PRECISION), ids=str)
-def test_low_precision_matches_float32_reference(dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("recompute", [False, True], ids=["in-forward", "recompute"])
+def test_low_precision_matches_float32_reference(
+    dtype: torch.dtype, recompute: bool, device: torch.device
+) -> None:
     vocab = make_vocab("chunks")
-    hidden, weight, bias, labels = make_inputs("chunks", shape=(4, 9), seed=8, dtype=torch.float32)
+    hidden, weight, bias, labels = make_inputs(
+        "chunks", shape=(4, 9), seed=8, dtype=torch.float32, device=device
+    )
     assert bias is not None
     low = [t.detach().to(dtype).requires_grad_() for t in (hidden, weight, bias)]
-    out = linear_cross_entropy_with_ntl(
-        low[0], low[1], labels, vocab, bias=low[2], chunk_size=5, reweigh=True
-    )
+    with saved_tensors_hooks() if recompute else contextlib.nullcontext():
+        out = linear_cross_entropy_with_ntl(
+            low[0], low[1], labels, vocab, bias=low[2], chunk_size=5, reweigh=True
+        )
     grads = torch.autograd.grad(out.loss, low)
     upcast = [t.detach().float().requires_grad_() for t in low]
     ref, _ = reference(materialised_logits(*upcast), labels, vocab, ntl_weight=0.3, reweigh=True)
@@ -231,15 +378,20 @@ def test_low_precision_matches_float32_reference(dtype: torch.dtype) -> None:
         assert float((grad.float() - ref_grad).norm() / ref_grad.norm()) < LOW_PRECISION[dtype]
 
 
-def test_torch_compile_matches_eager() -> None:
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_torch_compile_matches_eager(reduction: str, device: torch.device) -> None:
+    """The recompute pass (``"none"``) is two custom ops inside the graph; the gradient-in-forward
+    pass (``"mean"``) runs eagerly behind a graph break."""
     torch._dynamo.reset()
     vocab = make_vocab("digits")
-    hidden, weight, bias, labels = make_inputs("digits", seed=9, dtype=torch.float32)
+    hidden, weight, bias, labels = make_inputs("digits", seed=9, dtype=torch.float32, device=device)
     assert bias is not None
 
     def loss(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        out = linear_cross_entropy_with_ntl(h, w, labels, vocab, bias=b, chunk_size=4, shift=True)
-        return out.loss
+        out = linear_cross_entropy_with_ntl(
+            h, w, labels, vocab, bias=b, chunk_size=4, shift=True, reduction=reduction
+        )
+        return out.loss.sum()
 
     compiled = torch.compile(loss, backend="aot_eager")
     torch.testing.assert_close(compiled(hidden, weight, bias), loss(hidden, weight, bias))

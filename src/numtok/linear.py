@@ -3,26 +3,31 @@ the output layer never exist.
 
 ``linear_cross_entropy_with_ntl(hidden, weight, labels, vocab, bias=b, ...)`` has the value and the
 gradients (for ``hidden``, ``weight`` and ``bias``) of ``cross_entropy_with_ntl(hidden @ weight.T
-+ b, labels, vocab, ...)``. Forward goes over chunks of ``c`` tokens: it computes each chunk's
-logits (c, V), keeps only their row statistics (log-sum-exp, the label's logit, the N
-number-token logits; see :mod:`numtok._fused_rows`) and drops them. Backward goes over blocks of
-vocabulary columns holding as many logits, for all tokens at once: it recomputes the block's
-logits (M, C), turns them in place into ``G = ∂L/∂logits[:, block]`` (the row statistics carry
-everything the softmax needs) and multiplies out: ``∂L/∂W[block] = Gᵀ @ hidden`` and
-``∂L/∂b[block] = Σ_rows G`` in one product each, ``∂L/∂hidden += G @ W[block]``. Slicing the
-backward by columns writes the weight's gradient once, with no sum over chunks (which in bfloat16
-would need a float32 copy of the weight). The price is one extra matrix product (the
-recomputation) for a peak memory of one (c, V) buffer plus the gradients, instead of several
-(M, V) buffers.
++ b, labels, vocab, ...)``. Both passes go over chunks of ``c`` tokens, compute each chunk's
+logits (c, V) into one reused buffer and keep only what the loss reads of them: the row
+statistics (log-sum-exp, the label's logit, the N number-token logits; see
+:mod:`numtok._fused_rows`). Which pass runs:
+
+* **gradient in the forward pass** (:mod:`numtok._linear_in_forward`, Liger-Kernel's scheme):
+  when autograd records, a gradient is wanted and the loss is a scalar (``"mean"``, ``"sum"``).
+  Each chunk's logits are turned into their gradient as soon as their statistics are known and
+  multiplied out at once; backward only scales the stored gradients. Three (M, H, V) matrix
+  products, as for the materialised logits.
+* **recompute in backward** (:mod:`numtok._linear_recompute`): for ``reduction="none"`` (the
+  upstream gradient differs per position, so the weight's gradient cannot be summed before it is
+  known), for differentiable ``loss_weights`` and under saved-tensor hooks. Forward keeps the
+  statistics; backward recomputes the logits block by block of vocabulary columns. Four products.
+* **statistics only**: without gradients (evaluation, ``torch.no_grad()``), one product.
+
+Peak memory: one (c, V) buffer plus the gradients themselves, instead of several (M, V) buffers.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
-from numtok._fused_rows import compute_row_statistics, write_row_gradient
+from numtok._linear_in_forward import linear_loss_in_forward
+from numtok._linear_recompute import linear_row_statistics
 from numtok._ntl_maths import Kind, LossSpec
 from numtok._number_logits import compute_dtype
 from numtok._validation import (
@@ -32,9 +37,9 @@ from numtok._validation import (
     check_num_items,
 )
 from numtok.fused import CEWithNTLOutput, combine_terms, prepare_rows
-from numtok.vocab import NumberVocab
+from numtok.vocab import NumberTables, NumberVocab
 
-__all__ = ["linear_cross_entropy_with_ntl"]
+__all__ = ["linear_cross_entropy_with_ntl", "linear_cross_entropy_with_ntl_from_tables"]
 
 # Below about 256 rows a (rows, H) @ (H, V) product is limited by streaming the (V, H) weight, not
 # by arithmetic (measured on CPU: 67 GFLOP/s at 32 rows, 125-150 at 256-1024).
@@ -49,176 +54,36 @@ def default_chunk_size(num_tokens: int, hidden_size: int) -> int:
     return max(1, min(num_tokens, max(_MIN_CHUNK_ROWS, hidden_size)))
 
 
-def _logits_into(
-    out: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
-) -> torch.Tensor:
-    """``hidden @ weight.T (+ bias)`` written into ``out`` (rows, columns)."""
-    torch.mm(hidden, weight.t(), out=out)
-    return out if bias is None else out.add_(bias)
-
-
-@torch.library.custom_op("numtok::linear_row_statistics", mutates_args=())
-def _linear_row_statistics(
+def _gradients_in_forward(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
-    target_ids: torch.Tensor,
-    number_ids: torch.Tensor,
-    chunk_size: int,
-    compute_dtype: torch.dtype,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    num_tokens = hidden.shape[0]
-    lse = hidden.new_empty(num_tokens, dtype=compute_dtype)
-    target_logit = hidden.new_empty(num_tokens, dtype=compute_dtype)
-    number_logits = hidden.new_empty(num_tokens, number_ids.shape[0], dtype=compute_dtype)
-    buffer = hidden.new_empty(min(chunk_size, num_tokens), weight.shape[0])  # (c, V)
-    for start in range(0, num_tokens, chunk_size):
-        rows = slice(start, start + chunk_size)
-        chunk = hidden[rows]
-        logits = _logits_into(buffer[: chunk.shape[0]], chunk, weight, bias)
-        stats = compute_row_statistics(logits, target_ids[rows], number_ids, compute_dtype)
-        lse[rows], target_logit[rows], number_logits[rows] = stats
-    return lse, target_logit, number_logits
-
-
-@_linear_row_statistics.register_fake
-def _(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    target_ids: torch.Tensor,
-    number_ids: torch.Tensor,
-    chunk_size: int,
-    compute_dtype: torch.dtype,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    num_tokens = hidden.shape[0]
+    loss_weights: torch.Tensor | None,
+    spec: LossSpec,
+) -> bool:
+    """Compute the gradients in the forward pass (three matrix products instead of four) when
+    autograd records, a gradient is wanted and the loss is a scalar; ``reduction="none"`` (a
+    gradient per position, known only in backward), differentiable ``loss_weights`` and
+    saved-tensor hooks take the pass that recomputes the logits in backward, and evaluation (no
+    gradient) pays for neither."""
+    wanted = any(t is not None and t.requires_grad for t in (hidden, weight, bias))
     return (
-        hidden.new_empty(num_tokens, dtype=compute_dtype),
-        hidden.new_empty(num_tokens, dtype=compute_dtype),
-        hidden.new_empty(num_tokens, number_ids.shape[0], dtype=compute_dtype),
+        wanted
+        and torch.is_grad_enabled()
+        and spec.reduction != "none"
+        and not (loss_weights is not None and loss_weights.requires_grad)
+        and not _saved_tensors_hooks_active()
     )
 
 
-def _vocabulary_block(chunk_size: int, num_tokens: int, vocab_size: int) -> int:
-    """Columns per backward block: the (M, block) logits hold as many numbers as a forward chunk
-    (chunk_size, V)."""
-    return max(1, min(vocab_size, chunk_size * vocab_size // max(1, num_tokens)))
-
-
-@torch.library.custom_op("numtok::linear_row_statistics_backward", mutates_args=())
-def _linear_row_statistics_backward(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    target_ids: torch.Tensor,
-    number_ids: torch.Tensor,
-    lse: torch.Tensor,
-    grad_lse: torch.Tensor,
-    grad_target: torch.Tensor,
-    grad_numbers: torch.Tensor,
-    chunk_size: int,
-    needs_hidden: bool,
-    needs_weight: bool,
-    needs_bias: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients for (hidden, weight, bias); an empty tensor for each one not needed.
-
-    Works over blocks of vocabulary columns, all tokens at once: each block's logits (M, C) are
-    recomputed and turned in place into ``G = ∂L/∂logits[:, block]``; then ``∂L/∂W[block] = Gᵀ @
-    hidden`` and ``∂L/∂b[block] = Σ_rows G`` are final (one product over all M tokens, no
-    accumulation), and ``∂L/∂hidden += G @ W[block]`` accumulates a small (M, H) sum, in float32
-    for bfloat16/float16."""
-    num_tokens, vocab_size = hidden.shape[0], weight.shape[0]
-    compute_dtype = lse.dtype
-    grad_weight = torch.empty_like(weight) if needs_weight else weight.new_empty(0)
-    grad_bias = weight.new_empty(vocab_size if needs_bias else 0)
-    grad_hidden = hidden.new_zeros(hidden.shape if needs_hidden else 0, dtype=compute_dtype)
-    low_precision = needs_hidden and hidden.dtype != compute_dtype
-    hidden_part = torch.empty_like(hidden) if low_precision else None  # (M, H) G @ W[block]
-    width = _vocabulary_block(chunk_size, num_tokens, vocab_size)
-    buffer = hidden.new_empty(num_tokens * width)
-    for start in range(0, vocab_size, width):
-        columns = slice(start, start + width)
-        block_weight = weight[columns]  # (C, H)
-        block_logits = buffer[: num_tokens * len(block_weight)].view(num_tokens, len(block_weight))
-        block_bias = None if bias is None else bias[columns]
-        grad_logits = _logits_into(block_logits, hidden, block_weight, block_bias)  # (M, C)
-        write_row_gradient(
-            grad_logits,
-            grad_logits,
-            lse,
-            target_ids,
-            number_ids,
-            grad_lse,
-            grad_target,
-            grad_numbers,
-            first_column=start,
-        )  # (M, C), now ∂L/∂logits[:, columns]
-        if needs_weight:
-            torch.mm(grad_logits.t(), hidden, out=grad_weight[columns])
-        if needs_bias:
-            grad_bias[columns] = grad_logits.sum(0, dtype=compute_dtype)
-        if hidden_part is not None:
-            grad_hidden.add_(torch.mm(grad_logits, block_weight, out=hidden_part))
-        elif needs_hidden:
-            grad_hidden.addmm_(grad_logits, block_weight)
-    return grad_hidden.to(hidden.dtype), grad_weight, grad_bias
-
-
-@_linear_row_statistics_backward.register_fake
-def _(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    target_ids: torch.Tensor,
-    number_ids: torch.Tensor,
-    lse: torch.Tensor,
-    grad_lse: torch.Tensor,
-    grad_target: torch.Tensor,
-    grad_numbers: torch.Tensor,
-    chunk_size: int,
-    needs_hidden: bool,
-    needs_weight: bool,
-    needs_bias: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return (
-        torch.empty_like(hidden) if needs_hidden else hidden.new_empty(0),
-        torch.empty_like(weight) if needs_weight else weight.new_empty(0),
-        weight.new_empty(weight.shape[0] if needs_bias else 0),
-    )
-
-
-def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, ...]) -> None:
-    hidden, weight, bias, target_ids, number_ids, chunk_size, _ = inputs
-    ctx.save_for_backward(hidden, weight, bias, target_ids, number_ids, output[0])
-    ctx.chunk_size = chunk_size
-
-
-def _backward(
-    ctx: Any, grad_lse: torch.Tensor, grad_target: torch.Tensor, grad_numbers: torch.Tensor
-) -> tuple[torch.Tensor | None, ...]:
-    hidden, weight, bias, target_ids, number_ids, lse = ctx.saved_tensors
-    needs_hidden, needs_weight, needs_bias = ctx.needs_input_grad[:3]
-    grads = _linear_row_statistics_backward(
-        hidden,
-        weight,
-        bias,
-        target_ids,
-        number_ids,
-        lse,
-        grad_lse,
-        grad_target,
-        grad_numbers,
-        ctx.chunk_size,
-        needs_hidden,
-        needs_weight,
-        needs_bias,
-    )
-    wanted = (needs_hidden, needs_weight, needs_bias)
-    return *(grad if need else None for grad, need in zip(grads, wanted, strict=True)), *[None] * 4
-
-
-_linear_row_statistics.register_autograd(_backward, setup_context=_setup_context)
+@torch.compiler.disable  # type: ignore[untyped-decorator]
+def _saved_tensors_hooks_active() -> bool:
+    """Whether saved-tensor hooks are installed (``torch.autograd.graph.save_on_cpu``, activation
+    offloading): the gradient-in-forward pass differentiates NTL with ``torch.func.vjp``, which
+    refuses to run under them, so the recompute pass serves those calls. (PyTorch has no public
+    query; this private one exists since torch 2.0.)"""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    return bool(top is not None and top(False) is not None)
 
 
 def _require_tensor(name: str, value: object) -> torch.Tensor:
@@ -305,10 +170,12 @@ def linear_cross_entropy_with_ntl(
 
     Memory: one buffer of ``chunk_size·V`` logits, the row statistics (M + M·N numbers) and the
     gradients themselves, instead of the (M, V) logits and the buffers of their backward. Time:
-    four (M, H, V) matrix products instead of three (backward recomputes the logits, block by
-    block of vocabulary columns). For bfloat16/float16 the hidden states' gradient is summed over
-    the blocks in float32. As in ``cross_entropy_with_ntl``, only the argument checks synchronise
-    with the host.
+    the three (M, H, V) matrix products of the materialised path when the gradients are computed
+    in the forward pass (scalar reductions), four for ``reduction="none"`` (backward recomputes
+    the logits), one without gradients; see the module docstring. For bfloat16/float16 the
+    weight's gradient is summed over the ``⌈M / chunk_size⌉`` chunks in its own dtype (gradient
+    in forward) or written once per block of columns (recompute). As in
+    ``cross_entropy_with_ntl``, only the argument checks synchronise with the host.
 
     Args:
         hidden: (..., H) the hidden states before the output layer; float dtype.
@@ -350,6 +217,37 @@ def linear_cross_entropy_with_ntl(
         shift=shift,
     )
     weight_of_ntl = check_ntl_weight(ntl_weight)
+    device = hidden.device if isinstance(hidden, torch.Tensor) else None
+    return linear_cross_entropy_with_ntl_from_tables(
+        hidden,
+        weight,
+        labels,
+        vocab.tables(device),
+        spec,
+        weight_of_ntl,
+        loss_weights,
+        num_items_in_batch,
+        bias=bias,
+        chunk_size=chunk_size,
+    )
+
+
+def linear_cross_entropy_with_ntl_from_tables(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    tables: NumberTables,
+    spec: LossSpec,
+    ntl_weight: float,
+    loss_weights: torch.Tensor | None,
+    num_items_in_batch: torch.Tensor | int | None,
+    *,
+    bias: torch.Tensor | None = None,
+    chunk_size: int | None = None,
+) -> CEWithNTLOutput:
+    """:func:`linear_cross_entropy_with_ntl` with its settings already validated (``spec``,
+    ``ntl_weight``) and the vocabulary's lookup tables already on the hidden states' device: what
+    the Trainer adapter calls for logits-free training. Checks the tensors and ``chunk_size``."""
     hidden, weight, bias, labels = _check_linear_inputs(
         hidden, weight, bias, labels, spec.vocab_size
     )
@@ -363,16 +261,30 @@ def linear_cross_entropy_with_ntl(
     loss_weights = check_loss_weights(loss_weights, labels.shape)
     num_items = check_num_items(num_items_in_batch)
 
-    tables = vocab.tables(hidden.device)
     dtype = compute_dtype(hidden)
-    rows, shape = prepare_rows(labels, loss_weights, tables, spec, dtype)
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])  # (M, H)
     num_tokens = flat_hidden.shape[0]
     if rows_per_chunk is None:
         rows_per_chunk = default_chunk_size(num_tokens, hidden.shape[-1])
-    lse, target_logit, number_logits = _linear_row_statistics(
+    if _gradients_in_forward(flat_hidden, weight, bias, loss_weights, spec):
+        out: CEWithNTLOutput = linear_loss_in_forward(
+            flat_hidden,
+            weight,
+            bias,
+            labels,
+            loss_weights,
+            tables,
+            spec,
+            ntl_weight,
+            num_items,
+            rows_per_chunk,
+            dtype,
+        )
+        return out
+    rows, shape = prepare_rows(labels, loss_weights, tables, spec, dtype)
+    lse, target_logit, number_logits = linear_row_statistics(
         flat_hidden, weight, bias, rows.target_ids, tables.ids, rows_per_chunk, dtype
     )
     return combine_terms(
-        lse, target_logit, number_logits, rows, tables, spec, weight_of_ntl, num_items, shape
+        lse, target_logit, number_logits, rows, tables, spec, ntl_weight, num_items, shape
     )
