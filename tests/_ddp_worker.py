@@ -1,9 +1,10 @@
 """One process of the DDP test (``test_hf_distributed.py``), launched by torchrun on CPU (gloo).
 
 Each process trains one optimizer step of the tiny Llama on its shard of the data with gradient
-accumulation, through the real Trainer, twice: with :meth:`NTLossForTrainer.attach` (exact) and
-with the loss passed as ``compute_loss_func`` alone (the token-share approximation). It saves the
-synchronised gradients and the logged CE/NTL of both runs to ``<out>/rank<r>.pt``.
+accumulation, through the real Trainer, three times: with :meth:`NTLossForTrainer.attach` (exact),
+attached with ``logits_free=True`` (exact, from the hidden states) and with the loss passed as
+``compute_loss_func`` alone (the token-share approximation). It saves the synchronised gradients
+and the logged CE/NTL of every run to ``<out>/rank<r>.pt``.
 
 Usage: ``torchrun --nproc_per_node 2 tests/_ddp_worker.py OUT_DIR NTL_WEIGHT MICRO_BATCH STEPS``
 """
@@ -29,18 +30,17 @@ from _hf_tiny import (
 )
 
 
-def train_once(
-    out_dir: Path, ntl_weight: float, micro_batch: int, steps: int, *, attach: bool
-) -> dict[str, Any]:
+def train_once(out_dir: Path, ntl_weight: float, micro_batch: int, steps: int, mode: str) -> Any:
+    """``mode``: "attached", "logits_free" (attached too) or "plain"."""
     from transformers import Trainer
 
     tokenizer = build_tokenizer()
     recorder = gradient_recorder()
-    loss_fn = NTLossForTrainer(tokenizer, ntl_weight=ntl_weight)
+    loss_fn = NTLossForTrainer(tokenizer, ntl_weight=ntl_weight, logits_free=mode == "logits_free")
     trainer = Trainer(
         model=build_model(tokenizer),
         args=training_args(
-            out_dir / ("attached" if attach else "plain"),
+            out_dir / mode,
             per_device_train_batch_size=micro_batch,
             gradient_accumulation_steps=steps,
             ddp_backend="gloo",
@@ -50,7 +50,7 @@ def train_once(
         compute_loss_func=loss_fn,
         callbacks=[recorder],
     )
-    if attach:
+    if mode != "plain":
         loss_fn.attach(trainer)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the plain run warns that it is approximate
@@ -63,8 +63,8 @@ def main() -> None:
     ntl_weight, micro_batch, steps = float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     torch.set_num_threads(1)
     results = {
-        mode: train_once(out_dir, ntl_weight, micro_batch, steps, attach=mode == "attached")
-        for mode in ("attached", "plain")
+        mode: train_once(out_dir, ntl_weight, micro_batch, steps, mode)
+        for mode in ("attached", "logits_free", "plain")
     }
     rank = torch.distributed.get_rank()
     results["world_size"] = torch.distributed.get_world_size()  # type: ignore[assignment]

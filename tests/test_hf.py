@@ -52,11 +52,12 @@ def train_step(
     dataset: list[dict[str, Any]] | None = None,
     model: Any = None,
     collator: Any = None,
+    logits_free: bool = False,
     **args: Any,
 ) -> tuple[list[dict[str, torch.Tensor]], list[dict[str, float]], Trainer]:
     """Train through the real Trainer; the gradients of every optimizer step and the logs."""
     recorder = gradient_recorder()
-    loss_fn = NTLossForTrainer(tokenizer, ntl_weight=ntl_weight)
+    loss_fn = NTLossForTrainer(tokenizer, ntl_weight=ntl_weight, logits_free=logits_free)
     trainer = Trainer(
         model=model if model is not None else build_model(tokenizer),
         args=training_args(
@@ -109,6 +110,34 @@ def test_accumulated_micro_batches_give_the_full_batch_gradients(
         name: full_batch[NTL_WEIGHT][0][0][name] - full_batch[0.0][0][0][name] for name in ntl
     }
     assert max_relative_difference(ntl, reference_ntl) < TOLERANCE
+
+
+def test_logits_free_gives_the_parameters_of_the_logits_path(
+    tokenizer: Any, tmp_path: Path
+) -> None:
+    """logits_free=True, 2 micro-batches of 2 and 1 batch of 4, against the logits path on 1
+    batch of 4: the same gradients, parameters after the step and logged CE and NTL."""
+    dataset = build_dataset(tokenizer, EXAMPLES[:4])  # 5, 1, 0 and 3 digits: shares differ
+    runs = {
+        (logits_free, micro_batch): train_step(
+            tokenizer,
+            tmp_path,
+            micro_batch=micro_batch,
+            steps=4 // micro_batch,
+            dataset=dataset,
+            logits_free=logits_free,
+        )
+        for logits_free, micro_batch in [(False, 4), (True, 4), (True, 2)]
+    }
+    reference, reference_logs, reference_trainer = runs[False, 4]
+    expected = dict(reference_trainer.model.named_parameters())
+    for micro_batch in (4, 2):
+        gradients, logs, trainer = runs[True, micro_batch]
+        assert max_relative_difference(gradients[0], reference[0]) < TOLERANCE
+        parameters = {name: p.detach() for name, p in trainer.model.named_parameters()}
+        assert max_relative_difference(parameters, expected) < TOLERANCE
+        for key in ("loss", "ce", "ntl"):
+            assert logs[0][key] == pytest.approx(reference_logs[0][key], rel=TOLERANCE)
 
 
 def test_without_attach_accumulation_is_approximate_and_warns(

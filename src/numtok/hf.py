@@ -9,6 +9,16 @@ One line on an existing trainer::
 or, without the exact accumulation and the CE/NTL logs (see below),
 ``Trainer(..., compute_loss_func=NTLossForTrainer(tokenizer))``.
 
+**Logits-free training.** ``NTLossForTrainer(tokenizer, logits_free=True).attach(trainer)``: during
+each training step the model's output layer (``get_output_embeddings()``) hands its input
+through, the model returns the final hidden states (B, T, H) where it returned the logits, and
+the loss computes CE + NTL from them and the layer's weight with
+:func:`numtok.linear.linear_cross_entropy_with_ntl`, never holding the (B, T, V) logits or their
+gradient. Same value, gradients, exactness and logs as from the logits; evaluation and
+``generate()`` still compute logits. What it checks and refuses (a soft cap on the logits such as
+Gemma 2's ``final_logit_softcapping``, FSDP, ...) is in :mod:`numtok._hf_head` and
+:meth:`NTLossForTrainer.attach`.
+
 **What is minimised.** Over the positions of one optimizer step (all micro-batches of the
 accumulation, on all processes), with ``T`` the positions that have a label (not ``ignore_index``)
 and ``P ⊆ T`` those whose label is a number token:
@@ -59,10 +69,17 @@ from typing import Any
 import torch
 
 from numtok._extras import require_extra
+from numtok._hf_head import (
+    BypassedHead,
+    OutputLayerBypass,
+    check_bypass_is_exact,
+    output_layer_of,
+)
 from numtok._ntl_maths import Kind, LossSpec
 from numtok._shift import shift_left
 from numtok._validation import check_bool, check_ntl_weight
 from numtok.fused import CEWithNTLOutput, cross_entropy_with_ntl_from_tables
+from numtok.linear import linear_cross_entropy_with_ntl_from_tables
 from numtok.vocab import NumberTables, NumberVocab
 
 __all__ = ["NTLossForTrainer"]
@@ -74,20 +91,36 @@ def _ce_plus_ntl(
     tables: NumberTables,
     tokens: torch.Tensor,
     numbers: torch.Tensor,
+    head: BypassedHead | None = None,
     *,
     spec: LossSpec,
     ntl_weight: float,
 ) -> CEWithNTLOutput:
     """``Σ ce / tokens + ntl_weight · Σ ntl / numbers`` over logits (B, T, V) and labels (B, T),
-    through the fused path, with ``.ce = Σ ce / tokens`` and ``.ntl = Σ ntl / numbers``.
+    through the fused path, with ``.ce = Σ ce / tokens`` and ``.ntl = Σ ntl / numbers``. With a
+    bypassed ``head``, ``logits`` are the hidden states (B, T, H) and the logits
+    ``hidden @ head.weight.T + head.bias`` are never built (the logits-free path).
 
     ``cross_entropy_with_ntl`` divides both sums by one ``num_items_in_batch``; NTL gets its own
     denominator by weighing every position by ``tokens / numbers`` (a constant, so NTL's
     ``loss_weights`` scale its sum): ``Σ (tokens/numbers)·ntl / tokens = Σ ntl / numbers``.
     """
     ratio = (tokens / numbers).expand(labels.shape)  # (B, T), a view of one scalar
-    return cross_entropy_with_ntl_from_tables(
-        logits, labels, tables, spec, ntl_weight, ratio, tokens
+    if head is None:
+        return cross_entropy_with_ntl_from_tables(
+            logits, labels, tables, spec, ntl_weight, ratio, tokens
+        )
+    bias = None if head.bias is None else head.bias.to(head.dtype)
+    return linear_cross_entropy_with_ntl_from_tables(
+        logits.to(head.dtype),
+        head.weight.to(head.dtype),
+        labels,
+        tables,
+        spec,
+        ntl_weight,
+        ratio,
+        tokens,
+        bias=bias,
     )
 
 
@@ -141,6 +174,32 @@ def _is_encoder_decoder_output(outputs: Any) -> bool:
     )
 
 
+def _size(trainer: Any, getter: str) -> int:
+    """``trainer.get_tp_size()`` and the like; 1 where the trainer has no such method."""
+    get_size = getattr(trainer, getter, None)
+    return int(get_size()) if callable(get_size) else 1
+
+
+def _deepspeed_stage(trainer: Any) -> int | None:
+    """The ZeRO stage of the trainer's DeepSpeed plugin, None without DeepSpeed."""
+    state = getattr(getattr(trainer, "accelerator", None), "state", None)
+    plugin = getattr(state, "deepspeed_plugin", None)
+    return None if plugin is None else int(getattr(plugin, "zero_stage", 0) or 0)
+
+
+def _bypass_during_training_steps(trainer: Any, bypass: OutputLayerBypass) -> None:
+    """Wrap ``trainer.training_step`` (on the instance) so that the output layer is bypassed
+    during training steps, and only then."""
+    training_step = trainer.training_step
+
+    @functools.wraps(training_step)
+    def logits_free_training_step(*args: Any, **kwargs: Any) -> Any:
+        with bypass.during_training_step():
+            return training_step(*args, **kwargs)
+
+    trainer.training_step = logits_free_training_step
+
+
 @dataclass
 class _Link:
     """What an attached loss knows about its trainer: how to sum over processes, and the current
@@ -186,6 +245,11 @@ class NTLossForTrainer:
             the output layer is padded beyond it (``model.config.vocab_size``).
         compile: ``torch.compile`` the loss. ``None`` (default): compile when attached to a
             trainer whose ``args.torch_compile`` is set, with its backend and mode.
+        logits_free: in training steps, compute the loss from the final hidden states and the
+            output layer's weight instead of the logits (see the module docstring); takes effect
+            through :meth:`attach`, which checks that the model allows it. The loss's dtype is
+            the one the output layer would have used (the autocast dtype under mixed
+            precision).
 
     Raises:
         ModuleNotFoundError: transformers or accelerate is not installed; the message says
@@ -210,6 +274,7 @@ class NTLossForTrainer:
         shift: bool = True,
         vocab_size: int | None = None,
         compile: bool | None = None,
+        logits_free: bool = False,
     ) -> None:
         require_extra("hf", "NTLossForTrainer (the Hugging Face Trainer adapter)")
         if isinstance(vocab_or_tokenizer, NumberVocab):
@@ -234,8 +299,10 @@ class NTLossForTrainer:
         if compile is not None:
             check_bool("compile", compile)
         self._compile = compile
+        self.logits_free = check_bool("logits_free", logits_free)
         self._terms = self._loss_terms(compile=bool(compile))
         self._link: _Link | None = None
+        self._bypass: OutputLayerBypass | None = None
         self._warned_inexact = False
 
     def _loss_terms(
@@ -252,7 +319,8 @@ class NTLossForTrainer:
         return (
             f"NTLossForTrainer(ntl_weight={self.ntl_weight}, kind={spec.kind!r}, "
             f"reweigh={spec.reweigh}, squash_factor={spec.squash_factor}, "
-            f"ignore_index={spec.ignore_index}, shift={spec.shift}, {self.vocab!r})"
+            f"ignore_index={spec.ignore_index}, shift={spec.shift}, "
+            f"logits_free={self.logits_free}, {self.vocab!r})"
         )
 
     # ------------------------------------------------------------------ the loss
@@ -262,8 +330,10 @@ class NTLossForTrainer:
         labels: torch.Tensor | None,
         num_items_in_batch: torch.Tensor | int | None = None,
     ) -> torch.Tensor:
-        """The loss of one micro-batch; ``outputs.logits`` (B, T, V), ``labels`` (B, T)."""
+        """The loss of one micro-batch; ``outputs.logits`` (B, T, V), ``labels`` (B, T). In a
+        logits-free training step, ``outputs.logits`` holds the hidden states (B, T, H)."""
         logits = _logits_of(outputs)
+        head = self._bypass.take() if self._bypass is not None else None
         if labels is None:
             raise ValueError(
                 "labels are missing: the batch has no 'labels' entry. Use a data collator that "
@@ -277,7 +347,9 @@ class NTLossForTrainer:
                 "shift=True: its decoder already reads right-shifted labels, so the logits at t "
                 "predict the label at t. Use NTLossForTrainer(..., shift=False)"
             )
-        self._check_vocab_size(logits)
+        self._check_vocab_size(
+            logits if head is None else head.weight.new_empty(0, len(head.weight))
+        )
         tables = self.vocab.tables(logits.device)
         link = self._link
         in_step = (
@@ -306,7 +378,7 @@ class NTLossForTrainer:
         dtype = torch.promote_types(logits.dtype, torch.float32)
         tokens = tokens.to(device=logits.device, dtype=dtype)
         numbers = numbers.to(device=logits.device, dtype=dtype)
-        out = self._terms(logits, labels, tables, tokens, numbers)
+        out = self._terms(logits, labels, tables, tokens, numbers, head)
         if link is not None and in_step:
             terms = torch.stack([out.ce, out.ntl])
             link.train_sums = terms if link.train_sums is None else link.train_sums + terms
@@ -355,15 +427,22 @@ class NTLossForTrainer:
         ``Seq2SeqTrainer``). It sets ``trainer.compute_loss_func`` to this loss when it is unset
         and wraps three of the trainer's methods on the instance: ``get_batch_samples`` (counts
         the step's target and number positions), ``log`` (adds ``ce`` and ``ntl``) and
-        ``evaluation_loop`` (adds ``eval_ce`` and ``eval_ntl``).
+        ``evaluation_loop`` (adds ``eval_ce`` and ``eval_ntl``); with ``logits_free=True`` also
+        ``training_step``, during which the output layer is bypassed (see
+        :mod:`numtok._hf_head`).
 
         Raises:
             ValueError: the trainer has another ``compute_loss_func``; this loss is already
                 attached; the model's output layer does not match the vocabulary; an
                 encoder-decoder model with ``shift=True``; ``torch.nn.DataParallel`` (several
-                GPUs in one process; use DDP through torchrun or accelerate).
+                GPUs in one process; use DDP through torchrun or accelerate). With
+                ``logits_free=True``: a model whose logits are not its output layer's product
+                (a soft cap such as Gemma 2's ``final_logit_softcapping``, a logit scale together
+                with a bias), an output layer that is not a plain ``nn.Linear``, FSDP, DeepSpeed
+                ZeRO-3 or tensor parallelism (the layer's weight is sharded outside the forward).
         """
-        for method in ("get_batch_samples", "log", "evaluation_loop"):
+        methods = ("get_batch_samples", "log", "evaluation_loop")
+        for method in (*methods, "training_step") if self.logits_free else methods:
             if not callable(getattr(trainer, method, None)):
                 raise TypeError(
                     f"trainer must be a transformers.Trainer (it has no {method}() method), "
@@ -372,9 +451,7 @@ class NTLossForTrainer:
         if self._link is not None:
             raise ValueError("this NTLossForTrainer is already attached to a trainer")
         current = getattr(trainer, "compute_loss_func", None)
-        if current is None:
-            trainer.compute_loss_func = self
-        elif current is not self:
+        if current is not None and current is not self:
             raise ValueError(
                 f"the trainer already has another compute_loss_func ({current!r}); pass "
                 "compute_loss_func=loss_fn to the Trainer or leave it unset"
@@ -387,6 +464,8 @@ class NTLossForTrainer:
                 "torchrun or accelerate launch (DDP)"
             )
         self._check_model(trainer.model)
+        bypass = self._output_layer_bypass(trainer) if self.logits_free else None
+        trainer.compute_loss_func = self
         if self._compile is None and getattr(args, "torch_compile", False):
             self._terms = self._loss_terms(
                 compile=True,
@@ -395,8 +474,7 @@ class NTLossForTrainer:
             )
         replicas = 1
         for size in ("get_tp_size", "get_cp_size", "get_sp_size"):
-            get_size = getattr(trainer, size, None)
-            replicas *= int(get_size()) if callable(get_size) else 1
+            replicas *= _size(trainer, size)
         self._link = link = _Link(
             gather=trainer.accelerator.gather,
             sum_over_processes=bool(getattr(args, "average_tokens_across_devices", False))
@@ -404,7 +482,31 @@ class NTLossForTrainer:
             replicas=replicas,
         )
         self._wrap(trainer, link)
+        if bypass is not None:
+            self._bypass = bypass
+            _bypass_during_training_steps(trainer, bypass)
         return trainer
+
+    def _output_layer_bypass(self, trainer: Any) -> OutputLayerBypass:
+        """Check that logits-free training is exact for this trainer and its model."""
+        sharded = [
+            name
+            for name, on in (
+                ("FSDP", getattr(trainer, "is_fsdp_enabled", False)),
+                ("DeepSpeed ZeRO-3", _deepspeed_stage(trainer) == 3),
+                ("tensor parallelism", _size(trainer, "get_tp_size") > 1),
+            )
+            if on
+        ]
+        if sharded:
+            raise ValueError(
+                f"logits_free=True reads the output layer's weight outside the model's forward, "
+                f"where {sharded[0]} keeps it sharded: use logits_free=False with {sharded[0]}"
+            )
+        model = trainer.model
+        head = output_layer_of(model)
+        check_bypass_is_exact(model, head, _logits_of)
+        return OutputLayerBypass(head)
 
     def _check_model(self, model: Any) -> None:
         config = getattr(model, "config", None)

@@ -1,0 +1,244 @@
+"""Logits-free training for the Hugging Face adapter: during a training step, the causal LM's
+output layer hands its input through instead of computing the (B, T, V) logits, and the loss
+computes CE + NTL from those hidden states and the layer's weight
+(:func:`numtok.linear.linear_cross_entropy_with_ntl`), never holding the logits.
+
+Every causal LM in transformers computes ``logits = P(lm_head(h))`` with ``lm_head =
+model.get_output_embeddings()`` an ``nn.Linear`` (weight (V, H), bias (V,) or None) and ``P`` what
+the model does to the logits afterwards: nothing for most (Llama, Qwen, Mistral, GPT-2, Gemma,
+Phi, SmolLM), a scale for some (Granite divides by ``logits_scaling``, Cohere multiplies by
+``logit_scale``), a soft cap ``c·tanh(x/c)`` for Gemma 2 (``final_logit_softcapping``). With the
+layer bypassed, the model returns ``P(h)`` where it returned the logits, so the loss reads
+``P(h) @ W.T + b``: equal to ``P(h @ W.T + b)`` when ``P`` is the identity, or a scale and the
+layer has no bias. :func:`check_bypass_is_exact` verifies that on the model itself before
+training (two forwards of four tokens) and refuses a model where it does not hold, naming the
+configuration setting responsible when it knows one.
+
+The bypass is installed on the layer's instance for the duration of a training step only, and
+only acts on calls that record gradients: evaluation, ``generate()`` and any forward under
+``torch.no_grad()`` still get the logits. Nothing here imports ``transformers``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["BypassedHead", "OutputLayerBypass", "check_bypass_is_exact", "output_layer_of"]
+
+#: Configuration settings that change the logits after the output layer, with the value that
+#: leaves them unchanged (None: the setting is off). The soft cap cannot be computed from
+#: ``P(h) @ W.T``; the scales can, unless the layer has a bias.
+_LOGIT_SETTINGS = {
+    "final_logit_softcapping": None,
+    "logits_scaling": 1.0,
+    "logit_scale": 1.0,
+    "output_multiplier": 1.0,
+    "lm_head_multiplier": 1.0,
+    "unpadded_vocab_size": None,
+}
+
+
+class _PassHiddenStates(torch.autograd.Function):
+    """The identity on the hidden states (..., H) that also takes the output layer's weight (and
+    bias) as inputs, with no gradient for them: the model's output then depends on them in the
+    autograd graph, as the logits did, so that DDP with ``find_unused_parameters=True`` (the
+    Trainer's default) does not take them for unused; their gradient comes from the loss."""
+
+    @staticmethod
+    def forward(ctx: Any, hidden: torch.Tensor, *parameters: torch.Tensor) -> torch.Tensor:
+        ctx.num_parameters = len(parameters)
+        return hidden.view_as(hidden)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        return (grad, *[None] * ctx.num_parameters)
+
+
+@contextlib.contextmanager
+def _forward_replaced(
+    module: torch.nn.Module, forward: Callable[[torch.Tensor], torch.Tensor]
+) -> Iterator[None]:
+    """``module(x)`` calls ``forward(x)`` within the context (an attribute of the instance, which
+    ``nn.Module.__call__`` reads, hooks included); the module's own forward afterwards."""
+    own = vars(module)
+    previous = own.get("forward")
+    own["forward"] = forward
+    try:
+        yield
+    finally:
+        if previous is None:
+            del own["forward"]
+        else:
+            own["forward"] = previous
+
+
+def output_layer_of(model: Any) -> torch.nn.Linear:
+    """``model.get_output_embeddings()``, checked: an ``nn.Linear`` with a floating-point weight
+    (V, H). Raises a ``ValueError`` that says why logits-free training cannot use the model."""
+    name = type(model).__name__
+    get_output_embeddings = getattr(model, "get_output_embeddings", None)
+    head = get_output_embeddings() if callable(get_output_embeddings) else None
+    if head is None:
+        raise ValueError(
+            f"logits_free=True needs the model's output layer, but {name}.get_output_embeddings() "
+            "returns None (or does not exist): load a causal LM (AutoModelForCausalLM), or use "
+            "logits_free=False"
+        )
+    if not isinstance(head, torch.nn.Linear) or not head.weight.is_floating_point():
+        raise ValueError(
+            f"logits_free=True needs an output layer that is a plain torch.nn.Linear with a "
+            f"floating-point weight; {name}.get_output_embeddings() is "
+            f"{type(head).__name__} with weight dtype "
+            f"{getattr(getattr(head, 'weight', None), 'dtype', None)} (an adapter or quantised "
+            "layer): use logits_free=False"
+        )
+    return head
+
+
+@dataclass(frozen=True)
+class BypassedHead:
+    """What the loss needs besides the model's output ``P(h)``: the layer's parameters and the
+    dtype its product would have run in (the autocast dtype when autocast was on)."""
+
+    weight: torch.Tensor  # (V, H)
+    bias: torch.Tensor | None  # (V,)
+    dtype: torch.dtype
+
+
+class OutputLayerBypass:
+    """Installs and removes the bypass on one output layer, and hands the loss what it needs."""
+
+    def __init__(self, head: torch.nn.Linear) -> None:
+        self.head = head
+        self._passed: list[BypassedHead] = []
+
+    @contextlib.contextmanager
+    def during_training_step(self) -> Iterator[None]:
+        """Within this context the layer returns its input on calls that record gradients."""
+        head = self.head
+        original = head.forward
+
+        def forward(hidden: torch.Tensor) -> torch.Tensor:
+            if not torch.is_grad_enabled():
+                return original(hidden)
+            device = hidden.device.type
+            dtype = (
+                torch.get_autocast_dtype(device)
+                if torch.is_autocast_enabled(device)
+                else head.weight.dtype
+            )
+            self._passed.append(BypassedHead(head.weight, head.bias, dtype))
+            parameters = [p for p in (head.weight, head.bias) if p is not None]
+            result: torch.Tensor = _PassHiddenStates.apply(hidden, *parameters)  # type: ignore[no-untyped-call]
+            return result
+
+        self._passed.clear()
+        with _forward_replaced(head, forward):
+            yield
+
+    def take(self) -> BypassedHead | None:
+        """The bypassed call of the forward that produced the outputs now given to the loss, or
+        None when the layer computed logits (evaluation). Raises when one forward called the
+        layer more than once (its outputs would not be the hidden states of one call)."""
+        passed, self._passed = self._passed, []
+        if len(passed) > 1:
+            raise ValueError(
+                f"the model called its output layer {len(passed)} times in one forward pass; "
+                "logits_free=True supports one call (the final hidden states): use "
+                "logits_free=False"
+            )
+        return passed[0] if passed else None
+
+
+def _settings_in(config: Any) -> dict[str, Any]:
+    """The logit settings of ``config`` (and of its text config) that are switched on."""
+    found: dict[str, Any] = {}
+    configs = [config]
+    get_text_config = getattr(config, "get_text_config", None)
+    if callable(get_text_config):
+        configs.append(get_text_config())
+    for each in configs:
+        for name, neutral in _LOGIT_SETTINGS.items():
+            value = getattr(each, name, None)
+            if value is not None and value != neutral:
+                found.setdefault(name, value)
+    return found
+
+
+def check_bypass_is_exact(
+    model: Any, head: torch.nn.Linear, read_logits: Callable[[Any], torch.Tensor]
+) -> None:
+    """Refuse a model whose logits are not ``P(h) @ W.T + b`` with ``P(h)`` what it returns when
+    its output layer is bypassed.
+
+    A soft cap (``final_logit_softcapping``) is refused from the configuration. Then two forwards
+    of four tokens, in eval mode without gradients: one with the layer's output multiplied by
+    ``k = 1000 / max|logits|`` (large logits, where a soft cap or any other non-linearity
+    shows), one with the layer bypassed. The first must equal ``k·(P(h) @ W.T + b)`` up to
+    rounding (1e-3 of the largest logit in float32, 3e-2 in 16-bit dtypes).
+    """
+    name = type(model).__name__
+    settings = _settings_in(getattr(model, "config", None))
+    cap = settings.get("final_logit_softcapping")
+    if cap is not None:
+        raise ValueError(
+            f"{name} caps its logits (final_logit_softcapping={cap}: c·tanh(logits/c) after the "
+            "output layer), which logits_free=True cannot compute from the hidden states: use "
+            "logits_free=False, or set model.config.final_logit_softcapping = None (a different "
+            "model)"
+        )
+    weight = head.weight.detach()
+    bias = None if head.bias is None else head.bias.detach()
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    device = getattr(getattr(embeddings, "weight", weight), "device", weight.device)
+    input_ids = torch.arange(min(4, weight.shape[0]), device=device)[None]  # (1, 4)
+    original = head.forward
+    scale: list[torch.Tensor] = []
+
+    def magnified(hidden: torch.Tensor) -> torch.Tensor:
+        logits = original(hidden)
+        largest = logits.detach().abs().max().float()
+        scale.append(torch.where(largest > 0, 1e3 / largest, torch.ones_like(largest)))
+        return logits * scale[-1].to(logits.dtype)
+
+    def bypassed(hidden: torch.Tensor) -> torch.Tensor:
+        return hidden
+
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            with _forward_replaced(head, magnified):
+                logits = read_logits(model(input_ids=input_ids)).float()  # (1, 4, V')
+            with _forward_replaced(head, bypassed):
+                passed = read_logits(model(input_ids=input_ids))  # (1, 4, H) when exact
+    finally:
+        model.train(was_training)
+    exact = (
+        len(scale) == 1
+        and passed.shape[-1] == weight.shape[1]
+        and tuple(logits.shape) == (*passed.shape[:-1], weight.shape[0])
+    )
+    if exact:
+        expected = F.linear(passed.to(weight.dtype), weight, bias).float() * scale[0]
+        tolerance = 1e-3 if weight.dtype in (torch.float32, torch.float64) else 3e-2
+        error = float((logits - expected).abs().max() / expected.abs().max().clamp_min(1e-30))
+        exact = error <= tolerance
+    if not exact:
+        named = ", ".join(f"{key}={value}" for key, value in settings.items())
+        because = (
+            f"its configuration sets {named}"
+            if named
+            else "it transforms the output layer's result, or computes the logits without it"
+        )
+        raise ValueError(
+            f"{name}'s logits are not its output layer applied to what the model returns when "
+            f"the layer is bypassed ({because}; with a bias, a logit scale also breaks this), so "
+            "logits_free=True cannot compute its loss exactly: use logits_free=False"
+        )
