@@ -1,6 +1,12 @@
 """numtok: the Number Token Loss for language models, right on every tokenizer."""
 
-from numtok.decoding import ExpectedNumbers, expected_numbers, expected_span_values
+from numtok.decoding import (
+    ExpectedNumbers,
+    NumberPredictions,
+    expected_numbers,
+    expected_span_values,
+    predict_numbers,
+)
 from numtok.fused import CEWithNTLOutput, cross_entropy_with_ntl
 from numtok.hf import NTLossForTrainer
 from numtok.label_smoothing import GaussianLabelSmoothingLoss, gaussian_label_smoothing_ce
@@ -9,6 +15,7 @@ from numtok.losses import number_token_loss
 from numtok.metrics import NumericMetrics, make_compute_metrics, numeric_metrics
 from numtok.module import NumberTokenLoss
 from numtok.number_level import NumberLevelLoss, number_level_loss
+from numtok.readout import NumberDistribution, number_distribution
 from numtok.spans import NumberSpans, find_number_spans
 from numtok.text_numbers import last_number, parse_number
 from numtok.vocab import NumberVocab
@@ -18,7 +25,9 @@ __all__ = [
     "ExpectedNumbers",
     "GaussianLabelSmoothingLoss",
     "NTLossForTrainer",
+    "NumberDistribution",
     "NumberLevelLoss",
+    "NumberPredictions",
     "NumberSpans",
     "NumberTokenLoss",
     "NumberVocab",
@@ -31,9 +40,11 @@ __all__ = [
     "last_number",
     "linear_cross_entropy_with_ntl",
     "make_compute_metrics",
+    "number_distribution",
     "number_level_loss",
     "number_token_loss",
     "numeric_metrics",
     "parse_number",
+    "predict_numbers",
 ]
 __version__ = "0.1.0"
