@@ -74,7 +74,43 @@ def assert_fused_matches_reference(
     )
     torch.testing.assert_close(value, ref_value, rtol=1e-9, atol=1e-12)
     torch.testing.assert_close(grads, ref_grads, rtol=1e-9, atol=1e-12)
+    assert_other_paths_agree(vocab, logits, labels, outputs[-1], grads[0], **settings)
     return outputs[-1]
+
+
+def assert_other_paths_agree(
+    vocab: NumberVocab,
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    out: CEWithNTLOutput,
+    grad: torch.Tensor,
+    **settings: Any,
+) -> None:
+    """``inplace_backward=True`` (on a non-leaf copy, as logits are in a model) gives the same
+    value, terms and gradient, bit for bit; without autograd the values are the same."""
+    leaf = logits.detach().clone().requires_grad_()
+    inplace_outputs: list[CEWithNTLOutput] = []
+
+    def inplace() -> torch.Tensor:
+        inplace_outputs.append(
+            cross_entropy_with_ntl(
+                leaf.clone(), labels, vocab, ntl_weight=WEIGHT, inplace_backward=True, **settings
+            )
+        )
+        return inplace_outputs[-1].loss
+
+    value, (inplace_grad,) = value_and_grads(inplace, [leaf])
+    exactly = {"rtol": 0.0, "atol": 0.0}
+    torch.testing.assert_close(value, out.loss.detach(), **exactly)
+    torch.testing.assert_close(inplace_outputs[-1].ce, out.ce, **exactly)
+    torch.testing.assert_close(inplace_outputs[-1].ntl, out.ntl, **exactly)
+    torch.testing.assert_close(inplace_grad, grad, **exactly)
+    with torch.no_grad():
+        evaluation = cross_entropy_with_ntl(logits, labels, vocab, ntl_weight=WEIGHT, **settings)
+    for term in ("loss", "ce", "ntl"):
+        torch.testing.assert_close(
+            getattr(evaluation, term), getattr(out, term).detach(), rtol=1e-12, atol=1e-14
+        )
 
 
 # ------------------------------------------------------------------ agreement with the reference
@@ -119,10 +155,33 @@ def test_ntl_weight_zero_is_cross_entropy() -> None:
     )
 
 
+def assert_matches_finite_differences(
+    fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, directions: int = 3
+) -> None:
+    """gradcheck's fast mode by hand, with one backward per forward (the gradient-in-forward
+    path hands its gradient out once): ``<v, J u>`` from central differences of ``fn`` along
+    random directions ``u`` equals ``<v J, u>`` from backward, for a random upstream ``v``."""
+    generator = torch.Generator().manual_seed(17)
+    x = x.detach()
+    leaf = x.clone().requires_grad_()
+    value = fn(leaf.clone())  # a non-leaf, as logits are in a model
+    upstream = torch.randn(value.shape, generator=generator, dtype=value.dtype)
+    (grad,) = torch.autograd.grad(value, leaf, upstream)
+    eps = 1e-6
+    for _ in range(directions):
+        u = torch.randn(x.shape, generator=generator, dtype=x.dtype)
+        plus, minus = fn((x + eps * u).requires_grad_()), fn((x - eps * u).requires_grad_())
+        numeric = ((plus - minus).detach() * upstream).sum() / (2 * eps)
+        torch.testing.assert_close((grad * u).sum(), numeric, rtol=1e-6, atol=1e-9)
+
+
 @pytest.mark.parametrize("name", list(VOCABS))
 @pytest.mark.parametrize("kind", ["was", "mse", "huber"])
 @pytest.mark.parametrize("reweigh", [False, True])
-def test_gradcheck(name: str, kind: str, reweigh: bool) -> None:
+@pytest.mark.parametrize(("reduction", "inplace"), [("mean", False), ("none", True)])
+def test_gradient_matches_finite_differences(
+    name: str, kind: str, reweigh: bool, reduction: str, inplace: bool
+) -> None:
     vocab = make_vocab(name)
     logits, labels = make_batch(name, shape=(2, 3), seed=7)
     weights = torch.rand(2, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
@@ -130,10 +189,18 @@ def test_gradcheck(name: str, kind: str, reweigh: bool) -> None:
 
     def fn(x: torch.Tensor) -> torch.Tensor:
         return cross_entropy_with_ntl(
-            x, labels, vocab, kind=kind, reweigh=reweigh, squash_factor=squash, loss_weights=weights
+            x,
+            labels,
+            vocab,
+            kind=kind,
+            reweigh=reweigh,
+            squash_factor=squash,
+            loss_weights=weights,
+            reduction=reduction,
+            inplace_backward=inplace,
         ).loss
 
-    assert torch.autograd.gradcheck(fn, (logits.detach().requires_grad_(),))
+    assert_matches_finite_differences(fn, logits)
 
 
 # ------------------------------------------------------------------ edge cases
@@ -219,17 +286,22 @@ LOW_PRECISION = {torch.bfloat16: (2.0**-8, 1e-30), torch.float16: (2.0**-10, 2.0
 
 
 def assert_close_to_float32_reference(
-    name: str, logits: torch.Tensor, labels: torch.Tensor, **settings: Any
+    name: str, logits: torch.Tensor, labels: torch.Tensor, inplace: bool = False, **settings: Any
 ) -> None:
+    """Value and gradient for a unit upstream gradient (rounded once to the logits' dtype)
+    against the float32 reference; with ``inplace``, on a non-leaf copy of the logits."""
     vocab = make_vocab(name)
     grad_rtol, grad_atol = LOW_PRECISION[logits.dtype]
-    out = cross_entropy_with_ntl(logits, labels, vocab, ntl_weight=WEIGHT, **settings)
+    leaf = logits.detach().clone().requires_grad_()
+    out = cross_entropy_with_ntl(
+        leaf.clone(), labels, vocab, ntl_weight=WEIGHT, inplace_backward=inplace, **settings
+    )
     assert out.loss.dtype == torch.float32
-    (grad,) = torch.autograd.grad(out.loss, logits)
+    (grad,) = torch.autograd.grad(out.loss.sum(), leaf)
     assert grad.dtype == logits.dtype
     upcast = logits.detach().float().requires_grad_()
     ref, _ = reference(upcast, labels, vocab, **settings)
-    (ref_grad,) = torch.autograd.grad(ref, upcast)
+    (ref_grad,) = torch.autograd.grad(ref.sum(), upcast)
     torch.testing.assert_close(out.loss, ref, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(grad.float(), ref_grad, rtol=grad_rtol, atol=grad_atol)
 
@@ -237,17 +309,41 @@ def assert_close_to_float32_reference(
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("name", list(VOCABS))
 @pytest.mark.parametrize("reweigh", [False, True])
+@pytest.mark.parametrize("inplace", [False, True])
 def test_low_precision_matches_float32_reference(
-    dtype: torch.dtype, name: str, reweigh: bool
+    dtype: torch.dtype, name: str, reweigh: bool, inplace: bool
 ) -> None:
     logits, labels = make_batch(name, shape=(4, 9), seed=10, dtype=torch.float32)
     low = logits.detach().to(dtype).requires_grad_()
-    assert_close_to_float32_reference(name, low, labels, reweigh=reweigh, shift=True)
+    assert_close_to_float32_reference(
+        name, low, labels, inplace=inplace, reweigh=reweigh, shift=True
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("inplace", [False, True])
+def test_low_precision_with_an_upstream_gradient(dtype: torch.dtype, inplace: bool) -> None:
+    """Backward scales the gradient kept from forward by the upstream gradient (per position
+    for "none"): rounded twice to the logits' dtype, so within one unit in the last place."""
+    vocab = make_vocab("chunks")
+    logits, labels = make_batch("chunks", shape=(4, 9), seed=14, dtype=torch.float32)
+    upstream = torch.rand(4, 9, generator=torch.Generator().manual_seed(14)) + 0.5
+    leaf = logits.detach().to(dtype).requires_grad_()
+    out = cross_entropy_with_ntl(
+        leaf.clone(), labels, vocab, reweigh=True, reduction="none", inplace_backward=inplace
+    )
+    (grad,) = torch.autograd.grad(out.loss, leaf, upstream)
+    upcast = leaf.detach().float().requires_grad_()
+    ref, _ = reference(upcast, labels, vocab, ntl_weight=0.3, reweigh=True, reduction="none")
+    (ref_grad,) = torch.autograd.grad(ref, upcast, upstream)
+    grad_rtol, grad_atol = LOW_PRECISION[dtype]
+    torch.testing.assert_close(out.loss, ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grad.float(), ref_grad, rtol=2 * grad_rtol, atol=grad_atol)
 
 
 def test_low_precision_is_not_upcast_as_a_whole() -> None:
-    """The bf16 logits stay bf16: the gradient is bf16 and no float32 copy of the logits is
-    kept for backward (the only saved tensors are the logits themselves and (M,) statistics)."""
+    """The bf16 logits stay bf16: nothing is saved for backward, the one (M, V) buffer kept
+    from forward to backward is the bf16 gradient, and that is what backward hands out."""
     vocab = make_vocab("digits")
     logits, labels = make_batch("digits", shape=(4, 9), seed=11, dtype=torch.bfloat16)
     saved: list[torch.Tensor] = []
@@ -258,11 +354,12 @@ def test_low_precision_is_not_upcast_as_a_whole() -> None:
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = cross_entropy_with_ntl(logits, labels, vocab, reweigh=True)
-    full_size = [t for t in saved if t.numel() >= logits.numel()]
-    assert len(full_size) == 1 and full_size[0].dtype == torch.bfloat16
-    assert full_size[0].untyped_storage().data_ptr() == logits.untyped_storage().data_ptr()
+    assert not [t for t in saved if t.numel() >= logits.numel()]
+    kept = out.loss.grad_fn.gradient  # type: ignore[union-attr]
+    assert kept.dtype == torch.bfloat16 and kept.numel() == logits.numel()
     out.loss.backward()
     assert logits.grad is not None and logits.grad.dtype == torch.bfloat16
+    assert logits.grad.data_ptr() == kept.data_ptr()
 
 
 # ------------------------------------------------------------------ torch.compile

@@ -21,11 +21,20 @@ each instead of unrolling the chunk loop; :func:`row_statistics` is their differ
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
-__all__ = ["compute_row_statistics", "row_statistics", "rows_per_chunk", "write_row_gradient"]
+__all__ = [
+    "RowGradientsOf",
+    "compute_row_statistics",
+    "gather_rows",
+    "row_statistics",
+    "rows_per_chunk",
+    "statistics_and_gradient",
+    "write_row_gradient",
+]
 
 # A chunk of about a million elements (4 MiB in float32) stays in a CPU core's L2 cache across the
 # three element-wise passes of the backward (subtract, exp, scale). GPUs want large launches.
@@ -38,6 +47,63 @@ def rows_per_chunk(num_columns: int, device: torch.device) -> int:
     return max(1, budget // max(1, num_columns))
 
 
+def gather_rows(
+    logits: torch.Tensor,
+    target_ids: torch.Tensor,
+    number_ids: torch.Tensor,
+    compute_dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(logits[r, target_ids[r]] (M,), logits[:, number_ids] (M, N))`` of a 2-D ``logits``
+    (M, V) in ``compute_dtype``. ``-inf`` number logits (masked vocabulary entries) are raised to
+    the most negative finite value, so that no softmax over them can produce NaN."""
+    target_logit = logits.gather(1, target_ids[:, None]).squeeze(1).to(compute_dtype)  # (M,)
+    number_logits = logits.index_select(1, number_ids).to(compute_dtype)  # (M, N)
+    return target_logit, number_logits.clamp_min(torch.finfo(compute_dtype).min)
+
+
+def _work_buffer(
+    logits: torch.Tensor, out: torch.Tensor | None, compute_dtype: torch.dtype, rows: int
+) -> torch.Tensor | None:
+    """A (rows, C) buffer in ``compute_dtype`` for one chunk, reused by every chunk; None when
+    the work can be done in ``out``'s own rows (``out`` has the compute dtype)."""
+    if out is not None and out.dtype == compute_dtype:
+        return None
+    return logits.new_empty((min(rows, logits.shape[0]), logits.shape[1]), dtype=compute_dtype)
+
+
+def _exp_chunks(
+    logits: torch.Tensor, lse: torch.Tensor, out: torch.Tensor | None
+) -> Iterator[tuple[slice, torch.Tensor, torch.Tensor]]:
+    """Go over ``logits`` (M, V) in row chunks, filling ``lse`` (M,) (in the compute dtype) and
+    yielding ``(rows, work, total)``: ``work`` (rows, V) = ``exp(x - max_v x)`` and ``total``
+    (rows,) its row sums, so that ``softmax(x) = work / total`` and ``lse = max + log total``.
+
+    ``work`` is ``out[rows]`` itself when ``out`` (M, V) has the compute dtype (``out`` may be
+    ``logits``: then the chunk is overwritten), else one reused buffer of a chunk's size:
+    bfloat16/float16 logits are upcast a chunk at a time, inside the subtraction. Each chunk is
+    read from memory once; its passes (max, subtract, exp, sum and the caller's) run on data in
+    cache. A row whose logits are all ``-inf`` gets ``work = 0``, ``total = 0``, ``lse = -inf``.
+    """
+    step = rows_per_chunk(logits.shape[1], logits.device)
+    buffer = _work_buffer(logits, out, lse.dtype, step)
+    for start in range(0, logits.shape[0], step):
+        rows = slice(start, start + step)
+        block = logits[rows]  # (rows, V)
+        if buffer is None:
+            work = out[rows]  # type: ignore[index]
+            peak = block.amax(dim=1, keepdim=True)  # (rows, 1)
+        else:
+            # Upcast first: CPU kernels that mix dtypes (bf16 - f32 -> f32) skip vectorisation
+            # and take 3x the time of the conversion and the float32 pass.
+            work = buffer[: block.shape[0]].copy_(block)
+            peak = work.amax(dim=1, keepdim=True)
+        peak = torch.where(peak.isfinite(), peak, 0.0)
+        torch.sub(block if buffer is None else work, peak, out=work).exp_()
+        total = work.sum(dim=1)  # (rows,)
+        torch.add(peak.squeeze(1), total.log(), out=lse[rows])
+        yield rows, work, total
+
+
 def compute_row_statistics(
     logits: torch.Tensor,
     target_ids: torch.Tensor,
@@ -45,18 +111,59 @@ def compute_row_statistics(
     compute_dtype: torch.dtype,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(lse (M,), logits[r, target_ids[r]] (M,), logits[:, number_ids] (M, N))`` of a 2-D
-    ``logits`` (M, V), all in ``compute_dtype``. ``-inf`` number logits (masked vocabulary entries)
-    are raised to the most negative finite value, so that no softmax over them can produce NaN."""
-    num_rows, num_columns = logits.shape
-    lse = torch.empty(num_rows, dtype=compute_dtype, device=logits.device)
-    step = rows_per_chunk(num_columns, logits.device)
-    for start in range(0, num_rows, step):
-        block = logits[start : start + step].to(compute_dtype)  # (rows, V), a view in float32
-        torch.logsumexp(block, dim=-1, out=lse[start : start + step])
-    target_logit = logits.gather(1, target_ids[:, None]).squeeze(1).to(compute_dtype)  # (M,)
-    number_logits = logits.index_select(1, number_ids).to(compute_dtype)  # (M, N)
-    number_logits = number_logits.clamp_min(torch.finfo(compute_dtype).min)
-    return lse, target_logit, number_logits
+    ``logits`` (M, V), all in ``compute_dtype``, in one read of the logits (see
+    :func:`gather_rows` for ``-inf`` number logits)."""
+    lse = logits.new_empty(logits.shape[0], dtype=compute_dtype)
+    for _ in _exp_chunks(logits, lse, out=None):
+        pass
+    return lse, *gather_rows(logits, target_ids, number_ids, compute_dtype)
+
+
+#: ``row_gradients(rows, lse[rows]) -> (grad_lse, grad_target, grad_numbers)`` for a chunk.
+RowGradientsOf = Callable[[slice, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
+def statistics_and_gradient(
+    logits: torch.Tensor,
+    out: torch.Tensor,
+    target_ids: torch.Tensor,
+    number_ids: torch.Tensor,
+    compute_dtype: torch.dtype,
+    row_gradients: RowGradientsOf,
+) -> torch.Tensor:
+    """The log-sum-exp (M,) of a 2-D ``logits`` (M, V) in ``compute_dtype``, and the logits'
+    gradient written into ``out`` (M, V) (the logits' dtype; ``out`` may be ``logits`` itself)
+    in the same pass: each chunk of rows is read once, its log-sum-exp computed, then
+    ``row_gradients(rows, lse[rows])`` gives the chunk's gradient pieces (compute dtype)
+
+        grad_lse (rows,), grad_target (rows,), grad_numbers (rows, N)
+
+    and the chunk, still in cache, becomes ``grad_lse·softmax(x) + grad_target·onehot(target)
+    + scatter(grad_numbers -> number_ids)``, rounded once to the logits' dtype. Rows whose
+    logits are all ``-inf`` get softmax 0. Gather the label's and the number logits first
+    (:func:`gather_rows`) when ``out`` is ``logits``."""
+    lse = logits.new_empty(logits.shape[0], dtype=compute_dtype)
+    for rows, work, total in _exp_chunks(logits, lse, out):
+        grad_lse, grad_target, grad_numbers = row_gradients(rows, lse[rows])
+        scale = torch.where(total > 0, grad_lse / total, 0.0)  # (rows,)
+        work.mul_(scale[:, None])
+        _add_fixups(work, target_ids[rows], grad_target, number_ids, grad_numbers)
+        if work.dtype != out.dtype:
+            out[rows].copy_(work)
+    return lse
+
+
+def _add_fixups(
+    work: torch.Tensor,
+    target_column: torch.Tensor,
+    grad_target: torch.Tensor,
+    number_column: torch.Tensor,
+    grad_numbers: torch.Tensor,
+) -> None:
+    """``work[r, target_column[r]] += grad_target[r]`` and ``work[r, number_column[j]] +=
+    grad_numbers[r, j]``, in place."""
+    work.scatter_add_(1, target_column[:, None], grad_target[:, None])
+    work.index_add_(1, number_column, grad_numbers)
 
 
 def write_row_gradient(
@@ -89,19 +196,16 @@ def write_row_gradient(
     grad_numbers = torch.where(number_inside, grad_numbers, torch.zeros_like(grad_numbers))
     number_column = number_column.clamp(0, width - 1)
 
-    in_place = logits.dtype == lse.dtype  # otherwise each chunk is upcast to lse.dtype
     finite_lse = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
     step = rows_per_chunk(width, logits.device)
+    buffer = _work_buffer(logits, out, lse.dtype, step)
     for start in range(0, logits.shape[0], step):
         rows = slice(start, start + step)
-        if in_place:
-            work = torch.sub(logits[rows], finite_lse[rows, None], out=out[rows])  # (rows, C)
-        else:
-            work = logits[rows].to(lse.dtype).sub_(finite_lse[rows, None])  # (rows, C)
-        work.exp_().mul_(grad_lse[rows, None])
-        work.scatter_add_(1, target_column[rows, None], grad_target[rows, None])
-        work.index_add_(1, number_column, grad_numbers[rows])
-        if not in_place:
+        work = out[rows] if buffer is None else buffer[: out[rows].shape[0]]  # (rows, C)
+        torch.sub(logits[rows], finite_lse[rows, None], out=work).exp_()
+        work.mul_(grad_lse[rows, None])
+        _add_fixups(work, target_column[rows], grad_target[rows], number_column, grad_numbers[rows])
+        if buffer is not None:
             out[rows].copy_(work)
 
 

@@ -17,11 +17,17 @@ log-sum-exp: ``log m = logsumexp(z) - lse``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
+from torch.autograd.function import once_differentiable
 
-from numtok._fused_rows import row_statistics
+from numtok._fused_rows import (
+    compute_row_statistics,
+    gather_rows,
+    row_statistics,
+    statistics_and_gradient,
+)
 from numtok._ntl_maths import (
     Kind,
     LossSpec,
@@ -34,6 +40,7 @@ from numtok._number_logits import compute_dtype
 from numtok._reduction import reduce_losses
 from numtok._shift import shift_labels
 from numtok._validation import (
+    check_bool,
     check_logits_and_labels,
     check_loss_weights,
     check_ntl_weight,
@@ -239,17 +246,24 @@ def _number_terms(
 ) -> _NumberTerms:
     """:class:`_NumberTerms` of the rows ``rows`` (m) from their finite number logits (m, N).
 
-    ``∂ℓ/∂z`` (any kind, also a callable one) comes from ``torch.func.vjp`` over
-    :func:`~numtok._ntl_maths.position_losses`: it works with autograd off, in an
-    ``autograd.Function``'s forward, inside a ``torch.library`` custom op and under
-    ``torch.compile``, and touches only (m, N) tensors."""
+    ``∂ℓ/∂z`` (any kind, also a callable one) is a vector-Jacobian product through
+    :func:`~numtok._ntl_maths.position_losses` on (m, N) tensors: with ``torch.autograd.grad``
+    where autograd records (also in an ``autograd.Function``'s forward and under saved-tensor
+    hooks), with ``torch.func.vjp`` below autograd (inside a ``torch.library`` custom op)."""
     coefficient = ntl_weight * scales.ntl * rows.ntl_weights  # (m,), 0 off number positions
 
     def base_of(z: torch.Tensor) -> torch.Tensor:
         return position_losses(z, rows.position, tables, spec)
 
-    base, pullback = torch.func.vjp(base_of, number_logits)[:2]
-    (grad_base,) = pullback(coefficient)
+    with torch.enable_grad():
+        leaf = number_logits.detach().requires_grad_()
+        base = base_of(leaf)  # (m,)
+    if base.requires_grad:
+        (grad_base,) = torch.autograd.grad(base, leaf, coefficient)
+        base = base.detach()
+    else:
+        base, pullback = torch.func.vjp(base_of, number_logits)[:2]
+        (grad_base,) = pullback(coefficient)
     number_lse = number_probs = None
     if spec.reweigh:
         number_lse = torch.logsumexp(number_logits, dim=-1)  # (m,)
@@ -348,6 +362,97 @@ def loss_and_row_gradients(
     return RowGradients(ce, ntl, *_row_gradients(lse, terms, rows, spec, scales))
 
 
+class _GradientInForward(torch.autograd.Function):
+    """CE + w·NTL whose forward also writes the logits' gradient for a unit upstream gradient,
+    in the same pass over the logits (:func:`~numtok._fused_rows.statistics_and_gradient`), into
+    a fresh (M, V) buffer or, with ``inplace``, into the logits' own storage. Backward only
+    scales that buffer by the upstream gradient (per row for ``"none"``), in place, and hands
+    it out: it can run once."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        logits: torch.Tensor,
+        rows: _Rows,
+        tables: NumberTables,
+        spec: LossSpec,
+        ntl_weight: float,
+        num_items: torch.Tensor | int | None,
+        shape: torch.Size,
+        inplace: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        flat = logits.view(-1, spec.vocab_size) if inplace else logits.reshape(-1, spec.vocab_size)
+        dtype = compute_dtype(logits)
+        target_logit, number_logits = gather_rows(flat, rows.target_ids, tables.ids, dtype)
+        scales = reduction_scales(rows, spec, num_items)
+        terms = _number_terms(number_logits, rows, tables, spec, ntl_weight, scales)
+
+        def chunk_gradients(
+            index: slice, lse: torch.Tensor
+        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            return _row_gradients(lse, terms.take(index), rows.take(index), spec, scales)
+
+        gradient = flat if inplace else torch.empty_like(flat)  # (M, V)
+        lse = statistics_and_gradient(
+            flat, gradient, rows.target_ids, tables.ids, dtype, chunk_gradients
+        )
+        if inplace:
+            # The logits now hold their gradient: any other autograd node that saved them fails
+            # loudly in backward ("modified by an inplace operation") instead of using it.
+            torch.autograd.graph.increment_version(logits)
+        ce, ntl = _row_losses(lse, target_logit, terms.base, terms.number_lse, rows, spec)
+        ce, ntl = reduce_terms(ce, ntl, rows, spec, num_items, shape)
+        ctx.gradient = gradient
+        ctx.logits_shape = logits.shape
+        ctx.mark_non_differentiable(ce, ntl)
+        return ce + ntl_weight * ntl, ce, ntl
+
+    @staticmethod
+    @once_differentiable
+    def backward(
+        ctx: Any, grad_loss: torch.Tensor, *_: torch.Tensor
+    ) -> tuple[torch.Tensor | None, ...]:
+        gradient = ctx.gradient
+        if gradient is None:
+            raise RuntimeError(
+                "cross_entropy_with_ntl computes the logits' gradient in its forward pass and "
+                "hands it out in the first backward; a second backward through the same call "
+                "(retain_graph=True) is not supported: call the loss again"
+            )
+        ctx.gradient = None
+        # A scalar upstream gradient of exactly 1 (loss.backward()) needs no pass over the
+        # gradient; checking costs a device sync, so only on CPU. The (M, 1) shape makes the
+        # product compute in float32 for bfloat16/float16 gradients (rounded once more).
+        upstream = grad_loss.reshape(-1, 1)
+        if not (upstream.numel() == 1 and upstream.device.type == "cpu" and bool(upstream == 1)):
+            gradient.mul_(upstream)
+        return gradient.view(ctx.logits_shape), *[None] * 7
+
+
+def _check_inplace(logits: torch.Tensor, vocab_size: int, weights_need_grad: bool) -> None:
+    """``inplace_backward=True`` writes the gradient into the logits' memory through the view
+    ``logits.view(-1, V)``: its rows must be distinct, contiguous memory, and nothing of ours may
+    need the logits' values in backward."""
+    if weights_need_grad:
+        raise ValueError(
+            "inplace_backward=True needs loss_weights that do not require grad: their gradient "
+            "is computed in backward from the logits, which the in-place gradient overwrites; "
+            "pass loss_weights.detach() or inplace_backward=False"
+        )
+    try:
+        flat = logits.view(-1, vocab_size)
+    except RuntimeError:
+        flat = None
+    if flat is None or flat.stride(1) != 1 or (flat.shape[0] > 1 and flat.stride(0) < vocab_size):
+        raise ValueError(
+            "inplace_backward=True writes the gradient into the logits' own memory, which needs "
+            "rows of contiguous, non-overlapping memory (logits.view(-1, V) with strides "
+            f"(>= V, 1)); got logits of shape {tuple(logits.shape)} and strides "
+            f"{tuple(logits.stride())}. A slice such as logits[:, :-1] is not: pass the full "
+            "logits with shift=True, or inplace_backward=False"
+        )
+
+
 def cross_entropy_with_ntl_from_tables(
     logits: torch.Tensor,
     labels: torch.Tensor,
@@ -356,10 +461,12 @@ def cross_entropy_with_ntl_from_tables(
     ntl_weight: float,
     loss_weights: torch.Tensor | None,
     num_items_in_batch: torch.Tensor | int | None,
+    inplace_backward: bool = False,
 ) -> CEWithNTLOutput:
     """:func:`cross_entropy_with_ntl` with its settings already validated (``spec``,
-    ``ntl_weight``) and the vocabulary's lookup tables already on the logits' device: what the
-    module (:class:`~numtok.NumberTokenLoss`) and the Trainer adapter call. Checks the tensors."""
+    ``ntl_weight``, ``inplace_backward``) and the vocabulary's lookup tables already on the
+    logits' device: what the module (:class:`~numtok.NumberTokenLoss`) and the Trainer adapter
+    call. Checks the tensors."""
     logits, labels = check_logits_and_labels(
         logits, labels, vocab_size=spec.vocab_size, ignore_index=spec.ignore_index
     )
@@ -367,7 +474,21 @@ def cross_entropy_with_ntl_from_tables(
     num_items = check_num_items(num_items_in_batch)
     dtype = compute_dtype(logits)
     rows, shape = prepare_rows(labels, loss_weights, tables, spec, dtype)
-    lse, target_logit, number_logits = row_statistics(
+    needs_grad = torch.is_grad_enabled() and logits.requires_grad
+    # Under torch.compile, and for loss weights that take a gradient themselves, autograd goes
+    # through the row statistics: two opaque custom ops, the statistics in forward and the
+    # logits' gradient in backward (one more read of the logits, into a fresh buffer).
+    weights_need_grad = loss_weights is not None and loss_weights.requires_grad
+    recompute = torch.compiler.is_compiling() or weights_need_grad
+    if inplace_backward and needs_grad:
+        _check_inplace(logits, spec.vocab_size, weights_need_grad)
+    if needs_grad and not recompute:
+        loss, ce, ntl = _GradientInForward.apply(  # type: ignore[no-untyped-call]
+            logits, rows, tables, spec, ntl_weight, num_items, shape, inplace_backward
+        )
+        return CEWithNTLOutput(loss=loss, ce=ce, ntl=ntl)
+    statistics = row_statistics if needs_grad else compute_row_statistics
+    lse, target_logit, number_logits = statistics(
         logits.reshape(-1, spec.vocab_size), rows.target_ids, tables.ids, dtype
     )
     return combine_terms(
@@ -389,6 +510,7 @@ def cross_entropy_with_ntl(
     reduction: str = "mean",
     num_items_in_batch: torch.Tensor | int | None = None,
     shift: bool = False,
+    inplace_backward: bool = False,
 ) -> CEWithNTLOutput:
     """Cross-entropy plus ``ntl_weight`` times the Number Token Loss, fused.
 
@@ -399,12 +521,36 @@ def cross_entropy_with_ntl(
     cross-entropy, ``Σ loss_weights`` over number positions for NTL; ``num_items_in_batch``
     replaces both. ``loss_weights`` weigh the NTL term only, as in ``number_token_loss``.
 
-    Cost: one read of the logits in forward (log-sum-exp in cache-sized row chunks, plus a gather
-    of the label's and the number tokens' columns), one read and one write in backward (the only
-    (M, V) buffer allocated is the gradient itself). bfloat16/float16 logits are processed in
-    float32 chunks, never upcast as a whole. The computation itself never synchronises with the
-    host; the argument checks do, once each: the label range check (and, when given, the check
-    that ``loss_weights >= 0``) reads one boolean back from the device.
+    Cost: when the logits need a gradient, forward reads them once, in cache-sized row chunks,
+    and while a chunk is in cache turns it into its rows of the logits' gradient for a unit
+    upstream gradient (the scheme of Liger-Kernel's cross-entropy): one read and one write of
+    (M, V) in all, and the only (M, V) buffer is that gradient, in the logits' dtype. Backward
+    only multiplies it by the upstream gradient (nothing to do for ``loss.backward()`` on CPU)
+    and hands it out, so it can run once per call (``retain_graph=True`` and a second backward
+    raise). Without a gradient (evaluation, ``torch.no_grad()``), forward reads the logits once
+    and writes nothing of their size. bfloat16/float16 logits are upcast one chunk at a time into
+    a reused float32 buffer, never as a whole, and the gradient is rounded to their dtype once
+    (once more when the upstream gradient is not 1). Under ``torch.compile``, and when
+    ``loss_weights`` require grad, the loss runs as two opaque custom ops instead, the statistics
+    in forward and the gradient in backward (one more read of the logits). The computation
+    itself never synchronises with the host; the argument checks do, once each: the label range
+    check (and, when given, the check that ``loss_weights >= 0``) reads one boolean back from the
+    device.
+
+    ``inplace_backward=True`` writes that gradient into the logits' own memory: no (M, V)
+    buffer at all. The logits' values are gone after the call, so it is for logits that nothing
+    reads afterwards: compute metrics, argmax or other losses that need their values *before*
+    the call. What the function can detect, it refuses: logits whose rows are not distinct
+    contiguous memory (a slice such as ``logits[:, :-1]``: use ``shift=True`` on the full logits;
+    an ``expand``) and ``loss_weights`` that require grad (their gradient needs the logits in
+    backward) raise a ``ValueError``; an autograd node that saved the logits (or a view
+    of their memory) for its own backward raises PyTorch's "modified by an inplace operation"
+    error in backward, because the call bumps the logits' version counter. Other terms
+    differentiable in the logits that do not save them (``logits.sum()``, a soft cap
+    ``c·tanh(x/c)`` before the call) still get exact gradients. A plain read of the logits after
+    the call cannot be detected: it sees the gradient. Without a gradient to compute, and where
+    ``torch.compile`` traces the call (see above), the logits are left untouched. A leaf tensor's
+    ``.grad`` shares its memory afterwards.
 
     Args:
         logits: (..., V) float32, bfloat16, float16 or float64; V must equal ``vocab.vocab_size``.
@@ -414,6 +560,7 @@ def cross_entropy_with_ntl(
         kind, reweigh, squash_factor, loss_weights, ignore_index, reduction,
         num_items_in_batch, shift: as in :func:`~numtok.number_token_loss`; ``ignore_index``,
             ``reduction``, ``num_items_in_batch`` and ``shift`` apply to both terms.
+        inplace_backward: write the logits' gradient into the logits' memory (see above).
 
     Returns:
         :class:`CEWithNTLOutput` with ``loss`` (differentiable) and the detached ``ce`` and
@@ -443,7 +590,9 @@ def cross_entropy_with_ntl(
         shift=shift,
     )
     weight = check_ntl_weight(ntl_weight)
+    inplace = check_bool("inplace_backward", inplace_backward)
     device = logits.device if isinstance(logits, torch.Tensor) else None
+    tables = vocab.tables(device)
     return cross_entropy_with_ntl_from_tables(
-        logits, labels, vocab.tables(device), spec, weight, loss_weights, num_items_in_batch
+        logits, labels, tables, spec, weight, loss_weights, num_items_in_batch, inplace
     )
