@@ -276,6 +276,54 @@ def test_chunks_that_do_not_divide_the_rows(monkeypatch: pytest.MonkeyPatch) -> 
     assert_close_to_float32_reference("chunks", bf16, labels)
 
 
+@pytest.mark.parametrize("threads", [2, 3])
+def test_threads_split_the_rows_and_agree_bit_for_bit(
+    monkeypatch: pytest.MonkeyPatch, threads: int
+) -> None:
+    """With T torch threads on CPU the chunks are shared among T Python threads, each running
+    single-threaded kernels: the same numbers as one thread, the thread count restored after,
+    also when a worker fails."""
+    monkeypatch.setattr(_fused_rows, "_CPU_CHUNK_ELEMENTS", 2 * 59)  # 2 rows per chunk
+    vocab = make_vocab("chunks")
+    logits, labels = make_batch("chunks", shape=(5, 7), seed=15)
+
+    def run(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        leaf = logits.detach().to(dtype).requires_grad_()
+        out = cross_entropy_with_ntl(leaf, labels, vocab, reweigh=True, reduction="none")
+        (grad,) = torch.autograd.grad(out.loss.sum(), leaf)
+        # Differentiable loss weights take the statistics/recompute pass (write_row_gradient).
+        weights = torch.ones(5, 7, dtype=torch.float64, requires_grad=True)
+        recomputed = cross_entropy_with_ntl(leaf, labels, vocab, loss_weights=weights).loss
+        (recomputed_grad,) = torch.autograd.grad(recomputed, leaf)
+        with torch.no_grad():
+            evaluation = cross_entropy_with_ntl(leaf, labels, vocab, reduction="none").loss
+        values = [out.loss.flatten(), recomputed.flatten(), evaluation.flatten()]
+        return torch.cat([v.double() for v in values]), torch.stack([grad, recomputed_grad])
+
+    for dtype in (torch.float64, torch.bfloat16):
+        single = run(dtype)
+        torch.set_num_threads(threads)
+        try:
+            several = run(dtype)
+            assert torch.get_num_threads() == threads
+        finally:
+            torch.set_num_threads(1)
+        torch.testing.assert_close(several, single, rtol=0, atol=0)
+
+    torch.set_num_threads(threads)
+    try:
+        with pytest.raises(RuntimeError, match="boom"):
+            _fused_rows._in_row_blocks(8, 2, torch.device("cpu"), _fail_on_the_last_block)
+        assert torch.get_num_threads() == threads
+    finally:
+        torch.set_num_threads(1)
+
+
+def _fail_on_the_last_block(start: int, stop: int) -> None:
+    if stop == 8:
+        raise RuntimeError("boom")
+
+
 # ------------------------------------------------------------------ low precision
 
 # The fused path computes in float32 from the bfloat16/float16 logits, so its value matches a

@@ -22,6 +22,7 @@ each instead of unrolling the chunk loop; :func:`row_statistics` is their differ
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -71,23 +72,59 @@ def _work_buffer(
     return logits.new_empty((min(rows, logits.shape[0]), logits.shape[1]), dtype=compute_dtype)
 
 
+def _in_row_blocks(
+    num_rows: int, step: int, device: torch.device, work: Callable[[int, int], None]
+) -> None:
+    """Call ``work(start, stop)`` on row blocks covering ``range(num_rows)``, each a whole
+    number of chunks of ``step`` rows.
+
+    On CPU with T > 1 torch threads, T blocks run at once in T threads (this one and T - 1
+    workers), each calling single-threaded torch kernels: one fork and one join per pass
+    instead of a parallel region (and its barrier) for every kernel of every chunk, which
+    scales with the threads and degrades gracefully when other processes take cores. The
+    thread count is set to 1 meanwhile and restored. Elsewhere one block, in this thread."""
+    threads = torch.get_num_threads() if device.type == "cpu" else 1
+    chunks = -(-num_rows // step)
+    if min(threads, chunks) <= 1:
+        work(0, num_rows)
+        return
+    per_block = -(-chunks // min(threads, chunks)) * step
+    bounds = [(start, min(start + per_block, num_rows)) for start in range(0, num_rows, per_block)]
+    grad_mode = torch.is_grad_enabled()  # thread-local: the workers run in the caller's mode
+
+    def in_worker(start: int, stop: int) -> None:
+        with torch.set_grad_enabled(grad_mode):
+            work(start, stop)
+
+    torch.set_num_threads(1)
+    try:
+        with ThreadPoolExecutor(len(bounds) - 1) as pool:
+            others = [pool.submit(in_worker, start, stop) for start, stop in bounds[1:]]
+            work(*bounds[0])
+            for future in others:
+                future.result()
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _exp_chunks(
-    logits: torch.Tensor, lse: torch.Tensor, out: torch.Tensor | None
+    logits: torch.Tensor, lse: torch.Tensor, out: torch.Tensor | None, start: int, stop: int
 ) -> Iterator[tuple[slice, torch.Tensor, torch.Tensor]]:
-    """Go over ``logits`` (M, V) in row chunks, filling ``lse`` (M,) (in the compute dtype) and
-    yielding ``(rows, work, total)``: ``work`` (rows, V) = ``exp(x - max_v x)`` and ``total``
-    (rows,) its row sums, so that ``softmax(x) = work / total`` and ``lse = max + log total``.
+    """Go over the rows ``start:stop`` of ``logits`` (M, V) in chunks, filling ``lse`` (M,) (in
+    the compute dtype) and yielding ``(rows, work, total)``: ``work`` (rows, V) =
+    ``exp(x - max_v x)`` and ``total`` (rows,) its row sums, so that ``softmax(x) = work / total``
+    and ``lse = max + log total``.
 
     ``work`` is ``out[rows]`` itself when ``out`` (M, V) has the compute dtype (``out`` may be
     ``logits``: then the chunk is overwritten), else one reused buffer of a chunk's size:
-    bfloat16/float16 logits are upcast a chunk at a time, inside the subtraction. Each chunk is
-    read from memory once; its passes (max, subtract, exp, sum and the caller's) run on data in
-    cache. A row whose logits are all ``-inf`` gets ``work = 0``, ``total = 0``, ``lse = -inf``.
+    bfloat16/float16 logits are upcast a chunk at a time. Each chunk is read from memory once;
+    its passes (max, subtract, exp, sum and the caller's) run on data in cache. A row whose
+    logits are all ``-inf`` gets ``work = 0``, ``total = 0``, ``lse = -inf``.
     """
     step = rows_per_chunk(logits.shape[1], logits.device)
-    buffer = _work_buffer(logits, out, lse.dtype, step)
-    for start in range(0, logits.shape[0], step):
-        rows = slice(start, start + step)
+    buffer = _work_buffer(logits, out, lse.dtype, min(step, stop - start))
+    for first in range(start, stop, step):
+        rows = slice(first, min(first + step, stop))
         block = logits[rows]  # (rows, V)
         if buffer is None:
             work = out[rows]  # type: ignore[index]
@@ -114,8 +151,13 @@ def compute_row_statistics(
     ``logits`` (M, V), all in ``compute_dtype``, in one read of the logits (see
     :func:`gather_rows` for ``-inf`` number logits)."""
     lse = logits.new_empty(logits.shape[0], dtype=compute_dtype)
-    for _ in _exp_chunks(logits, lse, out=None):
-        pass
+
+    def block(start: int, stop: int) -> None:
+        for _ in _exp_chunks(logits, lse, None, start, stop):
+            pass
+
+    step = rows_per_chunk(logits.shape[1], logits.device)
+    _in_row_blocks(logits.shape[0], step, logits.device, block)
     return lse, *gather_rows(logits, target_ids, number_ids, compute_dtype)
 
 
@@ -141,15 +183,21 @@ def statistics_and_gradient(
     and the chunk, still in cache, becomes ``grad_lse·softmax(x) + grad_target·onehot(target)
     + scatter(grad_numbers -> number_ids)``, rounded once to the logits' dtype. Rows whose
     logits are all ``-inf`` get softmax 0. Gather the label's and the number logits first
-    (:func:`gather_rows`) when ``out`` is ``logits``."""
+    (:func:`gather_rows`) when ``out`` is ``logits``. On CPU, ``row_gradients`` is called from
+    several threads at once (on disjoint chunks)."""
     lse = logits.new_empty(logits.shape[0], dtype=compute_dtype)
-    for rows, work, total in _exp_chunks(logits, lse, out):
-        grad_lse, grad_target, grad_numbers = row_gradients(rows, lse[rows])
-        scale = torch.where(total > 0, grad_lse / total, 0.0)  # (rows,)
-        work.mul_(scale[:, None])
-        _add_fixups(work, target_ids[rows], grad_target, number_ids, grad_numbers)
-        if work.dtype != out.dtype:
-            out[rows].copy_(work)
+
+    def block(start: int, stop: int) -> None:
+        for rows, work, total in _exp_chunks(logits, lse, out, start, stop):
+            grad_lse, grad_target, grad_numbers = row_gradients(rows, lse[rows])
+            scale = torch.where(total > 0, grad_lse / total, 0.0)  # (rows,)
+            work.mul_(scale[:, None])
+            _add_fixups(work, target_ids[rows], grad_target, number_ids, grad_numbers)
+            if work.dtype != out.dtype:
+                out[rows].copy_(work)
+
+    step = rows_per_chunk(logits.shape[1], logits.device)
+    _in_row_blocks(logits.shape[0], step, logits.device, block)
     return lse
 
 
@@ -198,15 +246,24 @@ def write_row_gradient(
 
     finite_lse = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
     step = rows_per_chunk(width, logits.device)
-    buffer = _work_buffer(logits, out, lse.dtype, step)
-    for start in range(0, logits.shape[0], step):
-        rows = slice(start, start + step)
-        work = out[rows] if buffer is None else buffer[: out[rows].shape[0]]  # (rows, C)
-        torch.sub(logits[rows], finite_lse[rows, None], out=work).exp_()
-        work.mul_(grad_lse[rows, None])
-        _add_fixups(work, target_column[rows], grad_target[rows], number_column, grad_numbers[rows])
-        if buffer is not None:
-            out[rows].copy_(work)
+
+    def block(start: int, stop: int) -> None:
+        buffer = _work_buffer(logits, out, lse.dtype, min(step, stop - start))
+        for first in range(start, stop, step):
+            rows = slice(first, min(first + step, stop))
+            if buffer is None:
+                work = torch.sub(logits[rows], finite_lse[rows, None], out=out[rows])
+            else:  # upcast first (see _exp_chunks)
+                work = buffer[: out[rows].shape[0]].copy_(logits[rows])
+                work.sub_(finite_lse[rows, None])
+            work.exp_().mul_(grad_lse[rows, None])  # (rows, C)
+            _add_fixups(
+                work, target_column[rows], grad_target[rows], number_column, grad_numbers[rows]
+            )
+            if buffer is not None:
+                out[rows].copy_(work)
+
+    _in_row_blocks(logits.shape[0], step, logits.device, block)
 
 
 @torch.library.custom_op("numtok::row_statistics", mutates_args=())
