@@ -86,8 +86,20 @@ PRESETS: dict[str, Preset] = {
         Preset(
             "rjokes",
             RJokesConfig(),
-            "rJokes regression: CE, CE+NTL-WAS, CE+NTL-MSE and a regression head, 500 steps × "
-            "64, 3 seeds, 2000 test jokes: ≤15 min on 2 cores (needs the rJokes data folder)",
+            "rJokes regression: CE, CE+3·NTL-WAS, CE+3·NTL-MSE and a regression head, 500 "
+            "steps × 64, 3 seeds, 1000 test jokes: ≤15 min on 2 cores (needs the rJokes data)",
+        ),
+        Preset(
+            "rjokes-long",
+            RJokesConfig(
+                steps=2000,
+                warmup_steps=100,
+                seeds=(0, 1, 2, 3, 4),
+                eval_jokes=10_000,
+                min_probability=0.0,
+            ),
+            "rJokes at 2000 steps, 5 seeds, 10,000 test jokes, exact readouts: ~90 min on 2 "
+            "cores (estimate from the default preset's step and scoring times)",
         ),
         Preset(
             "rjokes-smoke",
