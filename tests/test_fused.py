@@ -116,12 +116,21 @@ def assert_other_paths_agree(
 # ------------------------------------------------------------------ agreement with the reference
 
 
+def on_device(
+    device: torch.device, logits: torch.Tensor, labels: torch.Tensor, settings: dict[str, Any]
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+    """A batch and its settings' tensors moved to ``device`` (the logits a leaf again)."""
+    moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in settings.items()}
+    return logits.detach().to(device).requires_grad_(), labels.to(device), moved
+
+
 @pytest.mark.parametrize(("name", "shape", "seed", "settings"), REFERENCE_CASES)
 def test_matches_reference(
-    name: str, shape: tuple[int, ...], seed: int, settings: dict[str, Any]
+    name: str, shape: tuple[int, ...], seed: int, settings: dict[str, Any], device: torch.device
 ) -> None:
     ignore_index = settings.get("ignore_index", -100)
-    logits, labels = make_batch(name, shape=shape, seed=seed, ignore_index=ignore_index)
+    batch = make_batch(name, shape=shape, seed=seed, ignore_index=ignore_index)
+    logits, labels, settings = on_device(device, *batch, settings)
     assert_fused_matches_reference(name, logits, labels, **settings)
 
 
@@ -359,10 +368,10 @@ def assert_close_to_float32_reference(
 @pytest.mark.parametrize("reweigh", [False, True])
 @pytest.mark.parametrize("inplace", [False, True])
 def test_low_precision_matches_float32_reference(
-    dtype: torch.dtype, name: str, reweigh: bool, inplace: bool
+    dtype: torch.dtype, name: str, reweigh: bool, inplace: bool, device: torch.device
 ) -> None:
     logits, labels = make_batch(name, shape=(4, 9), seed=10, dtype=torch.float32)
-    low = logits.detach().to(dtype).requires_grad_()
+    low, labels, _ = on_device(device, logits.to(dtype), labels, {})
     assert_close_to_float32_reference(
         name, low, labels, inplace=inplace, reweigh=reweigh, shift=True
     )
@@ -370,13 +379,15 @@ def test_low_precision_matches_float32_reference(
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("inplace", [False, True])
-def test_low_precision_with_an_upstream_gradient(dtype: torch.dtype, inplace: bool) -> None:
+def test_low_precision_with_an_upstream_gradient(
+    dtype: torch.dtype, inplace: bool, device: torch.device
+) -> None:
     """Backward scales the gradient kept from forward by the upstream gradient (per position
     for "none"): rounded twice to the logits' dtype, so within one unit in the last place."""
     vocab = make_vocab("chunks")
     logits, labels = make_batch("chunks", shape=(4, 9), seed=14, dtype=torch.float32)
-    upstream = torch.rand(4, 9, generator=torch.Generator().manual_seed(14)) + 0.5
-    leaf = logits.detach().to(dtype).requires_grad_()
+    upstream = torch.rand(4, 9, generator=torch.Generator().manual_seed(14)).to(device) + 0.5
+    leaf, labels, _ = on_device(device, logits.to(dtype), labels, {})
     out = cross_entropy_with_ntl(
         leaf.clone(), labels, vocab, reweigh=True, reduction="none", inplace_backward=inplace
     )

@@ -27,8 +27,9 @@ def batch(seed: int = 30) -> tuple[torch.Tensor, torch.Tensor]:
     return logits.detach(), labels
 
 
-def test_the_gradient_is_written_into_the_logits_memory() -> None:
+def test_the_gradient_is_written_into_the_logits_memory(device: torch.device) -> None:
     logits, labels = batch()
+    logits, labels = logits.to(device), labels.to(device)
     leaf = logits.clone().requires_grad_()
     copy = leaf.clone()  # (3, 5, 59), a non-leaf as in a model
     pointer = copy.data_ptr()

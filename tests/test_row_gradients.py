@@ -21,7 +21,9 @@ from numtok.fused import (
 )
 
 from cases import REFERENCE_CASES, make_batch, make_vocab
-from test_fused import WEIGHT, reference, value_and_grads
+from test_fused import WEIGHT, on_device, reference, value_and_grads
+
+CPU = torch.device("cpu")
 
 SPEC_ARGUMENTS = ("kind", "reweigh", "squash_factor", "ignore_index", "reduction", "shift")
 DEFAULTS: dict[str, Any] = {
@@ -75,10 +77,10 @@ def chunked_terms(
 
 @pytest.mark.parametrize(("name", "shape", "seed", "settings"), REFERENCE_CASES)
 def test_chunked_gradient_matches_reference(
-    name: str, shape: tuple[int, ...], seed: int, settings: dict[str, Any]
+    name: str, shape: tuple[int, ...], seed: int, settings: dict[str, Any], device: torch.device
 ) -> None:
     """Chunks of 4 rows: the last one partial for most shapes."""
-    assert_chunked_matches_reference(name, shape, seed, settings, chunk=4)
+    assert_chunked_matches_reference(name, shape, seed, settings, chunk=4, device=device)
 
 
 @pytest.mark.parametrize("chunk", [1, 1000])
@@ -90,10 +92,16 @@ def test_one_row_and_all_rows_per_chunk(chunk: int, reduction: str) -> None:
 
 
 def assert_chunked_matches_reference(
-    name: str, shape: tuple[int, ...], seed: int, settings: dict[str, Any], chunk: int
+    name: str,
+    shape: tuple[int, ...],
+    seed: int,
+    settings: dict[str, Any],
+    chunk: int,
+    device: torch.device = CPU,
 ) -> None:
     ignore_index = settings.get("ignore_index", -100)
-    logits, labels = make_batch(name, shape=shape, seed=seed, ignore_index=ignore_index)
+    batch = make_batch(name, shape=shape, seed=seed, ignore_index=ignore_index)
+    logits, labels, settings = on_device(device, *batch, settings)
     vocab = make_vocab(name)
     _, _, value, unit_gradient = chunked_terms(name, logits, labels, chunk, **settings)
     ref_value, (ref_grad,) = value_and_grads(
