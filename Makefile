@@ -29,8 +29,9 @@ lint: $(STAMP)
 	$(PY) -m mypy
 	$(VENV)/bin/lint-imports --no-cache
 
-# CE + NTL speed and memory against F.cross_entropy and ntloss (about 70 min on one thread;
-# results in benchmarks/results/). `make bench BENCH_ARGS=--quick` is a smoke run of minutes.
+# CE + NTL speed and memory against F.cross_entropy and ntloss, fused (logits given) and linear
+# (hidden states given), float32 and bfloat16, at 1 thread and at all cores (about 45 min on two
+# free cores; results in benchmarks/results/). `make bench BENCH_ARGS=--quick`: minutes.
 bench: $(STAMP)
 	$(PY) benchmarks/bench_loss.py $(BENCH_ARGS)
 

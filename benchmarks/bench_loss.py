@@ -1,29 +1,29 @@
 """CE + NTL benchmark: time (forward, backward, full) and peak memory of every variant on identical
 inputs, as ratios against plain ``F.cross_entropy`` (logits suite) or the materialised output
-layer (linear suite) measured in the same run.
+layer (linear suite) measured in the same run, at one thread and at all cores.
 
-    python benchmarks/bench_loss.py               # full suite, results in benchmarks/results/
+    python benchmarks/bench_loss.py               # default suite, results in benchmarks/results/
     python benchmarks/bench_loss.py --quick       # small shapes, a smoke run of everything
+    python benchmarks/bench_loss.py --device cuda --compile   # on a GPU, torch.compile'd
 
-Method (see benchmarks/README.md): a fixed thread count; the first round of every case checks each
-variant's value and gradients against the unfused reference and warms up, the next ``--rounds``
-rounds are timed with the variants interleaved (the order rotates each round); forward is the
-training forward (autograd recording), backward is ``loss.backward()``, full is their sum in the
-same call. Medians with p20/p80. Peak memory is measured for each variant in a fresh subprocess:
-the rise of VmHWM over VmRSS during one forward + backward (VmHWM reset by writing "5" to
-/proc/self/clear_refs right before), reported as a multiple of the logits' size.
+Method (see benchmarks/README.md): for each case the first round checks each variant's value and
+gradients against the unfused reference and warms up; then, for each thread count in turn, an
+untimed warm-up round and ``--rounds`` timed rounds with the variants interleaved (the order
+rotates each round). Forward is the training forward (autograd recording), backward is
+``loss.backward()``, full is their sum in the same call. Medians with p20/p80. Peak memory is
+measured for each variant once per case, at the largest thread count, in a fresh subprocess on
+CPU (the rise of VmHWM over VmRSS during one forward + backward, VmHWM reset by writing "5" to
+/proc/self/clear_refs right before) and in process on CUDA (``max_memory_allocated``), reported
+as a multiple of the logits' size.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import functools
 import json
 import os
-import platform
-import statistics
 import subprocess
 import sys
 import time
@@ -34,10 +34,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from bench_common import case_rows, proc_status, provenance, summary_table, usable_cores
+from torch.autograd.function import once_differentiable
 
-import numtok
 from numtok import NumberVocab, number_token_loss
-from numtok._fused_rows import row_statistics
+from numtok._fused_rows import statistics_and_gradient
 from numtok.fused import cross_entropy_with_ntl
 from numtok.linear import linear_cross_entropy_with_ntl
 
@@ -72,12 +73,12 @@ class Case:
         return f"{self.suite} {shape} {self.dtype} reweigh={'on' if self.reweigh else 'off'}"
 
 
-def full_cases() -> list[Case]:
+def default_cases() -> list[Case]:
+    """About 45 minutes on 2 CPU cores at 1 and 2 threads (the linear suite is 2/3 of it)."""
     logits = [
         Case("logits", n, v, 0, dtype, reweigh)
-        for n, v in [(4096, 32_768), (2048, 131_072)]
+        for n, v, reweigh in [(4096, 32_768, False), (4096, 32_768, True), (2048, 131_072, False)]
         for dtype in ["float32", "bfloat16"]
-        for reweigh in [False, True]
     ]
     linear = [
         Case("linear", 4096, 131_072, 1024, dtype, False) for dtype in ["float32", "bfloat16"]
@@ -91,7 +92,8 @@ def quick_cases() -> list[Case]:
         for dtype in ["float32", "bfloat16"]
         for reweigh in [False, True]
     ]
-    return [*logits, Case("linear", 1024, 8192, 256, "float32", False)]
+    linear = [Case("linear", 1024, 8192, 256, dtype, False) for dtype in ["float32", "bfloat16"]]
+    return logits + linear
 
 
 # ------------------------------------------------------------------ inputs
@@ -113,10 +115,13 @@ def tokenizer(vocab_size: int) -> Any:
 
 @functools.cache
 def number_vocab(vocab_size: int) -> NumberVocab:
-    return NumberVocab.from_tokenizer(tokenizer(vocab_size), vocab_size=vocab_size)
+    """The digits at ids 100..109: what NumberVocab.from_tokenizer(tokenizer(V)) reads, without
+    needing transformers (a bare GPU machine may lack it)."""
+    digits = {FIRST_DIGIT_ID + d: str(d) for d in range(10)}
+    return NumberVocab.from_values(digits, vocab_size=vocab_size)
 
 
-def make_inputs(case: Case) -> dict[str, torch.Tensor]:
+def make_inputs(case: Case, device: torch.device) -> dict[str, torch.Tensor]:
     """Leaves (``logits`` or ``hidden`` + ``weight``) requiring grad, and ``labels``: 10% digits,
     5% ignore_index, the rest other tokens. Deterministic for a case."""
     generator = torch.Generator().manual_seed(0)
@@ -129,14 +134,17 @@ def make_inputs(case: Case) -> dict[str, torch.Tensor]:
     labels = torch.where(choice > 1 - IGNORED_FRACTION, torch.full_like(labels, -100), labels)
     if case.suite == "logits":
         logits = 2 * torch.randn(*shape, case.vocab_size, generator=generator)
-        return {"logits": logits.to(case.torch_dtype).requires_grad_(), "labels": labels}
+        return {
+            "logits": logits.to(device, case.torch_dtype).requires_grad_(),
+            "labels": labels.to(device),
+        }
     hidden = torch.randn(*shape, case.hidden_size, generator=generator)
     weight = torch.randn(case.vocab_size, case.hidden_size, generator=generator)
     weight /= case.hidden_size**0.5
     return {
-        "hidden": hidden.to(case.torch_dtype).requires_grad_(),
-        "weight": weight.to(case.torch_dtype).requires_grad_(),
-        "labels": labels,
+        "hidden": hidden.to(device, case.torch_dtype).requires_grad_(),
+        "weight": weight.to(device, case.torch_dtype).requires_grad_(),
+        "labels": labels.to(device),
     }
 
 
@@ -158,6 +166,14 @@ def _ce_plus_ntl(case: Case, logits: torch.Tensor, labels: torch.Tensor) -> torc
     return _cross_entropy(logits, labels) + NTL_WEIGHT * ntl
 
 
+def _fused(case: Case, logits: torch.Tensor, labels: torch.Tensor, inplace: bool) -> torch.Tensor:
+    vocab = number_vocab(case.vocab_size)
+    out = cross_entropy_with_ntl(
+        logits, labels, vocab, reweigh=case.reweigh, inplace_backward=inplace
+    )
+    return out.loss
+
+
 @functools.cache
 def _ntloss(vocab_size: int, reweigh: bool) -> Any:
     from loguru import logger
@@ -167,30 +183,60 @@ def _ntloss(vocab_size: int, reweigh: bool) -> Any:
     return NTLoss(tokenizer(vocab_size), vocab_size=vocab_size, reweigh=reweigh)
 
 
-def _fused_ce_only(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """numtok's fused kernel with the cross-entropy term alone: the baseline for NTL's marginal
-    cost inside the fused path (private API, benchmark only)."""
-    flat = labels.reshape(-1)
-    is_target = flat != -100
-    dtype = torch.float32 if logits.dtype != torch.float64 else torch.float64
-    lse, target_logit, _ = row_statistics(
-        logits.reshape(-1, logits.shape[-1]),
-        torch.where(is_target, flat, 0),
-        number_vocab(logits.shape[-1]).tables(logits.device).ids,
-        dtype,
-    )
-    return torch.where(is_target, lse - target_logit, 0).sum() / is_target.sum().clamp_min(1)
+class _FusedCrossEntropyOnly(torch.autograd.Function):
+    """numtok's fused pass with the cross-entropy term alone (mean over non-ignored labels): the
+    baseline of NTL's marginal cost inside the fused path (private API, benchmark only)."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        flat, targets = logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)
+        is_target = targets != -100
+        targets = torch.where(is_target, targets, 0)
+        dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+        count = is_target.sum().clamp_min(1)
+        weight = is_target.to(dtype) / count  # (M,) ∂loss/∂lse
+        no_numbers = targets.new_empty(0)
+
+        def row_gradients(
+            rows: slice, _: torch.Tensor
+        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            return weight[rows], -weight[rows], weight.new_empty(len(weight[rows]), 0)
+
+        target_logit = flat.gather(1, targets[:, None]).squeeze(1).to(dtype)
+        ctx.gradient = torch.empty_like(flat)
+        lse = statistics_and_gradient(flat, ctx.gradient, targets, no_numbers, dtype, row_gradients)
+        ctx.shape = logits.shape
+        return torch.where(is_target, lse - target_logit, 0).sum() / count
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        if not (grad.device.type == "cpu" and bool(grad == 1)):  # as cross_entropy_with_ntl
+            ctx.gradient.mul_(grad)
+        return ctx.gradient.view(ctx.shape), None
+
+
+def _liger_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    from liger_kernel.transformers import LigerCrossEntropyLoss
+
+    flat = logits.reshape(-1, logits.shape[-1])
+    return LigerCrossEntropyLoss()(flat, labels.reshape(-1))  # type: ignore[no-any-return]
+
+
+def _liger_linear_cross_entropy(x: dict[str, torch.Tensor]) -> torch.Tensor:
+    from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+
+    hidden = x["hidden"].reshape(-1, x["hidden"].shape[-1])
+    loss = LigerFusedLinearCrossEntropyLoss()(x["weight"], hidden, x["labels"].reshape(-1))
+    return loss  # type: ignore[no-any-return]
 
 
 LOGITS_VARIANTS: dict[str, Variant] = {
     "F.cross_entropy": lambda case, x: _cross_entropy(x["logits"], x["labels"]),
     "CE + number_token_loss": lambda case, x: _ce_plus_ntl(case, x["logits"], x["labels"]),
-    "cross_entropy_with_ntl": lambda case, x: (
-        cross_entropy_with_ntl(
-            x["logits"], x["labels"], number_vocab(case.vocab_size), reweigh=case.reweigh
-        ).loss
-    ),
-    "fused CE only": lambda case, x: _fused_ce_only(x["logits"], x["labels"]),
+    "cross_entropy_with_ntl": lambda case, x: _fused(case, x["logits"], x["labels"], False),
+    "cross_entropy_with_ntl inplace": lambda case, x: _fused(case, x["logits"], x["labels"], True),
+    "fused CE only": lambda case, x: _FusedCrossEntropyOnly.apply(x["logits"], x["labels"]),
     "CE + ntloss 0.3.2": lambda case, x: (
         _cross_entropy(x["logits"], x["labels"])
         + NTL_WEIGHT * _ntloss(case.vocab_size, case.reweigh)(x["logits"], x["labels"])
@@ -200,13 +246,11 @@ LINEAR_VARIANTS: dict[str, Variant] = {
     "materialised + CE + number_token_loss": lambda case, x: _ce_plus_ntl(
         case, x["hidden"] @ x["weight"].T, x["labels"]
     ),
-    "materialised + cross_entropy_with_ntl": lambda case, x: (
-        cross_entropy_with_ntl(
-            x["hidden"] @ x["weight"].T,
-            x["labels"],
-            number_vocab(case.vocab_size),
-            reweigh=case.reweigh,
-        ).loss
+    "materialised + cross_entropy_with_ntl": lambda case, x: _fused(
+        case, x["hidden"] @ x["weight"].T, x["labels"], False
+    ),
+    "materialised + cross_entropy_with_ntl inplace": lambda case, x: _fused(
+        case, x["hidden"] @ x["weight"].T, x["labels"], True
     ),
     "linear_cross_entropy_with_ntl": lambda case, x: (
         linear_cross_entropy_with_ntl(
@@ -218,22 +262,82 @@ LINEAR_VARIANTS: dict[str, Variant] = {
         ).loss
     ),
 }
+# Liger-Kernel (Triton, GPUs only) computes cross-entropy alone: checked against PyTorch's.
+LIGER_VARIANTS: dict[str, dict[str, Variant]] = {
+    "logits": {
+        "Liger CE (no NTL)": lambda case, x: _liger_cross_entropy(x["logits"], x["labels"]),
+    },
+    "linear": {
+        "materialised + F.cross_entropy": lambda case, x: _cross_entropy(
+            x["hidden"] @ x["weight"].T, x["labels"]
+        ),
+        "Liger fused linear CE (no NTL)": lambda case, x: _liger_linear_cross_entropy(x),
+    },
+}
+# Variants that overwrite their input logits: each call gets a fresh copy, made before the timer.
+CONSUMES_LOGITS = {"cross_entropy_with_ntl inplace"}
 # The reference each variant is checked against, and the baseline of the time/memory ratios.
 REFERENCE = {"logits": "CE + number_token_loss", "linear": "materialised + CE + number_token_loss"}
+CE_REFERENCE = {"logits": "F.cross_entropy", "linear": "materialised + F.cross_entropy"}
+CE_ONLY = {"F.cross_entropy", "fused CE only", *(v for d in LIGER_VARIANTS.values() for v in d)}
 BASELINE = {"logits": "F.cross_entropy", "linear": "materialised + CE + number_token_loss"}
 
 
-def variants(case: Case) -> dict[str, Variant]:
-    return LOGITS_VARIANTS if case.suite == "logits" else LINEAR_VARIANTS
+def importable(module: str) -> bool:
+    try:
+        __import__(module)
+    except ImportError:
+        return False
+    return True
+
+
+def variants(case: Case, device: torch.device) -> dict[str, Variant]:
+    """The variants of the case's suite that can run here: ntloss where it and transformers
+    are installed, Liger-Kernel's on CUDA where it is installed."""
+    found = dict(LOGITS_VARIANTS if case.suite == "logits" else LINEAR_VARIANTS)
+    if not (importable("ntloss") and importable("transformers")):
+        found = {name: v for name, v in found.items() if "ntloss" not in name}
+    if device.type == "cuda" and importable("liger_kernel.transformers"):
+        found |= LIGER_VARIANTS[case.suite]
+    return found
+
+
+def selected(case: Case, found: dict[str, Variant], names: list[str] | None) -> dict[str, Variant]:
+    """``found`` restricted to ``names`` (all when None), always with the case's baseline and
+    the references the kept variants are checked against."""
+    if names is None:
+        return found
+    keep = {*names, BASELINE[case.suite], *(reference_of(case, name) for name in names)}
+    return {name: variant for name, variant in found.items() if name in keep}
 
 
 def reference_of(case: Case, name: str) -> str:
-    return (
-        "F.cross_entropy" if name in ("F.cross_entropy", "fused CE only") else REFERENCE[case.suite]
-    )
+    return CE_REFERENCE[case.suite] if name in CE_ONLY else REFERENCE[case.suite]
+
+
+def compiled_variants(found: dict[str, Variant], names: set[str]) -> dict[str, Variant]:
+    """The variants ``names`` through ``torch.compile`` (default backend), compiled on their
+    first call; the rest as they are (the unfused references need no compiling to check the
+    others)."""
+    return {
+        name: torch.compile(variant) if name in names else variant
+        for name, variant in found.items()
+    }
 
 
 # ------------------------------------------------------------------ correctness, timing
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def call_inputs(name: str, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The inputs of one call: a fresh copy of the logits for a variant that overwrites them."""
+    if name not in CONSUMES_LOGITS:
+        return inputs
+    return {**inputs, "logits": inputs["logits"].detach().clone().requires_grad_()}
 
 
 def run_once(
@@ -242,12 +346,16 @@ def run_once(
     """(forward, backward) wall-clock seconds of one training step of the loss, and the CPU
     seconds of the whole step (user + system: robust to other processes on a shared machine).
     Gradients land in .grad."""
+    device = inputs["labels"].device
     for leaf in leaves(inputs):
         leaf.grad = None
+    synchronize(device)
     cpu_start, start = time.process_time(), time.perf_counter()
     loss = variant(case, inputs)
+    synchronize(device)
     middle = time.perf_counter()
     loss.backward()
+    synchronize(device)
     end = time.perf_counter()
     return middle - start, end - middle, time.process_time() - cpu_start
 
@@ -270,21 +378,24 @@ def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
 TOLERANCE = {"float32": 1e-4, "bfloat16": 3e-2}  # relative error of value and of each gradient
 
 
-def check_variants(case: Case, inputs: dict[str, torch.Tensor]) -> dict[str, float]:
-    """Run every variant once (also the warm-up) and compare value and gradients with its
-    reference; raises if a variant is off. Returns the largest relative error per variant."""
+def check_variants(
+    case: Case, found: dict[str, Variant], inputs: dict[str, torch.Tensor]
+) -> dict[str, float]:
+    """Run every variant once (also the warm-up and, with --compile, the compilation) and
+    compare value and gradients with its reference; raises if a variant is off. Returns the
+    largest relative error per variant."""
     results: dict[str, tuple[torch.Tensor, list[torch.Tensor]]] = {}
-    names = list(variants(case))
-    order = sorted(names, key=lambda n: n not in (REFERENCE[case.suite], "F.cross_entropy"))
+    references = {REFERENCE[case.suite], CE_REFERENCE[case.suite]}
     errors = {}
-    for name in order:
-        for leaf in leaves(inputs):
+    for name in sorted(found, key=lambda n: n not in references):
+        call = call_inputs(name, inputs)
+        for leaf in leaves(call):
             leaf.grad = None
-        loss = variants(case)[name](case, inputs)
+        loss = found[name](case, call)
         loss.backward()
-        grads = [leaf.grad for leaf in leaves(inputs)]
+        grads = [leaf.grad for leaf in leaves(call)]
         assert all(g is not None for g in grads)
-        if name in (REFERENCE[case.suite], "F.cross_entropy"):
+        if name in references:
             results[name] = (loss.detach().float(), grads)  # type: ignore[assignment]
         reference_value, reference_grads = results[reference_of(case, name)]
         error = max(
@@ -299,65 +410,61 @@ def check_variants(case: Case, inputs: dict[str, torch.Tensor]) -> dict[str, flo
     return errors
 
 
-def quantiles(samples: list[float]) -> tuple[float, float, float]:
-    """(p20, median, p80) in milliseconds."""
-    p20, _, _, p80 = statistics.quantiles(samples, n=5, method="inclusive")
-    return 1e3 * p20, 1e3 * statistics.median(samples), 1e3 * p80
-
-
-def time_case(case: Case, rounds: int) -> dict[str, dict[str, list[float]]]:
-    inputs = make_inputs(case)
-    errors = check_variants(case, inputs)
-    names = list(variants(case))
+def time_rounds(
+    case: Case, found: dict[str, Variant], inputs: dict[str, torch.Tensor], rounds: int
+) -> dict[str, dict[str, list[float]]]:
+    """One untimed warm-up round, then ``rounds`` timed ones with the variants interleaved."""
+    names = list(found)
     samples: dict[str, dict[str, list[float]]] = {
-        n: {"forward": [], "backward": [], "full": [], "cpu": [], "check_error": [errors[n]]}
-        for n in names
+        n: {"forward": [], "backward": [], "full": [], "cpu": []} for n in names
     }
-    for round_index in range(rounds):
+    for round_index in range(-1, rounds):
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:
-            forward, backward, cpu = run_once(case, variants(case)[name], inputs)
-            samples[name]["forward"].append(forward)
-            samples[name]["backward"].append(backward)
-            samples[name]["full"].append(forward + backward)
-            samples[name]["cpu"].append(cpu)
+            forward, backward, cpu = run_once(case, found[name], call_inputs(name, inputs))
+            if round_index >= 0:
+                samples[name]["forward"].append(forward)
+                samples[name]["backward"].append(backward)
+                samples[name]["full"].append(forward + backward)
+                samples[name]["cpu"].append(cpu)
     return samples
 
 
-# ------------------------------------------------------------------ memory in a fresh process
-
-
-def _status(field: str) -> int:
-    """A field of /proc/self/status in bytes."""
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(field)
+# ------------------------------------------------------------------ memory
 
 
 def probe_memory(case: Case, name: str) -> int:
     """In this (fresh) process: peak resident memory added by one forward + backward."""
-    inputs = make_inputs(case)
-    variant = variants(case)[name]
-    # Warm up lazily initialised machinery (thread pools, custom-op dispatch, ntloss caches) on
-    # four positions per sequence, so that only the measured call's own buffers are counted.
+    cpu = torch.device("cpu")
+    inputs = call_inputs(name, make_inputs(case, cpu))
+    variant = variants(case, cpu)[name]
+    # Warm up lazily initialised machinery (thread pools, dispatch, ntloss caches) on four
+    # positions per sequence, so that only the measured call's own buffers are counted.
     small = {
-        k: v if k == "weight" else v.detach()[:, :4].requires_grad_(v.requires_grad)
+        k: v if k == "weight" else v.detach()[:, :4].clone().requires_grad_(v.requires_grad)
         for k, v in inputs.items()
     }
     run_once(case, variant, small)
     del small
-    for leaf in leaves(inputs):
-        leaf.grad = None
-    baseline = _status("VmRSS")
+    baseline = proc_status("VmRSS")
     with open("/proc/self/clear_refs", "w") as clear_refs:
         clear_refs.write("5")  # resets VmHWM to the current VmRSS
     run_once(case, variant, inputs)
-    return _status("VmHWM") - baseline
+    return proc_status("VmHWM") - baseline
 
 
-def measure_memory(case: Case, name: str, threads: int) -> int:
+def measure_memory(
+    case: Case, name: str, variant: Variant, threads: int, device: torch.device
+) -> int:
+    """Peak extra memory of one step: in a fresh subprocess on CPU (eager), in process on CUDA
+    (``variant`` as timed)."""
+    if device.type == "cuda":
+        inputs = call_inputs(name, make_inputs(case, device))
+        synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        baseline = torch.cuda.memory_allocated(device)
+        run_once(case, variant, inputs)
+        return torch.cuda.max_memory_allocated(device) - baseline
     command = [
         sys.executable,
         __file__,
@@ -371,146 +478,142 @@ def measure_memory(case: Case, name: str, threads: int) -> int:
     return int(output.strip().splitlines()[-1])
 
 
-# ------------------------------------------------------------------ reporting
+# ------------------------------------------------------------------ main
 
 
-def provenance(threads: int) -> dict[str, Any]:
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            cpu = next(
-                line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")
-            )
-    except (OSError, StopIteration):
-        pass
-    return {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "torch": torch.__version__,
-        "numtok": numtok.__version__,
-        "python": platform.python_version(),
-        "cpu": cpu,
-        "cpu_count": os.cpu_count(),
-        "threads": threads,
-        "device": "cpu",
-    }
+def thread_counts(text: str) -> list[int]:
+    """``"1,max"`` -> [1, usable cores]; duplicates dropped, order kept."""
+    counts = [usable_cores() if part == "max" else int(part) for part in text.split(",")]
+    return list(dict.fromkeys(counts))
 
 
-def rows_for_case(
-    case: Case,
-    samples: dict[str, dict[str, list[float]]],
-    memory: dict[str, int],
-    rounds: int,
-    meta: dict[str, Any],
+def label_of(row: dict[str, Any]) -> str:
+    return Case(**{f.name: row[f.name] for f in dataclasses.fields(Case)}).label()
+
+
+def run_case(
+    case: Case, args: argparse.Namespace, threads: list[int], meta: dict[str, Any]
 ) -> list[dict[str, Any]]:
-    baseline = BASELINE[case.suite]
+    device = torch.device(args.device)
+    found = selected(case, variants(case, device), args.variants)
+    compiled = set(found if args.variants is None else args.variants) if args.compile else set()
+    found = compiled_variants(found, compiled)
+    inputs = make_inputs(case, device)
+    errors = check_variants(case, found, inputs)
+    rounds = args.rounds if case.suite == "logits" else args.linear_rounds
+    memory = (
+        {}
+        if args.no_memory
+        else {
+            name: measure_memory(case, name, variant, threads[-1], device)
+            for name, variant in found.items()
+        }
+    )
     rows = []
-    for name, by_mode in samples.items():
-        for mode in ("forward", "backward", "full"):
-            p20, median, p80 = quantiles(by_mode[mode])
-            baseline_median = quantiles(samples[baseline][mode])[1]
-            row = {
-                **meta,
-                **dataclasses.asdict(case),
-                "number_fraction": NUMBER_FRACTION,
-                "ignored_fraction": IGNORED_FRACTION,
-                "ntl_weight": NTL_WEIGHT,
-                "variant": name,
-                "mode": mode,
-                "rounds": rounds,
-                "median_ms": round(median, 2),
-                "p20_ms": round(p20, 2),
-                "p80_ms": round(p80, 2),
-                "baseline": baseline,
-                "time_ratio": round(median / baseline_median, 3),
-                "check_relative_error": by_mode["check_error"][0],
-            }
-            if mode == "full":
-                cpu_median = quantiles(by_mode["cpu"])[1]
-                row["cpu_median_ms"] = round(cpu_median, 2)
-                row["cpu_time_ratio"] = round(
-                    cpu_median / quantiles(samples[baseline]["cpu"])[1], 3
-                )
-            if mode == "full" and name in memory:
-                row["peak_extra_mib"] = round(memory[name] / 2**20, 1)
-                row["peak_extra_x_logits"] = round(memory[name] / case.logits_bytes, 2)
-            rows.append(row)
-    return rows
-
-
-def summary_table(rows: list[dict[str, Any]]) -> str:
-    lines = [
-        "| case | variant | full ms (p20-p80) | × base | CPU × base | fwd ms | bwd ms "
-        "| peak × logits |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    by_key: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
-    for row in rows:
-        case = Case(**{f.name: row[f.name] for f in dataclasses.fields(Case)})
-        by_key.setdefault((case.label(), row["variant"]), {})[row["mode"]] = row
-    for (label, variant), modes in by_key.items():
-        full = modes["full"]
-        memory = full.get("peak_extra_x_logits", "")
-        lines.append(
-            f"| {label} | {variant} | {full['median_ms']:.0f} ({full['p20_ms']:.0f}-"
-            f"{full['p80_ms']:.0f}) | {full['time_ratio']:.2f} | {full['cpu_time_ratio']:.2f} | "
-            f"{modes['forward']['median_ms']:.0f} | {modes['backward']['median_ms']:.0f} "
-            f"| {memory} |"
+    for count in threads:
+        torch.set_num_threads(count)
+        print(f"== {case.label()}: {count} thread(s), {rounds} rounds", file=sys.stderr, flush=True)
+        samples = time_rounds(case, found, inputs, rounds)
+        case_fields = {
+            **dataclasses.asdict(case),
+            "number_fraction": NUMBER_FRACTION,
+            "ignored_fraction": IGNORED_FRACTION,
+            "ntl_weight": NTL_WEIGHT,
+        }
+        rows += case_rows(
+            case_fields,
+            case.logits_bytes,
+            samples,
+            errors,
+            memory if count == threads[-1] else {},
+            BASELINE[case.suite],
+            {**meta, "threads": count},
         )
-    return "\n".join(lines)
+    for row in rows:
+        row["compiled"] = row["variant"] in compiled
+    return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small shapes: a smoke run")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument(
+        "--threads",
+        default="1,max",
+        help="comma-separated torch thread counts, 'max' = all usable cores (default 1,max)",
+    )
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds, logits suite")
     parser.add_argument("--linear-rounds", type=int, default=3, help="timed rounds, linear suite")
     parser.add_argument("--suite", choices=["logits", "linear", "all"], default="all")
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "all"], default="all")
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument(
-        "--no-memory", action="store_true", help="skip the fresh-process memory runs"
+        "--compile",
+        action="store_true",
+        help="torch.compile the variants (those of --variants when given)",
+    )
+    parser.add_argument(
+        "--variants",
+        type=lambda text: text.split(","),
+        help="comma-separated variant names to run (the baseline and the references come too)",
+    )
+    parser.add_argument(
+        "--cases",
+        type=lambda text: text.split(","),
+        help="comma-separated substrings: run the cases whose label contains one of them",
+    )
+    parser.add_argument(
+        "--summarize",
+        type=Path,
+        help="print the Markdown summary of a results JSONL file and exit",
+    )
+    parser.add_argument(
+        "--no-memory", action="store_true", help="skip the peak-memory measurements"
     )
     parser.add_argument(
         "--out",
         type=Path,
-        help="JSONL file (default: results/<date>T<time>-cpu-t<threads>.jsonl; none for --quick)",
+        help="JSONL file (default: results/<date>T<time>-<device>-t<threads>.jsonl; none for "
+        "--quick); a Markdown summary is written beside it",
     )
     parser.add_argument("--probe-memory", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    threads = thread_counts(args.threads)
+    if args.summarize:
+        rows = [json.loads(line) for line in args.summarize.read_text().splitlines() if line]
+        print(summary_table(rows, label_of))
+        return
 
     if args.probe_memory:
+        torch.set_num_threads(threads[-1])
         case_fields, name = json.loads(args.probe_memory)
         print(probe_memory(Case(**case_fields), name))
         return
 
-    cases = quick_cases() if args.quick else full_cases()
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device")
+    cases = quick_cases() if args.quick else default_cases()
     cases = [c for c in cases if args.suite in ("all", c.suite) and args.dtype in ("all", c.dtype)]
-    meta = provenance(args.threads)
+    if args.cases:
+        cases = [c for c in cases if any(part in c.label() for part in args.cases)]
+    meta = provenance(device, args.compile)
     out = args.out
     if out is None and not args.quick:
         stamp = meta["date"][:16].replace(":", "")  # 2026-11-29T2215
-        out = RESULTS / f"{stamp}-cpu-t{args.threads}.jsonl"
+        out = RESULTS / f"{stamp}-{device.type}-t{'+'.join(map(str, threads))}.jsonl"
     rows: list[dict[str, Any]] = []
     for case in cases:
-        rounds = args.rounds if case.suite == "logits" else args.linear_rounds
-        print(f"== {case.label()}: {rounds} rounds", file=sys.stderr, flush=True)
-        samples = time_case(case, rounds)
-        memory = (
-            {}
-            if args.no_memory
-            else {name: measure_memory(case, name, args.threads) for name in variants(case)}
-        )
-        case_rows = rows_for_case(case, samples, memory, rounds, meta)
-        rows += case_rows
-        print(summary_table(case_rows), file=sys.stderr, flush=True)
+        new_rows = run_case(case, args, threads, meta)
+        rows += new_rows
+        print(summary_table(new_rows, label_of), file=sys.stderr, flush=True)
         if out is not None:
             out.parent.mkdir(parents=True, exist_ok=True)
             with out.open("a") as file:
-                file.writelines(json.dumps(row) + "\n" for row in case_rows)
-    print(summary_table(rows))
+                file.writelines(json.dumps(row) + "\n" for row in new_rows)
+    print(summary_table(rows, label_of))
     if out is not None:
-        out.with_suffix(".md").write_text(summary_table(rows) + "\n")
+        out.with_suffix(".md").write_text(summary_table(rows, label_of) + "\n")
         print(f"results: {out}", file=sys.stderr)
 
 

@@ -1,0 +1,138 @@
+"""What the benchmarks share: /proc readings, provenance, quantiles, and the rows and tables of
+bench_loss.py (one JSON row per case, thread count, variant and mode, and the Markdown summary
+printed at the end and stored beside the rows)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+import numtok
+
+
+def quantiles(samples: list[float]) -> tuple[float, float, float]:
+    """(p20, median, p80) in milliseconds."""
+    if len(samples) == 1:
+        return (1e3 * samples[0],) * 3
+    p20, _, _, p80 = statistics.quantiles(samples, n=5, method="inclusive")
+    return 1e3 * p20, 1e3 * statistics.median(samples), 1e3 * p80
+
+
+def proc_status(field: str) -> int:
+    """A field of /proc/self/status (VmRSS, VmHWM, ...) in bytes."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise KeyError(field)
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def provenance(device: torch.device, compiled: bool) -> dict[str, Any]:
+    """Date, versions and the machine, for every row."""
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            cpu = next(
+                line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")
+            )
+    except (OSError, StopIteration):
+        pass
+    load_average = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "numtok": numtok.__version__,
+        "python": platform.python_version(),
+        "cpu": cpu,
+        "cpu_count": usable_cores(),
+        "load_average_at_start": load_average,
+        "device": str(device),
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "compiled": compiled,
+    }
+
+
+def case_rows(
+    case_fields: dict[str, Any],
+    logits_bytes: int,
+    samples: dict[str, dict[str, list[float]]],
+    errors: dict[str, float],
+    memory: dict[str, int],
+    baseline: str,
+    meta: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """One row per variant and mode (forward, backward, full) of one case at one thread count:
+    medians with p20/p80, the ratio to ``baseline``'s median in the same mode, the CPU-time
+    ratio of the full step, the check's relative error and, where measured, the peak memory."""
+    rows = []
+    for name, by_mode in samples.items():
+        for mode in ("forward", "backward", "full"):
+            p20, median, p80 = quantiles(by_mode[mode])
+            row = {
+                **meta,
+                **case_fields,
+                "variant": name,
+                "mode": mode,
+                "rounds": len(by_mode[mode]),
+                "median_ms": round(median, 2),
+                "p20_ms": round(p20, 2),
+                "p80_ms": round(p80, 2),
+                "baseline": baseline,
+                "time_ratio": round(median / quantiles(samples[baseline][mode])[1], 3),
+                "check_relative_error": errors[name],
+            }
+            if mode == "full":
+                cpu_median = quantiles(by_mode["cpu"])[1]
+                row["cpu_median_ms"] = round(cpu_median, 2)
+                row["cpu_time_ratio"] = round(
+                    cpu_median / quantiles(samples[baseline]["cpu"])[1], 3
+                )
+                if name in memory:
+                    row["peak_extra_mib"] = round(memory[name] / 2**20, 1)
+                    row["peak_extra_x_logits"] = round(memory[name] / logits_bytes, 2)
+            rows.append(row)
+    return rows
+
+
+def summary_table(rows: list[dict[str, Any]], label_of: Callable[[dict[str, Any]], str]) -> str:
+    """Markdown: one line per case, thread count and variant (full mode, with the forward and
+    backward medians beside it)."""
+    lines = [
+        "| case | threads | variant | full ms (p20-p80) | × base | CPU × base | fwd ms | bwd ms "
+        "| peak × logits |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    by_key: dict[tuple[str, int, str], dict[str, dict[str, Any]]] = {}
+    for row in rows:
+        label = label_of(row)
+        by_key.setdefault((label, row["threads"], row["variant"]), {})[row["mode"]] = row
+    for (label, threads, variant), modes in by_key.items():
+        full = modes["full"]
+        memory = full.get("peak_extra_x_logits", "")
+        variant += " [compiled]" if full.get("compiled") else ""
+        lines.append(
+            f"| {label} | {threads} | {variant} | {_ms(full['median_ms'])} "
+            f"({_ms(full['p20_ms'])}-{_ms(full['p80_ms'])}) | {full['time_ratio']:.2f} | "
+            f"{full['cpu_time_ratio']:.2f} | {_ms(modes['forward']['median_ms'])} | "
+            f"{_ms(modes['backward']['median_ms'])} | {memory} |"
+        )
+    return "\n".join(lines)
+
+
+def _ms(milliseconds: float) -> str:
+    """Three significant digits at most, no exponent: 1234, 123, 12.3, 1.23, 0.123."""
+    digits = max(0, 3 - len(str(int(milliseconds)))) if milliseconds >= 1 else 3
+    return f"{milliseconds:.{digits}f}"
