@@ -107,6 +107,16 @@ def _in_row_blocks(
         torch.set_num_threads(threads)
 
 
+_LOG2_E = 1.4426950408889634
+
+
+def _exp_minus(x: torch.Tensor, shift: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``out = exp(x - shift)`` for ``x`` (rows, C) and ``shift`` (rows, 1) of ``out``'s dtype,
+    as ``exp2(log2(e)·x - log2(e)·shift)``: one fused multiply-add pass, and PyTorch's CPU
+    ``exp2`` takes 0.6x the time of its ``exp`` (AVX2, float32). ``out`` may be ``x``."""
+    return torch.add(shift * -_LOG2_E, x, alpha=_LOG2_E, out=out).exp2_()
+
+
 def _exp_chunks(
     logits: torch.Tensor, lse: torch.Tensor, out: torch.Tensor | None, start: int, stop: int
 ) -> Iterator[tuple[slice, torch.Tensor, torch.Tensor]]:
@@ -135,7 +145,7 @@ def _exp_chunks(
             work = buffer[: block.shape[0]].copy_(block)
             peak = work.amax(dim=1, keepdim=True)
         peak = torch.where(peak.isfinite(), peak, 0.0)
-        torch.sub(block if buffer is None else work, peak, out=work).exp_()
+        _exp_minus(block if buffer is None else work, peak, out=work)
         total = work.sum(dim=1)  # (rows,)
         torch.add(peak.squeeze(1), total.log(), out=lse[rows])
         yield rows, work, total
@@ -252,11 +262,11 @@ def write_row_gradient(
         for first in range(start, stop, step):
             rows = slice(first, min(first + step, stop))
             if buffer is None:
-                work = torch.sub(logits[rows], finite_lse[rows, None], out=out[rows])
+                work = _exp_minus(logits[rows], finite_lse[rows, None], out=out[rows])
             else:  # upcast first (see _exp_chunks)
                 work = buffer[: out[rows].shape[0]].copy_(logits[rows])
-                work.sub_(finite_lse[rows, None])
-            work.exp_().mul_(grad_lse[rows, None])  # (rows, C)
+                _exp_minus(work, finite_lse[rows, None], out=work)
+            work.mul_(grad_lse[rows, None])  # (rows, C)
             _add_fixups(
                 work, target_column[rows], grad_target[rows], number_column, grad_numbers[rows]
             )
