@@ -272,18 +272,19 @@ def _number_terms(
 
 
 def _row_gradients(
-    lse: torch.Tensor,
+    lse: torch.Tensor | None,
     terms: _NumberTerms,
     rows: _Rows,
     spec: LossSpec,
     scales: ReductionScales,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(∂L/∂lse (m,), ∂L/∂x[y] (m,), ∂L/∂z (m, N))`` of the rows, given their full log-sum-exp
-    ``lse`` (m,); see :func:`loss_and_row_gradients` for the formulas."""
+    ``lse`` (m,), which only reweighing needs; see :func:`loss_and_row_gradients` for the
+    formulas."""
     grad_target = -scales.ce * rows.is_target  # (m,)
     if terms.number_lse is None:
         return -grad_target, grad_target, terms.grad_base
-    assert terms.number_probs is not None
+    assert terms.number_probs is not None and lse is not None
     log_mass = _log_number_mass(lse, terms.number_lse, rows)  # (m,)
     mass, slope = reweighed_derivatives(terms.base, log_mass, spec)
     slope = terms.coefficient * slope  # c · ∂ reweighed/∂ log m
@@ -387,10 +388,20 @@ class _GradientInForward(torch.autograd.Function):
         scales = reduction_scales(rows, spec, num_items)
         terms = _number_terms(number_logits, rows, tables, spec, ntl_weight, scales)
 
-        def chunk_gradients(
-            index: slice, lse: torch.Tensor
-        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-            return _row_gradients(lse, terms.take(index), rows.take(index), spec, scales)
+        if spec.reweigh:  # the pieces depend on each chunk's log-sum-exp
+
+            def chunk_gradients(
+                index: slice, lse: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                return _row_gradients(lse, terms.take(index), rows.take(index), spec, scales)
+
+        else:  # they do not: computed once, sliced per chunk
+            pieces = _row_gradients(None, terms, rows, spec, scales)
+
+            def chunk_gradients(
+                index: slice, lse: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                return pieces[0][index], pieces[1][index], pieces[2][index]
 
         gradient = flat if inplace else torch.empty_like(flat)  # (M, V)
         lse = statistics_and_gradient(
