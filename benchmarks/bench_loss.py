@@ -7,9 +7,9 @@ layer (linear suite) measured in the same run, at one thread and at all cores.
     python benchmarks/bench_loss.py --device cuda --compile   # on a GPU, torch.compile'd
 
 Method (see benchmarks/README.md): for each case the first round checks each variant's value and
-gradients against the unfused reference and warms up; then, for each thread count in turn, an
-untimed warm-up round and ``--rounds`` timed rounds with the variants interleaved (the order
-rotates each round). Forward is the training forward (autograd recording), backward is
+gradients against the unfused reference and warms up; then, for each thread count in turn
+(after the first, with an untimed warm-up round for the logits suite), ``--rounds`` timed rounds
+with the variants interleaved (the order rotates each round). Forward is the training forward (autograd recording), backward is
 ``loss.backward()``, full is their sum in the same call. Medians with p20/p80. Peak memory is
 measured for each variant once per case, at the largest thread count, in a fresh subprocess on
 CPU (the rise of VmHWM over VmRSS during one forward + backward, VmHWM reset by writing "5" to
@@ -418,14 +418,19 @@ def check_variants(
 
 
 def time_rounds(
-    case: Case, found: dict[str, Variant], inputs: dict[str, torch.Tensor], rounds: int
+    case: Case,
+    found: dict[str, Variant],
+    inputs: dict[str, torch.Tensor],
+    rounds: int,
+    warm_up: bool,
 ) -> dict[str, dict[str, list[float]]]:
-    """One untimed warm-up round, then ``rounds`` timed ones with the variants interleaved."""
+    """With ``warm_up`` one untimed round, then ``rounds`` timed ones with the variants
+    interleaved."""
     names = list(found)
     samples: dict[str, dict[str, list[float]]] = {
         n: {"forward": [], "backward": [], "full": [], "cpu": []} for n in names
     }
-    for round_index in range(-1, rounds):
+    for round_index in range(-1 if warm_up else 0, rounds):
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:
             forward, backward, cpu = run_once(case, found[name], call_inputs(name, inputs))
@@ -521,7 +526,10 @@ def run_case(
     for count in threads:
         torch.set_num_threads(count)
         print(f"== {case.label()}: {count} thread(s), {rounds} rounds", file=sys.stderr, flush=True)
-        samples = time_rounds(case, found, inputs, rounds)
+        # The check round warmed up the first thread count; a linear step takes seconds, so
+        # thread pools are warm after its first kernel anyway.
+        warm_up = count != threads[0] and case.suite == "logits"
+        samples = time_rounds(case, found, inputs, rounds, warm_up)
         case_fields = {
             **dataclasses.asdict(case),
             "number_fraction": NUMBER_FRACTION,
