@@ -6,17 +6,27 @@ Cross-entropy and the Number Token Loss read a logits row ``x`` (V,) only throug
 * ``x[y]`` (the label's logit) and
 * ``z = x[number_ids]`` (the N number-token logits),
 
-so one pass over the logits gives everything the loss needs. Backward is the transpose of those
-three maps: with upstream gradients ``g_lse`` (M,), ``g_y`` (M,) and ``g_z`` (M, N),
+so one pass over the logits gives everything the loss needs. The gradient is the transpose of
+those three maps: with ``g_lse`` (M,), ``g_y`` (M,) and ``g_z`` (M, N) the loss's derivatives by
+them,
 
     ∂L/∂x[r] = g_lse[r] · softmax(x[r]) + g_y[r] · onehot(y[r]) + scatter(g_z[r] -> number_ids)
 
-i.e. one dense term (softmax times a per-row coefficient) and N + 1 sparse fix-ups per row. It is
-written in a single pass into a single (M, V) buffer. Rows are processed in chunks small enough to
-stay in cache; bfloat16/float16 chunks are upcast to float32 one at a time, never the whole tensor.
+i.e. one dense term (softmax times a per-row coefficient) and N + 1 sparse fix-ups per row.
 
-The two kernels are ``torch.library`` custom ops so that ``torch.compile`` sees one opaque node
-each instead of unrolling the chunk loop; :func:`row_statistics` is their differentiable form.
+* :func:`compute_row_statistics`: the three statistics, one read of the logits (evaluation).
+* :func:`statistics_and_gradient`: the log-sum-exp and, in the same pass, the gradient, given a
+  function from a chunk's log-sum-exp to its ``g_*`` (the gradient-in-forward path): each chunk
+  is read once and turned into its gradient rows while it is in cache.
+* :func:`write_row_gradient`: the gradient from known ``lse`` and ``g_*`` (a backward pass, and
+  blocks of vocabulary columns for the linear path).
+* :func:`row_statistics`: the statistics as a differentiable ``torch.library`` custom op whose
+  backward is :func:`write_row_gradient`, so that ``torch.compile`` sees one opaque node each way
+  instead of unrolling the chunk loop.
+
+Rows are processed in chunks small enough to stay in cache; bfloat16/float16 chunks are upcast to
+float32 one at a time into a reused buffer, never the whole tensor. On CPU the chunks of a pass
+are shared among the torch threads (see :func:`_in_row_blocks`).
 """
 
 from __future__ import annotations
