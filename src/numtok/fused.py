@@ -7,11 +7,18 @@
 
 (labels shifted first when ``shift=True``) at less than the cost of ``F.cross_entropy`` alone.
 Both terms read a logits row only through its log-sum-exp, the label's logit and the N number-token
-logits (see :mod:`numtok._fused_rows`): one pass computes those, the loss is assembled from them on
-(M,) and (M, N) tensors with ordinary autograd, and backward writes the logits' gradient once,
-``softmax · (per-row coefficient)`` plus sparse fix-ups at the label and the number columns. At a
-number-labelled position the number-token mass that ``reweigh`` needs comes free from the same
-log-sum-exp: ``log m = logsumexp(z) - lse``.
+logits (see :mod:`numtok._fused_rows`), and the logits' gradient is ``softmax · (per-row
+coefficient)`` plus sparse fix-ups at the label and the number columns. At a number-labelled
+position the number-token mass that ``reweigh`` needs comes free from the same log-sum-exp:
+``log m = logsumexp(z) - lse``.
+
+When the logits need a gradient, the forward pass computes it too (:class:`_GradientInForward`):
+the per-row coefficients come from :func:`loss_and_row_gradients`'s formulas, the NTL part from
+the number logits before the pass, and one pass over the logits turns each chunk into its rows of
+the gradient as soon as its log-sum-exp is known; backward scales it. Without a gradient one pass
+computes the statistics and :func:`combine_terms` the values; under ``torch.compile`` (and for
+differentiable ``loss_weights``) autograd runs through :func:`combine_terms` and the statistics'
+custom op, whose backward writes the gradient.
 """
 
 from __future__ import annotations
