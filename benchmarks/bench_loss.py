@@ -9,12 +9,12 @@ layer (linear suite) measured in the same run, at one thread and at all cores.
 Method (see benchmarks/README.md): for each case the first round checks each variant's value and
 gradients against the unfused reference and warms up; then, for each thread count in turn
 (after the first, with an untimed warm-up round for the logits suite), ``--rounds`` timed rounds
-with the variants interleaved (the order rotates each round). Forward is the training forward (autograd recording), backward is
-``loss.backward()``, full is their sum in the same call. Medians with p20/p80. Peak memory is
-measured for each variant once per case, at the largest thread count, in a fresh subprocess on
-CPU (the rise of VmHWM over VmRSS during one forward + backward, VmHWM reset by writing "5" to
-/proc/self/clear_refs right before) and in process on CUDA (``max_memory_allocated``), reported
-as a multiple of the logits' size.
+with the variants interleaved (the order rotates each round). Forward is the training forward
+(autograd recording), backward is ``loss.backward()``, full is their sum in the same call.
+Medians with p20/p80. Peak memory is measured for each variant once per case, at the largest
+thread count, in a fresh subprocess on CPU (the rise of VmHWM over VmRSS during one forward +
+backward, VmHWM reset by writing "5" to /proc/self/clear_refs right before) and in process on
+CUDA (``max_memory_allocated``), reported as a multiple of the logits' size.
 """
 
 from __future__ import annotations
