@@ -261,6 +261,17 @@ LINEAR_VARIANTS: dict[str, Variant] = {
             reweigh=case.reweigh,
         ).loss
     ),
+    # Differentiable loss_weights (all 1: the same loss) send it to the recompute-in-backward pass.
+    "linear, recompute in backward": lambda case, x: (
+        linear_cross_entropy_with_ntl(
+            x["hidden"],
+            x["weight"],
+            x["labels"],
+            number_vocab(case.vocab_size),
+            reweigh=case.reweigh,
+            loss_weights=torch.ones(x["labels"].shape, device=x["labels"].device).requires_grad_(),
+        ).loss
+    ),
 }
 # Liger-Kernel (Triton, GPUs only) computes cross-entropy alone: checked against PyTorch's.
 LIGER_VARIANTS: dict[str, dict[str, Variant]] = {
