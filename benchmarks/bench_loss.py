@@ -262,7 +262,7 @@ LINEAR_VARIANTS: dict[str, Variant] = {
         ).loss
     ),
     # Differentiable loss_weights (all 1: the same loss) send it to the recompute-in-backward pass.
-    "linear, recompute in backward": lambda case, x: (
+    "linear_cross_entropy_with_ntl (recompute in backward)": lambda case, x: (
         linear_cross_entropy_with_ntl(
             x["hidden"],
             x["weight"],
