@@ -1,0 +1,256 @@
+"""One Hugging Face Trainer step (forward, backward, gradient clipping, AdamW step) of a tiny
+random Llama with a Llama-3-sized vocabulary, CE + 0.3·NTL through ``NTLossForTrainer``, with the
+logits (``logits_free=False``) and without them (``logits_free=True``): time and peak memory.
+
+    python benchmarks/bench_trainer_step.py            # V = 128,256, sequence 512, batch 4
+    python benchmarks/bench_trainer_step.py --quick    # V = 8,192, sequence 128: a smoke run
+
+Method: the model is a 2-layer Llama (hidden 256, MLP 512, 4 heads, 2 KV heads, untied output
+layer, float32, 66M parameters of which 2 x 32.8M are the embeddings and the output layer), the
+batch 4 sequences of 512 random token ids of which 10% are the digits "0".."9" (ids 100..109);
+labels are the inputs (the loss shifts them). Time: ``--rounds`` rounds, each running
+``trainer.train()`` for ``--steps`` optimizer steps in both modes, the order alternating between
+rounds; a step is timed from ``on_step_begin`` to ``on_step_end`` (the batch is already
+collated), the first step of every ``train()`` call (AdamW allocates its state there) is left
+out. Medians with p20/p80. Memory: each mode in a fresh process, two steps; at the start of the
+second step VmHWM is reset to the current VmRSS (writing "5" to /proc/self/clear_refs) and its
+rise during the step is the step's peak memory (everything the step allocates above the model,
+its gradients' buffers and AdamW's state); the process's VmHWM over both steps is reported too.
+Results go to ``benchmarks/results/<date>T<time>-trainer-step-cpu-t<threads>.{jsonl,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from bench_common import proc_status, provenance, quantiles
+
+from numtok import NumberVocab
+from numtok.hf import NTLossForTrainer
+
+RESULTS = Path(__file__).resolve().parent / "results"
+FIRST_DIGIT_ID = 100
+NUMBER_FRACTION = 0.10
+NTL_WEIGHT = 0.3
+MODES = {"logits": False, "logits_free": True}
+
+
+def shapes(quick: bool) -> dict[str, int]:
+    if quick:
+        return {"vocab_size": 8192, "sequence": 128, "batch": 4, "hidden": 64}
+    return {"vocab_size": 128_256, "sequence": 512, "batch": 4, "hidden": 256}
+
+
+def build_model(vocab_size: int, hidden: int) -> Any:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config)
+
+
+def build_dataset(size: dict[str, int], examples: int) -> list[dict[str, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(0)
+    shape = (examples, size["sequence"])
+    ids = torch.randint(FIRST_DIGIT_ID + 10, size["vocab_size"], shape, generator=generator)
+    digits = FIRST_DIGIT_ID + torch.randint(10, shape, generator=generator)
+    ids = torch.where(torch.rand(shape, generator=generator) < NUMBER_FRACTION, digits, ids)
+    return [{"input_ids": row, "labels": row} for row in ids]
+
+
+class StepClock:
+    """A Trainer callback: wall-clock seconds of every optimizer step, and optionally the peak
+    memory of the second one."""
+
+    def __init__(self, measure_memory: bool = False) -> None:
+        self.seconds: list[float] = []
+        self.measure_memory = measure_memory
+        self.memory: dict[str, int] = {}
+        self._start = 0.0
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.measure_memory and state.global_step == 1:
+            self.memory["rss_before"] = proc_status("VmRSS")
+            with open("/proc/self/clear_refs", "w") as clear_refs:
+                clear_refs.write("5")  # VmHWM := VmRSS
+        self._start = time.perf_counter()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.seconds.append(time.perf_counter() - self._start)
+        if self.measure_memory and state.global_step == 2:
+            self.memory["hwm_step"] = proc_status("VmHWM")
+
+
+def build_trainer(mode: str, size: dict[str, int], steps: int, clock: StepClock) -> Any:
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    class Callback(TrainerCallback):
+        on_step_begin = clock.on_step_begin
+        on_step_end = clock.on_step_end
+
+    args = TrainingArguments(
+        output_dir=tempfile.mkdtemp(prefix="bench_trainer_step_"),
+        per_device_train_batch_size=size["batch"],
+        max_steps=steps,
+        learning_rate=1e-4,
+        optim="adamw_torch",
+        logging_steps=10_000,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        seed=0,
+    )
+    trainer = Trainer(
+        model=build_model(size["vocab_size"], size["hidden"]),
+        args=args,
+        train_dataset=build_dataset(size, size["batch"] * steps),
+        callbacks=[Callback()],
+    )
+    vocab = NumberVocab.from_values(
+        {FIRST_DIGIT_ID + d: str(d) for d in range(10)}, vocab_size=size["vocab_size"]
+    )
+    NTLossForTrainer(vocab, ntl_weight=NTL_WEIGHT, logits_free=MODES[mode]).attach(trainer)
+    return trainer
+
+
+def time_modes(size: dict[str, int], rounds: int, steps: int) -> dict[str, list[float]]:
+    """Per-step seconds of every mode, the first step of each train() call left out."""
+    clocks = {mode: StepClock() for mode in MODES}
+    trainers = {mode: build_trainer(mode, size, steps, clocks[mode]) for mode in MODES}
+    samples: dict[str, list[float]] = {mode: [] for mode in MODES}
+    for round_index in range(rounds):
+        order = list(MODES) if round_index % 2 == 0 else list(reversed(MODES))
+        for mode in order:
+            clocks[mode].seconds.clear()
+            trainers[mode].train()
+            samples[mode] += clocks[mode].seconds[1:]
+            print(f"round {round_index} {mode}: {clocks[mode].seconds}", file=sys.stderr)
+    return samples
+
+
+def probe_memory(mode: str, size: dict[str, int]) -> dict[str, int]:
+    """In this (fresh) process: two steps; the second step's peak rise and the process's peak."""
+    clock = StepClock(measure_memory=True)
+    build_trainer(mode, size, 2, clock).train()
+    return {
+        "step_peak_bytes": clock.memory["hwm_step"] - clock.memory["rss_before"],
+        "process_peak_bytes": proc_status("VmHWM"),
+    }
+
+
+def measure_memory(mode: str, quick: bool, threads: int) -> dict[str, int]:
+    command = [sys.executable, __file__, "--probe-memory", mode, "--threads", str(threads)]
+    command += ["--quick"] if quick else []
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    output = subprocess.run(command, check=True, capture_output=True, text=True, env=env).stdout
+    return json.loads(output.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def summary(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| mode | step ms median (p20-p80) | time × logits | step peak MiB | peak × logits "
+        "| process peak MiB |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['mode']} | {row['median_ms']:.0f} ({row['p20_ms']:.0f}-{row['p80_ms']:.0f}) "
+            f"| {row['time_ratio']:.3f} | {row.get('step_peak_mib', '')} "
+            f"| {row.get('step_peak_ratio', '')} | {row.get('process_peak_mib', '')} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small shapes: a smoke run")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--rounds", type=int, default=4, help="timed rounds per mode")
+    parser.add_argument("--steps", type=int, default=3, help="optimizer steps per train() call")
+    parser.add_argument("--no-memory", action="store_true", help="skip the memory processes")
+    parser.add_argument("--out", type=Path, help="JSONL file (default: results/...; none --quick)")
+    parser.add_argument("--probe-memory", choices=list(MODES), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    warnings.filterwarnings("ignore")
+    size = shapes(args.quick)
+    if args.probe_memory:
+        print(json.dumps(probe_memory(args.probe_memory, size)))
+        return
+
+    import transformers
+
+    meta = {
+        **provenance(torch.device("cpu"), compiled=False),
+        "transformers": transformers.__version__,
+        "threads": args.threads,
+    }
+    samples = time_modes(size, args.rounds, args.steps)
+    memory = (
+        {}
+        if args.no_memory
+        else {mode: measure_memory(mode, args.quick, args.threads) for mode in MODES}
+    )
+    baseline = quantiles(samples["logits"])[1]
+    rows = []
+    for mode in MODES:
+        p20, median, p80 = quantiles(samples[mode])
+        row: dict[str, Any] = {
+            **meta,
+            **size,
+            "layers": 2,
+            "ntl_weight": NTL_WEIGHT,
+            "number_fraction": NUMBER_FRACTION,
+            "mode": mode,
+            "steps_timed": len(samples[mode]),
+            "median_ms": round(median, 1),
+            "p20_ms": round(p20, 1),
+            "p80_ms": round(p80, 1),
+            "time_ratio": round(median / baseline, 3),
+        }
+        if mode in memory:
+            row["step_peak_mib"] = round(memory[mode]["step_peak_bytes"] / 2**20, 1)
+            row["process_peak_mib"] = round(memory[mode]["process_peak_bytes"] / 2**20, 1)
+            row["step_peak_ratio"] = round(
+                memory[mode]["step_peak_bytes"] / memory["logits"]["step_peak_bytes"], 3
+            )
+        rows.append(row)
+    table = summary(rows)
+    print(table)
+    out = args.out
+    if out is None and not args.quick:
+        stamp = meta["date"][:16].replace(":", "")
+        out = RESULTS / f"{stamp}-trainer-step-cpu-t{args.threads}.jsonl"
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        out.with_suffix(".md").write_text(table + "\n")
+        print(f"results: {out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
