@@ -5,22 +5,33 @@ VENV := .venv
 PY := $(VENV)/bin/python
 TORCH := torch==2.13.0
 STAMP := $(VENV)/.installed
+# `make demo` needs only the demo extra: a fresh clone runs it without installing the test tools.
+DEMO_STAMP := $(VENV)/.demo-installed
 
 .PHONY: test lint demo bench clean
 
-$(STAMP): pyproject.toml Makefile
+define install
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(TORCH)
-	$(PY) -m pip install --quiet -e '.[dev]'
-	touch $(STAMP)
+	$(PY) -m pip install --quiet -e '.[$(1)]'
+endef
+
+$(STAMP): pyproject.toml Makefile
+	$(call install,dev)
+	touch $(STAMP) $(DEMO_STAMP)
+
+$(DEMO_STAMP): pyproject.toml Makefile
+	$(call install,demo)
+	touch $(DEMO_STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
 
-# The arithmetic comparison (CE vs CE + 0.3·NTL-WAS vs CE + 0.3·NTL-MSE, 3 seeds) on two CPU
-# cores; `make demo DEMO_ARGS="--device cuda"` on a GPU. Rerunning resumes the same run folder.
-demo: $(STAMP)
+# The rJokes comparison (CE, CE + 3·NTL-WAS, CE + 3·NTL-MSE, a regression head; 3 seeds) when its
+# data is found ($$NUMTOK_RJOKES_DIR, or ../shared/data/rjokes beside the checkout), else the
+# arithmetic one; `make demo DEMO_ARGS="--device cuda"` on a GPU. Rerunning resumes its run folder.
+demo: $(DEMO_STAMP)
 	$(VENV)/bin/numtok demo $(DEMO_ARGS)
 
 lint: $(STAMP)

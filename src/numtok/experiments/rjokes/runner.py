@@ -19,11 +19,10 @@ from numtok.experiments.rjokes.config import RJokesConfig
 from numtok.experiments.rjokes.data import RJokesData, find_data_dir, load_rjokes
 from numtok.experiments.rjokes.report import constant_predictions, write_report
 from numtok.experiments.rjokes.train import (
-    ScoredTrainingSet,
     arm_step,
     build_arm,
-    build_tokenizer,
     evaluation_jokes,
+    prepare_training,
     train_arm,
 )
 from numtok.experiments.run_folder import prepare_run_dir
@@ -47,8 +46,7 @@ def _step_times(config: RJokesConfig, data: RJokesData) -> dict[str, Any]:
     """One training step of every arm, interleaved, on the first seed's weights and batches."""
     if torch.device(config.device).type == "cpu":
         torch.set_num_threads(config.threads)
-    tokenizer = build_tokenizer(config, data)
-    training = ScoredTrainingSet(data.train, tokenizer)
+    tokenizer, training = prepare_training(config, data)
     seed = config.seeds[0]
     steps = {
         arm: arm_step(config, seed, *build_arm(config, seed, arm, tokenizer), training)
@@ -98,10 +96,13 @@ def run_rjokes(
         f"numtok: rJokes, arms {', '.join(config.arms)}, seeds {list(config.seeds)}, "
         f"{config.steps} steps, evaluated on {config.evaluate_on}; run folder {run_dir}"
     )
+    # The head arms are the quickest (no vocabulary-sized output, no readout): scheduled last,
+    # they fill the end of the run instead of leaving a core idle.
+    order = sorted(config.arms, key=lambda arm: arm == "head")
     jobs: list[Job] = [
         (_arm_job, (config.to_dict(), seed, arm, str(run_dir), str(directory)))
+        for arm in order
         for seed in config.seeds
-        for arm in config.arms
     ]
     work = len(jobs) * (config.steps + len(evaluation_jokes(config, data)))
     with (
@@ -133,7 +134,7 @@ def run_rjokes(
             "evaluated": len(evaluated),
         },
         constants=constant_predictions(data.train, evaluated),
-        vocabulary_size=len(build_tokenizer(config, data)),
+        vocabulary_size=len(prepare_training(config, data)[0]),
         command=command,
         wall_seconds=time.perf_counter() - started,
         workers=workers,

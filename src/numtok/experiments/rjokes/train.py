@@ -45,7 +45,14 @@ from numtok.experiments.rjokes.model import ScoreRegressor
 from numtok.experiments.run_folder import arm_directory, finish_arm, read_result
 from numtok.experiments.tokenizer import WordTokenizer
 
-__all__ = ["ScoredTrainingSet", "arm_step", "build_tokenizer", "evaluation_jokes", "train_arm"]
+__all__ = [
+    "ScoredTrainingSet",
+    "arm_step",
+    "build_tokenizer",
+    "evaluation_jokes",
+    "prepare_training",
+    "train_arm",
+]
 
 _EXAMPLES = 8
 
@@ -57,6 +64,24 @@ def build_tokenizer(config: RJokesConfig, data: RJokesData) -> WordTokenizer:
         max_words=config.vocabulary_words,
         max_prompt_tokens=config.max_prompt_tokens,
     )
+
+
+# Tokenizer and encoded training jokes per (data, vocabulary settings): a worker process that
+# trains several arms builds them once (a few seconds each time otherwise).
+_PREPARED: dict[tuple[str, int, int, int], tuple[WordTokenizer, ScoredTrainingSet]] = {}
+
+
+def prepare_training(
+    config: RJokesConfig, data: RJokesData
+) -> tuple[WordTokenizer, ScoredTrainingSet]:
+    """:func:`build_tokenizer` and the :class:`ScoredTrainingSet` of ``data.train``, built once
+    per process for equal data and vocabulary settings."""
+    key = (data.digest, len(data.train), config.vocabulary_words, config.max_prompt_tokens)
+    if key not in _PREPARED:
+        tokenizer = build_tokenizer(config, data)
+        _PREPARED.clear()
+        _PREPARED[key] = tokenizer, ScoredTrainingSet(data.train, tokenizer)
+    return _PREPARED[key]
 
 
 def evaluation_jokes(config: RJokesConfig, data: RJokesData) -> list[Joke]:
@@ -175,8 +200,7 @@ def train_arm(
     device = torch.device(config.device)
     if device.type == "cpu":
         torch.set_num_threads(config.threads)
-    tokenizer = build_tokenizer(config, data)
-    training = ScoredTrainingSet(data.train, tokenizer)
+    tokenizer, training = prepare_training(config, data)
     model, optimizer, objective = build_arm(config, seed, arm, tokenizer)
     log = train_with_checkpoints(
         model,
