@@ -380,8 +380,8 @@ def test_low_precision_matches_float32_reference(
 
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_torch_compile_matches_eager(reduction: str, device: torch.device) -> None:
-    """The recompute pass (``"none"``) is two custom ops inside the graph; the gradient-in-forward
-    pass (``"mean"``) runs eagerly behind a graph break."""
+    """Under torch.compile every reduction takes the recompute pass: two custom ops in the
+    graph."""
     torch._dynamo.reset()
     vocab = make_vocab("digits")
     hidden, weight, bias, labels = make_inputs("digits", seed=9, dtype=torch.float32, device=device)

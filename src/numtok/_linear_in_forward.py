@@ -119,7 +119,6 @@ class _LossWithGradients(torch.autograd.Function):
         return (*scaled, *[None] * 6)
 
 
-@torch.compiler.disable  # type: ignore[untyped-decorator]
 def linear_loss_in_forward(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -139,7 +138,8 @@ def linear_loss_in_forward(
     ``hidden`` (M, H) the flattened hidden states, ``weight`` (V, H), ``bias`` (V,) or None;
     ``labels`` and ``loss_weights`` validated, of one shape with M elements (shifted here when
     ``spec.shift``); ``dtype`` the compute dtype. ``loss_weights`` must not require a gradient
-    (it would get none)."""
+    (it would get none). Not for ``torch.compile``: dynamo does not trace the ``torch.func.vjp``
+    of :func:`numtok.fused.loss_and_row_gradients` inside an ``autograd.Function``."""
     rows, _ = prepare_rows(labels, loss_weights, tables, spec, dtype)
     loss, ce, ntl = _LossWithGradients.apply(  # type: ignore[no-untyped-call]
         hidden, weight, bias, rows, tables, spec, ntl_weight, num_items, chunk_size

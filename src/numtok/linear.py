@@ -15,8 +15,9 @@ statistics (log-sum-exp, the label's logit, the N number-token logits; see
   products, as for the materialised logits.
 * **recompute in backward** (:mod:`numtok._linear_recompute`): for ``reduction="none"`` (the
   upstream gradient differs per position, so the weight's gradient cannot be summed before it is
-  known), for differentiable ``loss_weights`` and under saved-tensor hooks. Forward keeps the
-  statistics; backward recomputes the logits block by block of vocabulary columns. Four products.
+  known), for differentiable ``loss_weights``, under ``torch.compile`` (two custom ops in the
+  graph) and under saved-tensor hooks. Forward keeps the statistics; backward recomputes the
+  logits block by block of vocabulary columns. Four products.
 * **statistics only**: without gradients (evaluation, ``torch.no_grad()``), one product.
 
 Peak memory: one (c, V) buffer plus the gradients themselves, instead of several (M, V) buffers.
@@ -63,20 +64,21 @@ def _gradients_in_forward(
 ) -> bool:
     """Compute the gradients in the forward pass (three matrix products instead of four) when
     autograd records, a gradient is wanted and the loss is a scalar; ``reduction="none"`` (a
-    gradient per position, known only in backward), differentiable ``loss_weights`` and
-    saved-tensor hooks take the pass that recomputes the logits in backward, and evaluation (no
-    gradient) pays for neither."""
+    gradient per position, known only in backward), differentiable ``loss_weights``,
+    ``torch.compile`` (whose graph holds the recompute pass's two custom ops, as the fused path
+    does) and saved-tensor hooks take the pass that recomputes the logits in backward, and
+    evaluation (no gradient) pays for neither."""
     wanted = any(t is not None and t.requires_grad for t in (hidden, weight, bias))
     return (
         wanted
         and torch.is_grad_enabled()
         and spec.reduction != "none"
         and not (loss_weights is not None and loss_weights.requires_grad)
+        and not torch.compiler.is_compiling()
         and not _saved_tensors_hooks_active()
     )
 
 
-@torch.compiler.disable  # type: ignore[untyped-decorator]
 def _saved_tensors_hooks_active() -> bool:
     """Whether saved-tensor hooks are installed (``torch.autograd.graph.save_on_cpu``, activation
     offloading): the gradient-in-forward pass differentiates NTL with ``torch.func.vjp``, which
@@ -267,7 +269,7 @@ def linear_cross_entropy_with_ntl_from_tables(
     if rows_per_chunk is None:
         rows_per_chunk = default_chunk_size(num_tokens, hidden.shape[-1])
     if _gradients_in_forward(flat_hidden, weight, bias, loss_weights, spec):
-        out: CEWithNTLOutput = linear_loss_in_forward(
+        return linear_loss_in_forward(
             flat_hidden,
             weight,
             bias,
@@ -280,7 +282,6 @@ def linear_cross_entropy_with_ntl_from_tables(
             rows_per_chunk,
             dtype,
         )
-        return out
     rows, shape = prepare_rows(labels, loss_weights, tables, spec, dtype)
     lse, target_logit, number_logits = linear_row_statistics(
         flat_hidden, weight, bias, rows.target_ids, tables.ids, rows_per_chunk, dtype
