@@ -345,7 +345,8 @@ def _cost_lines(results: dict[str, Any]) -> list[str]:
         lines.append(
             f"- {LABELS[arm]}: a training step takes {entry['ratio_to_ce']:.3f}× CE's (median "
             f"{1e3 * entry['median_seconds']:.1f} ms vs {ce_ms:.1f} ms "
-            f"over {timing['rounds']} interleaved rounds; per-round ratios p20–p80 "
+            f"over {timing['rounds']} interleaved rounds, the run's last job, perhaps beside "
+            f"another arm's training; per-round ratios p20–p80 "
             f"{entry['ratio_p20']:.3f}–{entry['ratio_p80']:.3f})"
         )
     for arm in results["config"]["arms"]:

@@ -42,8 +42,20 @@ def _arm_job(
     return train_arm(config, seed, arm, data, Path(run_dir), progress=report_progress)
 
 
+def _timing_job(config_dict: dict[str, Any], data_dir: str, run_dir: str) -> dict[str, Any]:
+    """One training step of every arm, interleaved, on the first seed's weights and batches;
+    stored in the run folder, so a resumed run does not measure again."""
+    path = Path(run_dir) / _TIMING
+    if path.exists():
+        stored: dict[str, Any] = json.loads(path.read_text())
+        return stored
+    config = RJokesConfig.from_dict(config_dict)
+    timing = _step_times(config, load_rjokes(data_dir, validation_jokes=config.validation_jokes))
+    path.write_text(json.dumps(timing, indent=1))
+    return timing
+
+
 def _step_times(config: RJokesConfig, data: RJokesData) -> dict[str, Any]:
-    """One training step of every arm, interleaved, on the first seed's weights and batches."""
     if torch.device(config.device).type == "cpu":
         torch.set_num_threads(config.threads)
     tokenizer, training = prepare_training(config, data)
@@ -96,8 +108,9 @@ def run_rjokes(
         f"numtok: rJokes, arms {', '.join(config.arms)}, seeds {list(config.seeds)}, "
         f"{config.steps} steps, evaluated on {config.evaluate_on}; run folder {run_dir}"
     )
-    # The head arms are the quickest (no vocabulary-sized output, no readout): scheduled last,
-    # they fill the end of the run instead of leaving a core idle.
+    # Longest jobs first: the head arms (no vocabulary-sized output, no readout) and the step
+    # timing (interleaved, so its ratios hold beside another worker) fill the end of the run
+    # instead of leaving a core idle.
     order = sorted(config.arms, key=lambda arm: arm == "head")
     jobs: list[Job] = [
         (_arm_job, (config.to_dict(), seed, arm, str(run_dir), str(directory)))
@@ -105,19 +118,12 @@ def run_rjokes(
         for seed in config.seeds
     ]
     work = len(jobs) * (config.steps + len(evaluation_jokes(config, data)))
+    jobs.append((_timing_job, (config.to_dict(), str(directory), str(run_dir))))
     with (
         open_executor(workers) as executor,
         progress_bar(show_progress, work, "training steps + scored jokes", "it") as bar,
     ):
-        runs = executor.run(jobs, bar)
-
-    timing_path = run_dir / _TIMING
-    if timing_path.exists():
-        timing = json.loads(timing_path.read_text())
-    else:
-        say("numtok: timing one training step per arm (interleaved rounds)...")
-        timing = _step_times(config, data)
-        timing_path.write_text(json.dumps(timing, indent=1))
+        *runs, timing = executor.run(jobs, bar)
 
     evaluated = evaluation_jokes(config, data)
     return write_report(
