@@ -4,6 +4,7 @@ presets and the rJokes presets."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from numtok.experiments.config import ExperimentConfig, TrainingConfig
 from numtok.experiments.rjokes.config import RJokesConfig
@@ -24,6 +25,18 @@ class Preset:
     description: str
 
 
+#: A tiny model trained for a few steps on two seeds: what the smoke presets share.
+_SMOKE: dict[str, Any] = {
+    "seeds": (0, 1),
+    "batch_size": 16,
+    "d_model": 32,
+    "n_layers": 1,
+    "n_heads": 2,
+    "warmup_steps": 5,
+    "log_every": 5,
+    "checkpoint_every": 10,
+}
+
 PRESETS: dict[str, Preset] = {
     preset.name: preset
     for preset in (
@@ -36,18 +49,7 @@ PRESETS: dict[str, Preset] = {
         Preset(
             "smoke",
             ExperimentConfig(
-                steps=40,
-                seeds=(0, 1),
-                batch_size=16,
-                d_model=32,
-                n_layers=1,
-                n_heads=2,
-                warmup_steps=5,
-                train_questions=400,
-                eval_questions=10,
-                eval_batch_size=10,
-                log_every=5,
-                checkpoint_every=10,
+                steps=40, train_questions=400, eval_questions=10, eval_batch_size=10, **_SMOKE
             ),
             "a seconds-long run through every stage (set-up check; the tests use it)",
         ),
@@ -105,18 +107,11 @@ PRESETS: dict[str, Preset] = {
             "rjokes-smoke",
             RJokesConfig(
                 steps=30,
-                seeds=(0, 1),
-                batch_size=16,
-                d_model=32,
-                n_layers=1,
-                n_heads=2,
-                warmup_steps=5,
                 vocabulary_words=500,
                 validation_jokes=20,
                 eval_jokes=20,
                 eval_batch_size=20,
-                log_every=5,
-                checkpoint_every=10,
+                **_SMOKE,
             ),
             "a seconds-long rJokes run through every stage (set-up check; the tests use it)",
         ),

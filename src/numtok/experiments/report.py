@@ -7,7 +7,6 @@ the *paired* difference to CE seed by seed, tested as :mod:`numtok.experiments.s
 
 from __future__ import annotations
 
-import datetime
 import json
 import math
 import statistics
@@ -15,12 +14,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numtok
 from numtok.experiments.config import ExperimentConfig
 from numtok.experiments.data import TASKS
-from numtok.experiments.model import Transformer
 from numtok.experiments.objectives import ARM_LABELS
-from numtok.experiments.report_format import hardware, json_safe, table
+from numtok.experiments.report_format import json_safe, run_header, table
 from numtok.experiments.stats import paired_comparison, summarise
 from numtok.experiments.tokenizer import CharTokenizer
 
@@ -354,18 +351,16 @@ def write_report(
     results (as stored in results.json)."""
     summary, paired = _summarise(config, runs)
     verdict, hits = _verdict(config, paired)
+    header = run_header(
+        config,
+        len(CharTokenizer()),
+        command=command,
+        wall_seconds=wall_seconds,
+        workers=workers,
+    )
     results = json_safe(
         {
-            "numtok_version": numtok.__version__,
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "command": command,
-            "hardware": hardware(config.device, config.threads),
-            "wall_seconds": wall_seconds,
-            "workers": workers,
-            "config": config.to_dict(),
-            "model_parameters": Transformer(
-                config.model_config(len(CharTokenizer()))
-            ).num_parameters(),
+            **header,
             "splits": list(TASKS[config.task].splits),
             "summary": summary,
             "paired_differences": paired,

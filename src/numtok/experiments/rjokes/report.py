@@ -11,7 +11,6 @@ predictions (training mean, median and mode) scored on the same jokes, for scale
 
 from __future__ import annotations
 
-import datetime
 import json
 import math
 import statistics
@@ -19,10 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numtok
-from numtok.experiments.model import Transformer
 from numtok.experiments.objectives import ARM_LABELS
-from numtok.experiments.report_format import hardware, json_safe, table
+from numtok.experiments.report_format import json_safe, run_header, table
 from numtok.experiments.rjokes.config import RJokesConfig
 from numtok.experiments.rjokes.data import Joke
 from numtok.experiments.rjokes.evaluate import (
@@ -428,17 +425,13 @@ def write_report(
     results (as stored in results.json)."""
     by_seed = {(r["seed"], r["arm"]): r for r in runs}
     pruned = [r["pruned"] for r in runs if r["pruned"] is not None]
+    header = run_header(
+        config, vocabulary_size, command=command, wall_seconds=wall_seconds, workers=workers
+    )
     results = json_safe(
         {
-            "numtok_version": numtok.__version__,
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "command": command,
-            "hardware": hardware(config.device, config.threads),
-            "wall_seconds": wall_seconds,
-            "workers": workers,
-            "config": config.to_dict(),
+            **header,
             "data": data,
-            "model_parameters": Transformer(config.model_config(vocabulary_size)).num_parameters(),
             "rows": _rows(config, runs),
             "summary": {
                 arm: {
