@@ -136,5 +136,5 @@ def gradient_recorder() -> Any:
 def max_relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     """``max |a - b| / max |b|`` over all parameters (the same keys in both)."""
     assert a.keys() == b.keys() and a
-    scale = max(float(t.abs().max()) for t in b.values())
-    return max(float((a[k] - b[k]).abs().max()) for k in a) / scale
+    scale = max(float(t.detach().abs().max()) for t in b.values())
+    return max(float((a[k] - b[k]).detach().abs().max()) for k in a) / scale
