@@ -42,9 +42,9 @@ lint: $(STAMP)
 
 # CE + NTL speed and memory against F.cross_entropy and ntloss, fused (logits given) and linear
 # (hidden states given), float32 and bfloat16, at 1 thread and at all cores (results in
-# benchmarks/results/). On two cores: logits suite 24 min, float32 linear case 35 min, the bfloat16
-# linear case over an hour without native bf16 matrix products (BENCH_ARGS="--suite logits" or
-# "--dtype float32" to leave it out). `make bench BENCH_ARGS=--quick`: minutes.
+# benchmarks/results/). On two cores: logits suite 24 min, float32 linear case 35 min; the bfloat16
+# linear case takes longer where the CPU has no native bf16 matrix products (BENCH_ARGS="--suite
+# logits" or "--dtype float32" leave it out). `make bench BENCH_ARGS=--quick`: minutes.
 bench: $(STAMP)
 	$(PY) benchmarks/bench_loss.py $(BENCH_ARGS)
 
