@@ -43,7 +43,7 @@ PRESETS: dict[str, Preset] = {
         Preset(
             "demo",
             ExperimentConfig(),
-            "a + b / a - b, 2-layer d=128 model, 800 steps × 64, 3 seeds: ~12 min on 2 free "
+            "a + b / a - b, 2-layer d=128 model, 800 steps × 64, 3 seeds: 10-18 min on 2 free "
             "cores including set-up",
         ),
         Preset(
