@@ -395,20 +395,15 @@ class _GradientInForward(torch.autograd.Function):
         scales = reduction_scales(rows, spec, num_items)
         terms = _number_terms(number_logits, rows, tables, spec, ntl_weight, scales)
 
-        if spec.reweigh:  # the pieces depend on each chunk's log-sum-exp
+        # Without reweigh the pieces do not depend on the log-sum-exp: computed once, sliced.
+        pieces = None if spec.reweigh else _row_gradients(None, terms, rows, spec, scales)
 
-            def chunk_gradients(
-                index: slice, lse: torch.Tensor
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        def chunk_gradients(
+            index: slice, lse: torch.Tensor
+        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            if pieces is None:
                 return _row_gradients(lse, terms.take(index), rows.take(index), spec, scales)
-
-        else:  # they do not: computed once, sliced per chunk
-            pieces = _row_gradients(None, terms, rows, spec, scales)
-
-            def chunk_gradients(
-                index: slice, lse: torch.Tensor
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-                return pieces[0][index], pieces[1][index], pieces[2][index]
+            return pieces[0][index], pieces[1][index], pieces[2][index]
 
         gradient = flat if inplace else torch.empty_like(flat)  # (M, V)
         lse = statistics_and_gradient(
