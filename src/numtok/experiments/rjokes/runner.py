@@ -21,6 +21,7 @@ from numtok.experiments.rjokes.report import constant_predictions, write_report
 from numtok.experiments.rjokes.train import (
     arm_step,
     build_arm,
+    build_tokenizer,
     evaluation_jokes,
     prepare_training,
     train_arm,
@@ -140,7 +141,7 @@ def run_rjokes(
             "evaluated": len(evaluated),
         },
         constants=constant_predictions(data.train, evaluated),
-        vocabulary_size=len(prepare_training(config, data)[0]),
+        vocabulary_size=len(build_tokenizer(config, data)),
         command=command,
         wall_seconds=time.perf_counter() - started,
         workers=workers,
