@@ -33,6 +33,15 @@ def proc_status(field: str) -> int:
     raise KeyError(field)
 
 
+def reset_peak_memory() -> int:
+    """Reset VmHWM (the process's peak resident memory) to the current VmRSS, by writing "5" to
+    /proc/self/clear_refs; return that VmRSS in bytes, the base of the next peak."""
+    resident = proc_status("VmRSS")
+    with open("/proc/self/clear_refs", "w") as clear_refs:
+        clear_refs.write("5")
+    return resident
+
+
 def usable_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))

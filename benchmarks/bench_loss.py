@@ -34,7 +34,14 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from bench_common import case_rows, proc_status, provenance, summary_table, usable_cores
+from bench_common import (
+    case_rows,
+    proc_status,
+    provenance,
+    reset_peak_memory,
+    summary_table,
+    usable_cores,
+)
 from torch.autograd.function import once_differentiable
 
 from numtok import NumberVocab, number_token_loss
@@ -174,6 +181,18 @@ def _fused(case: Case, logits: torch.Tensor, labels: torch.Tensor, inplace: bool
     return out.loss
 
 
+def _linear(case: Case, x: dict[str, torch.Tensor], *, recompute: bool) -> torch.Tensor:
+    """``linear_cross_entropy_with_ntl``; with ``recompute``, differentiable ``loss_weights`` (all
+    1: the same loss) send it to the pass that recomputes the logits in backward."""
+    labels = x["labels"]
+    weights = torch.ones(labels.shape, device=labels.device).requires_grad_() if recompute else None
+    vocab = number_vocab(case.vocab_size)
+    out = linear_cross_entropy_with_ntl(
+        x["hidden"], x["weight"], labels, vocab, reweigh=case.reweigh, loss_weights=weights
+    )
+    return out.loss
+
+
 @functools.cache
 def _ntloss(vocab_size: int, reweigh: bool) -> Any:
     from loguru import logger
@@ -252,25 +271,9 @@ LINEAR_VARIANTS: dict[str, Variant] = {
     "materialised + cross_entropy_with_ntl inplace": lambda case, x: _fused(
         case, x["hidden"] @ x["weight"].T, x["labels"], True
     ),
-    "linear_cross_entropy_with_ntl": lambda case, x: (
-        linear_cross_entropy_with_ntl(
-            x["hidden"],
-            x["weight"],
-            x["labels"],
-            number_vocab(case.vocab_size),
-            reweigh=case.reweigh,
-        ).loss
-    ),
-    # Differentiable loss_weights (all 1: the same loss) send it to the recompute-in-backward pass.
-    "linear_cross_entropy_with_ntl (recompute in backward)": lambda case, x: (
-        linear_cross_entropy_with_ntl(
-            x["hidden"],
-            x["weight"],
-            x["labels"],
-            number_vocab(case.vocab_size),
-            reweigh=case.reweigh,
-            loss_weights=torch.ones(x["labels"].shape, device=x["labels"].device).requires_grad_(),
-        ).loss
+    "linear_cross_entropy_with_ntl": lambda case, x: _linear(case, x, recompute=False),
+    "linear_cross_entropy_with_ntl (recompute in backward)": lambda case, x: _linear(
+        case, x, recompute=True
     ),
 }
 # Liger-Kernel (Triton, GPUs only) computes cross-entropy alone: checked against PyTorch's.
@@ -469,9 +472,7 @@ def probe_memory(case: Case, name: str) -> int:
     }
     run_once(case, variant, small)
     del small
-    baseline = proc_status("VmRSS")
-    with open("/proc/self/clear_refs", "w") as clear_refs:
-        clear_refs.write("5")  # resets VmHWM to the current VmRSS
+    baseline = reset_peak_memory()
     run_once(case, variant, inputs)
     return proc_status("VmHWM") - baseline
 

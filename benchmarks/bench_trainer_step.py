@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_common import proc_status, provenance, quantiles
+from bench_common import proc_status, provenance, quantiles, reset_peak_memory
 
 from numtok import NumberVocab
 from numtok.hf import NTLossForTrainer
@@ -92,9 +92,7 @@ class StepClock:
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.measure_memory and state.global_step == 1:
-            self.memory["rss_before"] = proc_status("VmRSS")
-            with open("/proc/self/clear_refs", "w") as clear_refs:
-                clear_refs.write("5")  # VmHWM := VmRSS
+            self.memory["rss_before"] = reset_peak_memory()
         self._start = time.perf_counter()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
