@@ -82,10 +82,13 @@ def case_rows(
     memory: dict[str, int],
     baseline: str,
     meta: dict[str, Any],
+    moved_bytes: int | None = None,
 ) -> list[dict[str, Any]]:
     """One row per variant and mode (forward, backward, full) of one case at one thread count:
     medians with p20/p80, the ratio to ``baseline``'s median in the same mode, the CPU-time
-    ratio of the full step, the check's relative error and, where measured, the peak memory."""
+    ratio of the full step, the check's relative error, where measured the peak memory and, with
+    ``moved_bytes`` (the least a step must move: one read and one write of the logits), the
+    bandwidth that amounts to at the full step's median, ``effective_gbps``."""
     rows = []
     for name, by_mode in samples.items():
         for mode in ("forward", "backward", "full"):
@@ -112,6 +115,8 @@ def case_rows(
                 if name in memory:
                     row["peak_extra_mib"] = round(memory[name] / 2**20, 1)
                     row["peak_extra_x_logits"] = round(memory[name] / logits_bytes, 2)
+                if moved_bytes is not None:
+                    row["effective_gbps"] = round(moved_bytes / (median * 1e-3) / 1e9)
             rows.append(row)
     return rows
 
@@ -121,8 +126,8 @@ def summary_table(rows: list[dict[str, Any]], label_of: Callable[[dict[str, Any]
     backward medians beside it)."""
     lines = [
         "| case | threads | variant | full ms (p20-p80) | × base | CPU × base | fwd ms | bwd ms "
-        "| peak × logits |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| peak × logits | GB/s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     by_key: dict[tuple[str, int, str], dict[str, dict[str, Any]]] = {}
     for row in rows:
@@ -131,12 +136,25 @@ def summary_table(rows: list[dict[str, Any]], label_of: Callable[[dict[str, Any]
     for (label, threads, variant), modes in by_key.items():
         full = modes["full"]
         memory = full.get("peak_extra_x_logits", "")
+        bandwidth = full.get("effective_gbps", "")
         variant += " [compiled]" if full.get("compiled") else ""
         lines.append(
             f"| {label} | {threads} | {variant} | {_ms(full['median_ms'])} "
             f"({_ms(full['p20_ms'])}-{_ms(full['p80_ms'])}) | {full['time_ratio']:.2f} | "
             f"{full['cpu_time_ratio']:.2f} | {_ms(modes['forward']['median_ms'])} | "
-            f"{_ms(modes['backward']['median_ms'])} | {memory} |"
+            f"{_ms(modes['backward']['median_ms'])} | {memory} | {bandwidth} |"
+        )
+    copies = {
+        f"{row['gpu']}: {row['device_copy_gbps']} GB/s"
+        for row in rows
+        if row.get("device_copy_gbps") is not None
+    }
+    if copies:
+        lines.append("")
+        lines.append(
+            "GB/s: one read and one write of the logits (2·N·V·bytes) over the full step's "
+            "median; the device's own copy of a tensor that size (`copy_`, read + write) "
+            f"reaches {', '.join(sorted(copies))}."
         )
     return "\n".join(lines)
 

@@ -45,8 +45,8 @@ from bench_common import (
 from torch.autograd.function import once_differentiable
 
 from numtok import NumberVocab, number_token_loss
-from numtok._fused_rows import statistics_and_gradient
 from numtok.fused import cross_entropy_with_ntl
+from numtok.kernels.torch_rows import statistics_and_gradient
 from numtok.linear import linear_cross_entropy_with_ntl
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -80,11 +80,15 @@ class Case:
         return f"{self.suite} {shape} {self.dtype} reweigh={'on' if self.reweigh else 'off'}"
 
 
-def default_cases() -> list[Case]:
-    """About 45 minutes on 2 CPU cores at 1 and 2 threads (the linear suite is 2/3 of it)."""
+def default_cases(device: torch.device) -> list[Case]:
+    """About 45 minutes on 2 CPU cores at 1 and 2 threads (the linear suite is 2/3 of it); on a
+    GPU also the logits of a Llama-3-sized vocabulary, N = 8192, V = 128,256."""
+    shapes = [(4096, 32_768, False), (4096, 32_768, True), (2048, 131_072, False)]
+    if device.type == "cuda":
+        shapes.append((8192, 128_256, False))
     logits = [
         Case("logits", n, v, 0, dtype, reweigh)
-        for n, v, reweigh in [(4096, 32_768, False), (4096, 32_768, True), (2048, 131_072, False)]
+        for n, v, reweigh in shapes
         for dtype in ["float32", "bfloat16"]
     ]
     linear = [
@@ -173,12 +177,30 @@ def _ce_plus_ntl(case: Case, logits: torch.Tensor, labels: torch.Tensor) -> torc
     return _cross_entropy(logits, labels) + NTL_WEIGHT * ntl
 
 
-def _fused(case: Case, logits: torch.Tensor, labels: torch.Tensor, inplace: bool) -> torch.Tensor:
+def _fused(
+    case: Case, logits: torch.Tensor, labels: torch.Tensor, inplace: bool, impl: str = "auto"
+) -> torch.Tensor:
+    """``cross_entropy_with_ntl``; ``impl="auto"`` is the Triton kernels on CUDA, the torch row
+    passes on CPU."""
     vocab = number_vocab(case.vocab_size)
     out = cross_entropy_with_ntl(
-        logits, labels, vocab, reweigh=case.reweigh, inplace_backward=inplace
+        logits, labels, vocab, reweigh=case.reweigh, inplace_backward=inplace, impl=impl
     )
     return out.loss
+
+
+def _fused_in_blocks(case: Case, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The Triton kernels with rows of at most 16,384 columns on chip (the default is 32,768):
+    half the registers a program, two programs an SM, and rows above that read twice (private
+    knob, benchmark only: the block size was chosen without a GPU at hand)."""
+    from numtok.kernels import triton_loss
+
+    widest = triton_loss._MAX_BLOCK_V
+    triton_loss._MAX_BLOCK_V = 1 << 14
+    try:
+        return _fused(case, logits, labels, False, impl="triton")
+    finally:
+        triton_loss._MAX_BLOCK_V = widest
 
 
 def _linear(case: Case, x: dict[str, torch.Tensor], *, recompute: bool) -> torch.Tensor:
@@ -276,6 +298,21 @@ LINEAR_VARIANTS: dict[str, Variant] = {
         case, x, recompute=True
     ),
 }
+# On CUDA the default (impl="auto") is the Triton kernels; the torch row passes beside them.
+CUDA_VARIANTS: dict[str, dict[str, Variant]] = {
+    "logits": {
+        "cross_entropy_with_ntl impl=torch": lambda case, x: _fused(
+            case, x["logits"], x["labels"], False, impl="torch"
+        ),
+        "cross_entropy_with_ntl inplace impl=torch": lambda case, x: _fused(
+            case, x["logits"], x["labels"], True, impl="torch"
+        ),
+        "cross_entropy_with_ntl blocks of 16k": lambda case, x: _fused_in_blocks(
+            case, x["logits"], x["labels"]
+        ),
+    },
+    "linear": {},
+}
 # Liger-Kernel (Triton, GPUs only) computes cross-entropy alone: checked against PyTorch's.
 LIGER_VARIANTS: dict[str, dict[str, Variant]] = {
     "logits": {
@@ -289,7 +326,7 @@ LIGER_VARIANTS: dict[str, dict[str, Variant]] = {
     },
 }
 # Variants that overwrite their input logits: each call gets a fresh copy, made before the timer.
-CONSUMES_LOGITS = {"cross_entropy_with_ntl inplace"}
+CONSUMES_LOGITS = {"cross_entropy_with_ntl inplace", "cross_entropy_with_ntl inplace impl=torch"}
 # The reference each variant is checked against, and the baseline of the time/memory ratios.
 REFERENCE = {"logits": "CE + number_token_loss", "linear": "materialised + CE + number_token_loss"}
 CE_REFERENCE = {"logits": "F.cross_entropy", "linear": "materialised + F.cross_entropy"}
@@ -307,10 +344,13 @@ def importable(module: str) -> bool:
 
 def variants(case: Case, device: torch.device) -> dict[str, Variant]:
     """The variants of the case's suite that can run here: ntloss where it and transformers
-    are installed, Liger-Kernel's on CUDA where it is installed."""
+    are installed; on CUDA the torch backend beside the default Triton one, and Liger-Kernel's
+    where it is installed."""
     found = dict(LOGITS_VARIANTS if case.suite == "logits" else LINEAR_VARIANTS)
     if not (importable("ntloss") and importable("transformers")):
         found = {name: v for name, v in found.items() if "ntloss" not in name}
+    if device.type == "cuda":
+        found |= CUDA_VARIANTS[case.suite]
     if device.type == "cuda" and importable("liger_kernel.transformers"):
         found |= LIGER_VARIANTS[case.suite]
     return found
@@ -345,6 +385,22 @@ def compiled_variants(found: dict[str, Variant], names: set[str]) -> dict[str, V
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def copy_bandwidth(tensor: torch.Tensor, repeats: int = 10) -> int:
+    """GB/s of the device's own copy of ``tensor`` (one read and one write), the median of
+    ``repeats`` copies after a warm-up: the practical peak a row pass can approach."""
+    target = torch.empty_like(tensor)
+    times = []
+    for index in range(repeats + 2):
+        synchronize(tensor.device)
+        start = time.perf_counter()
+        target.copy_(tensor)
+        synchronize(tensor.device)
+        if index >= 2:
+            times.append(time.perf_counter() - start)
+    times.sort()
+    return round(2 * tensor.nbytes / times[len(times) // 2] / 1e9)
 
 
 def call_inputs(name: str, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -523,6 +579,9 @@ def run_case(
     compiled = set(found if args.variants is None else args.variants) if args.compile else set()
     found = compiled_variants(found, compiled)
     inputs = make_inputs(case, device)
+    on_gpu_logits = device.type == "cuda" and case.suite == "logits"
+    if on_gpu_logits:
+        meta = {**meta, "device_copy_gbps": copy_bandwidth(inputs["logits"].detach())}
     errors = check_variants(case, found, inputs)
     found = {name: variant for name, variant in found.items() if name in errors}
     rounds = args.rounds if case.suite == "logits" else args.linear_rounds
@@ -556,6 +615,7 @@ def run_case(
             memory if count == threads[-1] else {},
             BASELINE[case.suite],
             {**meta, "threads": count},
+            moved_bytes=2 * case.logits_bytes if on_gpu_logits else None,
         )
     for row in rows:
         row["compiled"] = row["variant"] in compiled
@@ -621,7 +681,7 @@ def main() -> None:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device")
-    cases = quick_cases() if args.quick else default_cases()
+    cases = quick_cases() if args.quick else default_cases(device)
     cases = [c for c in cases if args.suite in ("all", c.suite) and args.dtype in ("all", c.dtype)]
     if args.cases:
         cases = [c for c in cases if any(part in c.label() for part in args.cases)]

@@ -14,6 +14,16 @@ from hypothesis import HealthCheck, settings
 
 torch.set_num_threads(1)
 
+# The device of the device-sensitive tests (those that take the ``device`` fixture): CPU by
+# default, a GPU with NUMTOK_TEST_DEVICE=cuda (benchmarks/gpu.sh runs them so: `pytest -m device`).
+DEVICE_VARIABLE = "NUMTOK_TEST_DEVICE"
+
+# On CPU the Triton kernels (impl="triton") run in Triton's interpreter, which triton reads when a
+# kernel is defined (numtok imports its kernels at their first use): set before any test runs. On
+# a GPU they compile for it.
+if os.environ.get(DEVICE_VARIABLE, "cpu") == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 # CI runs the same examples every time (derandomize: the seed is a hash of each test), reads no
 # example database and has no timing-based failures (deadline, "too slow" health check), so that
 # its result depends on the code alone. Local runs keep hypothesis's defaults and explore new
@@ -30,11 +40,6 @@ settings.register_profile(
 settings.load_profile(
     os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") == "true" else "default")
 )
-
-
-# The device of the device-sensitive tests (those that take the ``device`` fixture): CPU by
-# default, a GPU with NUMTOK_TEST_DEVICE=cuda (benchmarks/gpu.sh runs them so: `pytest -m device`).
-DEVICE_VARIABLE = "NUMTOK_TEST_DEVICE"
 
 
 def pytest_configure(config: pytest.Config) -> None:

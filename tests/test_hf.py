@@ -53,11 +53,12 @@ def train_step(
     model: Any = None,
     collator: Any = None,
     logits_free: bool = False,
+    impl: str = "auto",
     **args: Any,
 ) -> tuple[list[dict[str, torch.Tensor]], list[dict[str, float]], Trainer]:
     """Train through the real Trainer; the gradients of every optimizer step and the logs."""
     recorder = gradient_recorder()
-    loss_fn = NTLossForTrainer(tokenizer, ntl_weight=ntl_weight, logits_free=logits_free)
+    loss_fn = NTLossForTrainer(tokenizer, ntl_weight=ntl_weight, logits_free=logits_free, impl=impl)
     trainer = Trainer(
         model=model if model is not None else build_model(tokenizer),
         args=training_args(
@@ -512,3 +513,20 @@ def test_bad_settings_are_refused_at_construction(tokenizer: Any) -> None:
     with pytest.raises(TypeError, match="get_vocab"):
         NTLossForTrainer(object())
     assert "ntl_weight=0.3" in repr(NTLossForTrainer(vocab))
+    with pytest.raises(ValueError, match="impl must be one of"):
+        NTLossForTrainer(vocab, impl="cuda")
+
+
+def test_the_triton_kernels_give_the_gradients_of_the_torch_path(
+    tokenizer: Any, full_batch: dict[float, Any], tmp_path: Path
+) -> None:
+    """impl="triton" (in Triton's interpreter here) through the Trainer, accumulating micro-batches:
+    the full batch's gradients and logs of the torch path."""
+    gradients, logs, trainer = train_step(
+        tokenizer, tmp_path, micro_batch=4, steps=2, impl="triton"
+    )
+    reference, reference_logs, _ = full_batch[NTL_WEIGHT]
+    assert "impl='triton'" in repr(trainer.compute_loss_func)
+    assert max_relative_difference(gradients[0], reference[0]) < TOLERANCE
+    for key in ("loss", "ce", "ntl"):
+        assert logs[0][key] == pytest.approx(reference_logs[0][key], rel=TOLERANCE)

@@ -20,6 +20,7 @@ OPTIONAL = [
     "mathematics_dataset",
     "absl",
     "tqdm",
+    "triton",
 ]
 
 

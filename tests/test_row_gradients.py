@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 import torch
 
-from numtok._fused_rows import compute_row_statistics, write_row_gradient
 from numtok._ntl_maths import LossSpec
 from numtok.fused import (
     combine_terms,
@@ -19,6 +18,7 @@ from numtok.fused import (
     reduce_terms,
     reduction_scales,
 )
+from numtok.kernels.torch_rows import compute_row_statistics, write_row_gradient
 
 from cases import REFERENCE_CASES, make_batch, make_vocab
 from test_fused import WEIGHT, on_device, reference, value_and_grads

@@ -29,7 +29,6 @@ from typing import Any
 
 import torch
 
-from numtok._fused_rows import compute_row_statistics, write_row_gradient
 from numtok._linear_recompute import logits_into
 from numtok._ntl_maths import LossSpec
 from numtok.fused import (
@@ -39,6 +38,7 @@ from numtok.fused import (
     reduce_terms,
     reduction_scales,
 )
+from numtok.kernels.torch_rows import compute_row_statistics, write_row_gradient
 from numtok.vocab import NumberTables
 
 __all__ = ["linear_loss_in_forward"]

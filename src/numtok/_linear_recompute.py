@@ -3,8 +3,8 @@ statistics, backward recomputes the logits block by block of vocabulary columns.
 
 Forward goes over chunks of ``c`` tokens: it computes each chunk's logits (c, V), keeps only their
 row statistics (log-sum-exp, the label's logit, the N number-token logits; see
-:mod:`numtok._fused_rows`) and drops them; the loss is then assembled from the statistics with
-ordinary autograd (:func:`numtok.fused.combine_terms`), so the upstream gradient may differ per
+:mod:`numtok.kernels.torch_rows`) and drops them; the loss is then assembled from the statistics
+with ordinary autograd (:func:`numtok.fused.combine_terms`), so the upstream gradient may differ per
 position (``reduction="none"``). Backward goes over blocks of vocabulary columns holding as many
 logits, for all tokens at once: it recomputes the block's logits (M, C), turns them in place into
 ``G = ∂L/∂logits[:, block]`` (the row statistics carry everything the softmax needs) and
@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from numtok._fused_rows import compute_row_statistics, write_row_gradient
+from numtok.kernels.torch_rows import compute_row_statistics, write_row_gradient
 
 __all__ = ["linear_row_statistics", "logits_into"]
 

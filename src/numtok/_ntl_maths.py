@@ -146,8 +146,27 @@ class LossSpec:
             max_cost=max_cost,
         )
 
+    @property
+    def callable_kind(self) -> bool:
+        """Whether ``kind`` is the caller's own function rather than one of the named kinds."""
+        return self.pointwise is not None and _POINTWISE.get(self.kind) is not self.pointwise
+
     def squash(self, distance: torch.Tensor) -> torch.Tensor:
         return _squashed(distance, self.squash_factor, self.min_nonzero_distance, self.max_distance)
+
+    @property
+    def squash_slope(self) -> float:
+        """The slope of :meth:`squash` between the nearest and the farthest distance (0 without
+        squashing)."""
+        if self.squash_factor is None:
+            return 0.0
+        return _squash_slope(self.squash_factor, self.min_nonzero_distance, self.max_distance)
+
+
+def _squash_slope(squash_factor: float, nearest: float, farthest: float) -> float:
+    """``(s - 1)/(D - d_min)``, 0 where all distances are equal."""
+    spread = farthest - nearest
+    return (squash_factor - 1.0) / spread if spread > 0 else 0.0
 
 
 def _squashed(
@@ -158,9 +177,7 @@ def _squashed(
     does not change when all values are multiplied by a constant."""
     if squash_factor is None:
         return distance
-    spread = farthest - nearest
-    slope = (squash_factor - 1.0) / spread if spread > 0 else 0.0
-    squashed = 1.0 + (distance - nearest) * slope
+    squashed = 1.0 + (distance - nearest) * _squash_slope(squash_factor, nearest, farthest)
     return torch.where(distance == 0, torch.zeros_like(distance), squashed)
 
 

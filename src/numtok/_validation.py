@@ -83,15 +83,18 @@ def check_logits(logits: object, *, vocab_size: int) -> torch.Tensor:
 
 
 def check_token_ids(
-    name: str, token_ids: object, *, vocab_size: int, ignore_index: int
+    name: str, token_ids: object, *, vocab_size: int, ignore_index: int, check_values: bool = True
 ) -> torch.Tensor:
     """Integer token ids in [0, vocab_size) or ``ignore_index``, returned as int64. The range check
-    reads one boolean back from the device; inside ``torch.compile`` the device asserts instead."""
+    reads one boolean back from the device; inside ``torch.compile`` the device asserts instead;
+    ``check_values=False`` leaves it to the caller (a kernel that checks on the device)."""
     if not isinstance(token_ids, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(token_ids).__name__}")
     if token_ids.is_floating_point() or token_ids.is_complex() or token_ids.dtype == torch.bool:
         raise TypeError(f"{name} must be an integer tensor of token ids, got {token_ids.dtype}")
     token_ids = token_ids.long()
+    if not check_values:
+        return token_ids
     out_of_range = (token_ids != ignore_index) & ((token_ids < 0) | (token_ids >= vocab_size))
     if torch.compiler.is_compiling():
         # No host read-back inside a compiled graph: the device asserts instead.
@@ -110,10 +113,15 @@ def check_ntl_weight(ntl_weight: object) -> float:
 
 
 def check_logits_and_labels(
-    logits: object, labels: object, *, vocab_size: int, ignore_index: int
+    logits: object,
+    labels: object,
+    *,
+    vocab_size: int,
+    ignore_index: int,
+    check_values: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits (..., V) floating point with V == vocab_size; labels (...) integer ids in [0, V)
-    or ``ignore_index``."""
+    or ``ignore_index`` (their range unchecked with ``check_values=False``)."""
     if not isinstance(logits, torch.Tensor):
         raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
     if not isinstance(labels, torch.Tensor):
@@ -124,11 +132,21 @@ def check_logits_and_labels(
             f"{tuple(labels.shape)}, logits have shape {tuple(logits.shape)}"
         )
     logits = check_logits(logits, vocab_size=vocab_size)
-    labels = check_token_ids("labels", labels, vocab_size=vocab_size, ignore_index=ignore_index)
+    labels = check_token_ids(
+        "labels",
+        labels,
+        vocab_size=vocab_size,
+        ignore_index=ignore_index,
+        check_values=check_values,
+    )
     return logits, labels
 
 
-def check_loss_weights(loss_weights: object, labels_shape: torch.Size) -> torch.Tensor | None:
+def check_loss_weights(
+    loss_weights: object, labels_shape: torch.Size, *, check_values: bool = True
+) -> torch.Tensor | None:
+    """Real weights of the labels' shape, ``>= 0`` (a check that reads one boolean back from the
+    device, left to the caller with ``check_values=False``)."""
     if loss_weights is None:
         return None
     if not isinstance(loss_weights, torch.Tensor):
@@ -140,6 +158,8 @@ def check_loss_weights(loss_weights: object, labels_shape: torch.Size) -> torch.
             f"loss_weights must have the labels' shape {tuple(labels_shape)}, "
             f"got {tuple(loss_weights.shape)}"
         )
+    if not check_values:
+        return loss_weights
     if torch.compiler.is_compiling():
         torch._assert_async(~(loss_weights < 0).any(), "loss_weights must be >= 0")
     elif bool((loss_weights < 0).any()):

@@ -7,34 +7,32 @@
 
 (labels shifted first when ``shift=True``) at less than the cost of ``F.cross_entropy`` alone.
 Both terms read a logits row only through its log-sum-exp, the label's logit and the N number-token
-logits (see :mod:`numtok._fused_rows`), and the logits' gradient is ``softmax · (per-row
+logits (see :mod:`numtok.kernels.torch_rows`), and the logits' gradient is ``softmax · (per-row
 coefficient)`` plus sparse fix-ups at the label and the number columns. At a number-labelled
 position the number-token mass that ``reweigh`` needs comes free from the same log-sum-exp:
 ``log m = logsumexp(z) - lse``.
 
-When the logits need a gradient, the forward pass computes it too (:class:`_GradientInForward`):
-the per-row coefficients come from :func:`loss_and_row_gradients`'s formulas, the NTL part from
-the number logits before the pass, and one pass over the logits turns each chunk into its rows of
-the gradient as soon as its log-sum-exp is known; backward scales it. Without a gradient one pass
-computes the statistics and :func:`combine_terms` the values; under ``torch.compile`` (and for
-differentiable ``loss_weights``) autograd runs through :func:`combine_terms` and the statistics'
-custom op, whose backward writes the gradient.
+Two backends compute it (``impl=``, :mod:`numtok.kernels.dispatch`): the torch row passes
+(:mod:`numtok.kernels.torch_rows`, the default on CPU) and Triton kernels
+(:mod:`numtok.kernels.triton_loss`, the default for CUDA tensors). On the torch path, when the
+logits need a gradient, the forward pass computes it too
+(:mod:`numtok.kernels.gradient_in_forward`): the per-row coefficients come from
+:func:`loss_and_row_gradients`'s formulas, the NTL part from the number logits before the pass,
+and one pass over the logits turns each chunk into its rows of the gradient as soon as its
+log-sum-exp is known; backward scales it. Without a gradient one pass computes the statistics and
+:func:`combine_terms` the values; under ``torch.compile`` (and for differentiable
+``loss_weights``) autograd runs through :func:`combine_terms` and the statistics' custom op, whose
+backward writes the gradient.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
-from torch.autograd.function import once_differentiable
 
-from numtok._fused_rows import (
-    compute_row_statistics,
-    gather_rows,
-    row_statistics,
-    statistics_and_gradient,
-)
 from numtok._ntl_maths import (
     Kind,
     LossSpec,
@@ -52,6 +50,15 @@ from numtok._validation import (
     check_loss_weights,
     check_ntl_weight,
     check_num_items,
+)
+from numtok.kernels.dispatch import check_impl, resolve_impl, triton_unsupported
+from numtok.kernels.gradient_in_forward import loss_with_gradient_in_forward
+from numtok.kernels.torch_rows import (
+    compute_row_statistics,
+    gather_rows,
+    row_statistics,
+    scale_rows_in_place,
+    statistics_and_gradient,
 )
 from numtok.vocab import NumberTables, NumberVocab
 
@@ -336,7 +343,7 @@ def loss_and_row_gradients(
     Inputs, for the m rows of a chunk, in the compute dtype: ``lse`` (m,) the full-vocabulary
     log-sum-exp, ``target_logit`` (m,) the label's logit ``x[y]`` (anything where ignored),
     ``number_logits`` (m, N) the finite number-token logits ``z`` (as
-    :func:`~numtok._fused_rows.compute_row_statistics` gives them); ``rows`` =
+    :func:`~numtok.kernels.torch_rows.compute_row_statistics` gives them); ``rows`` =
     ``all_rows.take(chunk)`` from :func:`prepare_rows`; ``scales`` = :func:`reduction_scales` of
     *all* rows (the "mean" denominators count every row, not the chunk's).
 
@@ -359,7 +366,7 @@ def loss_and_row_gradients(
 
         ∂L_r/∂x = ∂L_r/∂lse · softmax(x) + ∂L_r/∂x[y] · onehot(y) + scatter(∂L_r/∂z -> number ids)
 
-    which :func:`~numtok._fused_rows.write_row_gradient` writes. Scaling by the upstream
+    which :func:`~numtok.kernels.torch_rows.write_row_gradient` writes. Scaling by the upstream
     gradient (a scalar, or per row for ``"none"``) is left to the caller's backward. ``∂ℓ/∂z``
     is computed with ``torch.func.vjp`` on (m, N) tensors (any kind, also a callable one; works
     with autograd off and inside an ``autograd.Function``'s forward). The values and gradients
@@ -368,78 +375,6 @@ def loss_and_row_gradients(
     terms = _number_terms(number_logits, rows, tables, spec, ntl_weight, scales)
     ce, ntl = _row_losses(lse, target_logit, terms.base, terms.number_lse, rows, spec)
     return RowGradients(ce, ntl, *_row_gradients(lse, terms, rows, spec, scales))
-
-
-class _GradientInForward(torch.autograd.Function):
-    """CE + w·NTL whose forward also writes the logits' gradient for a unit upstream gradient,
-    in the same pass over the logits (:func:`~numtok._fused_rows.statistics_and_gradient`), into
-    a fresh (M, V) buffer or, with ``inplace``, into the logits' own storage. Backward only
-    scales that buffer by the upstream gradient (per row for ``"none"``), in place, and hands
-    it out: it can run once."""
-
-    @staticmethod
-    def forward(
-        ctx: Any,
-        logits: torch.Tensor,
-        rows: _Rows,
-        tables: NumberTables,
-        spec: LossSpec,
-        ntl_weight: float,
-        num_items: torch.Tensor | int | None,
-        shape: torch.Size,
-        inplace: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        flat = logits.view(-1, spec.vocab_size) if inplace else logits.reshape(-1, spec.vocab_size)
-        dtype = compute_dtype(logits)
-        target_logit, number_logits = gather_rows(flat, rows.target_ids, tables.ids, dtype)
-        scales = reduction_scales(rows, spec, num_items)
-        terms = _number_terms(number_logits, rows, tables, spec, ntl_weight, scales)
-
-        # Without reweigh the pieces do not depend on the log-sum-exp: computed once, sliced.
-        pieces = None if spec.reweigh else _row_gradients(None, terms, rows, spec, scales)
-
-        def chunk_gradients(
-            index: slice, lse: torch.Tensor
-        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-            if pieces is None:
-                return _row_gradients(lse, terms.take(index), rows.take(index), spec, scales)
-            return pieces[0][index], pieces[1][index], pieces[2][index]
-
-        gradient = flat if inplace else torch.empty_like(flat)  # (M, V)
-        lse = statistics_and_gradient(
-            flat, gradient, rows.target_ids, tables.ids, dtype, chunk_gradients
-        )
-        if inplace:
-            # The logits now hold their gradient: any other autograd node that saved them fails
-            # loudly in backward ("modified by an inplace operation") instead of using it.
-            torch.autograd.graph.increment_version(logits)
-        ce, ntl = _row_losses(lse, target_logit, terms.base, terms.number_lse, rows, spec)
-        ce, ntl = reduce_terms(ce, ntl, rows, spec, num_items, shape)
-        ctx.gradient = gradient
-        ctx.logits_shape = logits.shape
-        ctx.mark_non_differentiable(ce, ntl)
-        return ce + ntl_weight * ntl, ce, ntl
-
-    @staticmethod
-    @once_differentiable
-    def backward(
-        ctx: Any, grad_loss: torch.Tensor, *_: torch.Tensor
-    ) -> tuple[torch.Tensor | None, ...]:
-        gradient = ctx.gradient
-        if gradient is None:
-            raise RuntimeError(
-                "cross_entropy_with_ntl computes the logits' gradient in its forward pass and "
-                "hands it out in the first backward; a second backward through the same call "
-                "(retain_graph=True) is not supported: call the loss again"
-            )
-        ctx.gradient = None
-        # A scalar upstream gradient of exactly 1 (loss.backward()) needs no pass over the
-        # gradient; checking costs a device sync, so only on CPU. The (M, 1) shape makes the
-        # product compute in float32 for bfloat16/float16 gradients (rounded once more).
-        upstream = grad_loss.reshape(-1, 1)
-        if not (upstream.numel() == 1 and upstream.device.type == "cpu" and bool(upstream == 1)):
-            gradient.mul_(upstream)
-        return gradient.view(ctx.logits_shape), *[None] * 7
 
 
 def _check_inplace(logits: torch.Tensor, vocab_size: int, weights_need_grad: bool) -> None:
@@ -466,6 +401,44 @@ def _check_inplace(logits: torch.Tensor, vocab_size: int, weights_need_grad: boo
         )
 
 
+def _loss_and_gradient_into(
+    rows: _Rows,
+    tables: NumberTables,
+    spec: LossSpec,
+    ntl_weight: float,
+    num_items: torch.Tensor | int | None,
+    shape: torch.Size,
+    flat: torch.Tensor,
+    gradient: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The torch backend's pass for :func:`~numtok.kernels.gradient_in_forward.
+    loss_with_gradient_in_forward`: ``(loss, ce, ntl)`` of the logits ``flat`` (M, V), with their
+    gradient for a unit upstream gradient written into ``gradient`` (M, V), which may be ``flat``.
+    The NTL side of every row comes from its number logits, gathered before the pass; the pass
+    turns each chunk into its rows of the gradient as soon as its log-sum-exp is known."""
+    dtype = compute_dtype(flat)
+    target_logit, number_logits = gather_rows(flat, rows.target_ids, tables.ids, dtype)
+    scales = reduction_scales(rows, spec, num_items)
+    terms = _number_terms(number_logits, rows, tables, spec, ntl_weight, scales)
+
+    # Without reweigh the pieces do not depend on the log-sum-exp: computed once, sliced.
+    pieces = None if spec.reweigh else _row_gradients(None, terms, rows, spec, scales)
+
+    def chunk_gradients(
+        index: slice, lse: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if pieces is None:
+            return _row_gradients(lse, terms.take(index), rows.take(index), spec, scales)
+        return pieces[0][index], pieces[1][index], pieces[2][index]
+
+    lse = statistics_and_gradient(
+        flat, gradient, rows.target_ids, tables.ids, dtype, chunk_gradients
+    )
+    ce, ntl = _row_losses(lse, target_logit, terms.base, terms.number_lse, rows, spec)
+    ce, ntl = reduce_terms(ce, ntl, rows, spec, num_items, shape)
+    return ce + ntl_weight * ntl, ce, ntl
+
+
 def cross_entropy_with_ntl_from_tables(
     logits: torch.Tensor,
     labels: torch.Tensor,
@@ -475,29 +448,50 @@ def cross_entropy_with_ntl_from_tables(
     loss_weights: torch.Tensor | None,
     num_items_in_batch: torch.Tensor | int | None,
     inplace_backward: bool = False,
+    impl: str = "auto",
 ) -> CEWithNTLOutput:
     """:func:`cross_entropy_with_ntl` with its settings already validated (``spec``,
-    ``ntl_weight``, ``inplace_backward``) and the vocabulary's lookup tables already on the
-    logits' device: what the module (:class:`~numtok.NumberTokenLoss`) and the Trainer adapter
-    call. Checks the tensors."""
-    logits, labels = check_logits_and_labels(
-        logits, labels, vocab_size=spec.vocab_size, ignore_index=spec.ignore_index
+    ``ntl_weight``, ``inplace_backward``, ``impl``) and the vocabulary's lookup tables already on
+    the logits' device: what the module (:class:`~numtok.NumberTokenLoss`) and the Trainer
+    adapter call. Checks the tensors and chooses the backend."""
+    weights_need_grad = isinstance(loss_weights, torch.Tensor) and loss_weights.requires_grad
+    backend = resolve_impl(
+        impl, _device_of(logits), triton_unsupported(spec, weights_need_grad=weights_need_grad)
     )
-    loss_weights = check_loss_weights(loss_weights, labels.shape)
+    # The Triton path checks label ids and weights on the GPU (no read-back to the host).
+    check_values = backend == "torch" or logits.device.type != "cuda"
+    logits, labels = check_logits_and_labels(
+        logits,
+        labels,
+        vocab_size=spec.vocab_size,
+        ignore_index=spec.ignore_index,
+        check_values=check_values,
+    )
+    loss_weights = check_loss_weights(loss_weights, labels.shape, check_values=check_values)
     num_items = check_num_items(num_items_in_batch)
+    needs_grad = torch.is_grad_enabled() and logits.requires_grad
+    if inplace_backward and needs_grad:
+        _check_inplace(logits, spec.vocab_size, weights_need_grad)
+    if backend == "triton":
+        from numtok.kernels import triton_loss
+
+        loss, ce, ntl = triton_loss.cross_entropy_with_ntl(
+            logits, labels, loss_weights, tables, spec, ntl_weight, num_items,
+            needs_grad=needs_grad, inplace=inplace_backward,
+        )  # fmt: skip
+        return CEWithNTLOutput(loss=loss, ce=ce, ntl=ntl)
     dtype = compute_dtype(logits)
     rows, shape = prepare_rows(labels, loss_weights, tables, spec, dtype)
-    needs_grad = torch.is_grad_enabled() and logits.requires_grad
     # Under torch.compile, and for loss weights that take a gradient themselves, autograd goes
     # through the row statistics: two opaque custom ops, the statistics in forward and the
     # logits' gradient in backward (one more read of the logits, into a fresh buffer).
-    weights_need_grad = loss_weights is not None and loss_weights.requires_grad
     recompute = torch.compiler.is_compiling() or weights_need_grad
-    if inplace_backward and needs_grad:
-        _check_inplace(logits, spec.vocab_size, weights_need_grad)
     if needs_grad and not recompute:
-        loss, ce, ntl = _GradientInForward.apply(  # type: ignore[no-untyped-call]
-            logits, rows, tables, spec, ntl_weight, num_items, shape, inplace_backward
+        compute = functools.partial(
+            _loss_and_gradient_into, rows, tables, spec, ntl_weight, num_items, shape
+        )
+        loss, ce, ntl = loss_with_gradient_in_forward(
+            logits, spec.vocab_size, inplace_backward, compute, scale_rows_in_place
         )
         return CEWithNTLOutput(loss=loss, ce=ce, ntl=ntl)
     statistics = row_statistics if needs_grad else compute_row_statistics
@@ -507,6 +501,11 @@ def cross_entropy_with_ntl_from_tables(
     return combine_terms(
         lse, target_logit, number_logits, rows, tables, spec, ntl_weight, num_items, shape
     )
+
+
+def _device_of(tensor: object) -> torch.device:
+    """The tensor's device (the CPU for what is not a tensor: the checks then reject it)."""
+    return tensor.device if isinstance(tensor, torch.Tensor) else torch.device("cpu")
 
 
 def cross_entropy_with_ntl(
@@ -524,6 +523,7 @@ def cross_entropy_with_ntl(
     num_items_in_batch: torch.Tensor | int | None = None,
     shift: bool = False,
     inplace_backward: bool = False,
+    impl: str = "auto",
 ) -> CEWithNTLOutput:
     """Cross-entropy plus ``ntl_weight`` times the Number Token Loss, fused.
 
@@ -550,6 +550,16 @@ def cross_entropy_with_ntl(
     check (and, when given, the check that ``loss_weights >= 0``) reads one boolean back from the
     device.
 
+    Backends (``impl``): ``"auto"`` (default) runs Triton kernels for CUDA tensors when
+    ``triton`` is installed (one program per row: one read and one write of the logits in a
+    training step, nothing at all in backward for ``loss.backward()``; the label and weight
+    checks become device-side asserts, so nothing waits for the GPU) and the torch row passes
+    described above otherwise; ``$NUMTOK_IMPL`` says what ``"auto"`` means. ``"torch"`` and
+    ``"triton"`` choose one; ``"triton"`` on CPU tensors needs ``TRITON_INTERPRET=1`` (Triton's
+    interpreter, for tests). A callable ``kind`` and ``loss_weights`` that require grad are
+    computed by the torch path (``"auto"``) or refused (``"triton"``). Both backends give the
+    same values and gradients (tested against the float64 reference).
+
     ``inplace_backward=True`` writes that gradient into the logits' own memory: no (M, V)
     buffer at all. The logits' values are gone after the call, so it is for logits that nothing
     reads afterwards: compute metrics, argmax or other losses that need their values *before*
@@ -574,6 +584,7 @@ def cross_entropy_with_ntl(
         num_items_in_batch, shift: as in :func:`~numtok.number_token_loss`; ``ignore_index``,
             ``reduction``, ``num_items_in_batch`` and ``shift`` apply to both terms.
         inplace_backward: write the logits' gradient into the logits' memory (see above).
+        impl: ``"auto"``, ``"torch"`` or ``"triton"``: the backend (see above).
 
     Returns:
         :class:`CEWithNTLOutput` with ``loss`` (differentiable) and the detached ``ce`` and
@@ -604,8 +615,9 @@ def cross_entropy_with_ntl(
     )
     weight = check_ntl_weight(ntl_weight)
     inplace = check_bool("inplace_backward", inplace_backward)
+    backend = check_impl(impl)
     device = logits.device if isinstance(logits, torch.Tensor) else None
     tables = vocab.tables(device)
     return cross_entropy_with_ntl_from_tables(
-        logits, labels, tables, spec, weight, loss_weights, num_items_in_batch, inplace
+        logits, labels, tables, spec, weight, loss_weights, num_items_in_batch, inplace, backend
     )

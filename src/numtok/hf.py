@@ -79,6 +79,7 @@ from numtok._ntl_maths import Kind, LossSpec
 from numtok._shift import shift_left
 from numtok._validation import check_bool, check_ntl_weight
 from numtok.fused import CEWithNTLOutput, cross_entropy_with_ntl_from_tables
+from numtok.kernels.dispatch import check_impl
 from numtok.linear import linear_cross_entropy_with_ntl_from_tables
 from numtok.vocab import NumberTables, NumberVocab
 
@@ -95,6 +96,7 @@ def _ce_plus_ntl(
     *,
     spec: LossSpec,
     ntl_weight: float,
+    impl: str,
 ) -> CEWithNTLOutput:
     """``Σ ce / tokens + ntl_weight · Σ ntl / numbers`` over logits (B, T, V) and labels (B, T),
     through the fused path, with ``.ce = Σ ce / tokens`` and ``.ntl = Σ ntl / numbers``. With a
@@ -108,7 +110,7 @@ def _ce_plus_ntl(
     ratio = (tokens / numbers).expand(labels.shape)  # (B, T), a view of one scalar
     if head is None:
         return cross_entropy_with_ntl_from_tables(
-            logits, labels, tables, spec, ntl_weight, ratio, tokens
+            logits, labels, tables, spec, ntl_weight, ratio, tokens, impl=impl
         )
     bias = None if head.bias is None else head.bias.to(head.dtype)
     return linear_cross_entropy_with_ntl_from_tables(
@@ -250,6 +252,9 @@ class NTLossForTrainer:
             through :meth:`attach`, which checks that the model allows it. The loss's dtype is
             the one the output layer would have used (the autocast dtype under mixed
             precision).
+        impl: the backend of the loss from the logits, ``"auto"`` (Triton for CUDA tensors,
+            the torch row passes otherwise), ``"torch"`` or ``"triton"``; see
+            :func:`numtok.cross_entropy_with_ntl`.
 
     Raises:
         ModuleNotFoundError: transformers or accelerate is not installed; the message says
@@ -275,6 +280,7 @@ class NTLossForTrainer:
         vocab_size: int | None = None,
         compile: bool | None = None,
         logits_free: bool = False,
+        impl: str = "auto",
     ) -> None:
         require_extra("hf", "NTLossForTrainer (the Hugging Face Trainer adapter)")
         if isinstance(vocab_or_tokenizer, NumberVocab):
@@ -300,6 +306,7 @@ class NTLossForTrainer:
             check_bool("compile", compile)
         self._compile = compile
         self.logits_free = check_bool("logits_free", logits_free)
+        self.impl = check_impl(impl)
         self._terms = self._loss_terms(compile=bool(compile))
         self._link: _Link | None = None
         self._bypass: OutputLayerBypass | None = None
@@ -308,7 +315,9 @@ class NTLossForTrainer:
     def _loss_terms(
         self, *, compile: bool, **compile_options: Any
     ) -> Callable[..., CEWithNTLOutput]:
-        terms = functools.partial(_ce_plus_ntl, spec=self.spec, ntl_weight=self.ntl_weight)
+        terms = functools.partial(
+            _ce_plus_ntl, spec=self.spec, ntl_weight=self.ntl_weight, impl=self.impl
+        )
         if not compile:
             return terms
         compiled: Callable[..., CEWithNTLOutput] = torch.compile(terms, **compile_options)
@@ -320,7 +329,7 @@ class NTLossForTrainer:
             f"NTLossForTrainer(ntl_weight={self.ntl_weight}, kind={spec.kind!r}, "
             f"reweigh={spec.reweigh}, squash_factor={spec.squash_factor}, "
             f"ignore_index={spec.ignore_index}, shift={spec.shift}, "
-            f"logits_free={self.logits_free}, {self.vocab!r})"
+            f"logits_free={self.logits_free}, impl={self.impl!r}, {self.vocab!r})"
         )
 
     # ------------------------------------------------------------------ the loss

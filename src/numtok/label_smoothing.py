@@ -20,7 +20,6 @@ from dataclasses import dataclass
 import torch
 
 from numtok._buffers import VocabBuffers
-from numtok._fused_rows import row_statistics
 from numtok._number_logits import compute_dtype
 from numtok._reduction import reduce_losses
 from numtok._shift import shift_left
@@ -32,6 +31,7 @@ from numtok._validation import (
     check_number,
     check_reduction,
 )
+from numtok.kernels.torch_rows import row_statistics
 from numtok.vocab import NumberTables, NumberVocab, check_number_vocab
 
 __all__ = ["GaussianLabelSmoothingLoss", "gaussian_label_smoothing_ce"]

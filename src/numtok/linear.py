@@ -6,7 +6,7 @@ gradients (for ``hidden``, ``weight`` and ``bias``) of ``cross_entropy_with_ntl(
 + b, labels, vocab, ...)``. Both passes go over chunks of ``c`` tokens, compute each chunk's
 logits (c, V) into one reused buffer and keep only what the loss reads of them: the row
 statistics (log-sum-exp, the label's logit, the N number-token logits; see
-:mod:`numtok._fused_rows`). Which pass runs:
+:mod:`numtok.kernels.torch_rows`). Which pass runs:
 
 * **gradient in the forward pass** (:mod:`numtok._linear_in_forward`, Liger-Kernel's scheme):
   when autograd records, a gradient is wanted and the loss is a scalar (``"mean"``, ``"sum"``).

@@ -8,6 +8,7 @@ from numtok._buffers import VocabBuffers
 from numtok._ntl_maths import NUMBER_LEVEL, Kind, LossSpec, check_number_level_squash
 from numtok._validation import check_ntl_weight
 from numtok.fused import CEWithNTLOutput, cross_entropy_with_ntl_from_tables
+from numtok.kernels.dispatch import check_impl
 from numtok.losses import number_token_loss_from_tables
 from numtok.number_level import NumberLevelLoss
 from numtok.vocab import NumberVocab
@@ -28,6 +29,9 @@ class NumberTokenLoss(VocabBuffers):
     :class:`~numtok.CEWithNTLOutput`: ``.loss`` to back-propagate, detached ``.ce`` and ``.ntl``
     to log), so that a training loop holds one module for the whole loss.
 
+    ``impl`` (``"auto"``, ``"torch"`` or ``"triton"``) chooses the backend of that fused pass, as
+    in :func:`numtok.cross_entropy_with_ntl`.
+
     With ``kind="number"`` it holds and calls a
     :class:`~numtok.number_level.NumberLevelLoss` as ``self.number_level``.
     """
@@ -43,9 +47,16 @@ class NumberTokenLoss(VocabBuffers):
         reduction: str = "mean",
         shift: bool = False,
         ntl_weight: float | None = None,
+        impl: str = "auto",
     ) -> None:
         super().__init__()
         self.ntl_weight = None if ntl_weight is None else check_ntl_weight(ntl_weight)
+        self.impl = check_impl(impl)
+        if self.impl != "auto" and ntl_weight is None:
+            raise ValueError(
+                f"impl applies to the fused CE + NTL (ntl_weight=...), got impl={impl!r} without "
+                "ntl_weight; the NTL alone runs on the reference path"
+            )
         self.number_level: NumberLevelLoss | None = None
         if isinstance(kind, str) and kind == NUMBER_LEVEL:
             if ntl_weight is not None:
@@ -94,6 +105,7 @@ class NumberTokenLoss(VocabBuffers):
                 self.ntl_weight,
                 loss_weights,
                 num_items_in_batch,
+                impl=self.impl,
             )
         return number_token_loss_from_tables(
             logits, labels, self.tables(), self.spec, loss_weights, num_items_in_batch
@@ -108,4 +120,5 @@ class NumberTokenLoss(VocabBuffers):
             f"ignore_index={spec.ignore_index}, reduction={spec.reduction!r}, shift={spec.shift}, "
             f"number_tokens={self.ids.numel()}, vocab_size={spec.vocab_size}"
             + ("" if self.ntl_weight is None else f", ntl_weight={self.ntl_weight}")
+            + ("" if self.impl == "auto" else f", impl={self.impl!r}")
         )

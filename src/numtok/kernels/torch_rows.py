@@ -43,6 +43,7 @@ __all__ = [
     "gather_rows",
     "row_statistics",
     "rows_per_chunk",
+    "scale_rows_in_place",
     "statistics_and_gradient",
     "write_row_gradient",
 ]
@@ -222,6 +223,16 @@ def statistics_and_gradient(
     step = rows_per_chunk(logits.shape[1], logits.device)
     _in_row_blocks(logits.shape[0], step, logits.device, block)
     return lse
+
+
+def scale_rows_in_place(gradient: torch.Tensor, upstream: torch.Tensor) -> None:
+    """``gradient`` (M, V) times ``upstream`` (one value, or M: one per row), in place. A scalar
+    upstream gradient of exactly 1 (``loss.backward()``) needs no pass over the gradient;
+    checking costs a device sync, so only on CPU. The (M, 1) shape makes the product compute in
+    float32 for bfloat16/float16 gradients (rounded once more)."""
+    upstream = upstream.reshape(-1, 1)
+    if not (upstream.numel() == 1 and upstream.device.type == "cpu" and bool(upstream == 1)):
+        gradient.mul_(upstream)
 
 
 def _add_fixups(

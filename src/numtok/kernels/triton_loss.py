@@ -1,0 +1,523 @@
+"""The Triton backend of cross-entropy + NTL: launches of :mod:`numtok.kernels.triton_rows`, the
+eager autograd and the ``torch.compile`` custom ops (what ``impl="triton"`` runs).
+
+Eager, when the logits need a gradient (the common training step), four launches in forward and
+at most one in backward:
+
+1. ``prepare_rows`` (one program): the reduction's scales and the checks of the labels and loss
+   weights, as flags the device asserts on (no read-back to the host);
+2. ``ce_ntl_rows`` (one program per row): each row's cross-entropy and NTL and its rows of the
+   logits' gradient for a unit upstream gradient: one read and one write of (M, V), or one write
+   into the logits themselves with ``inplace``;
+3. ``sum_terms``: the reduced terms, in a fixed order;
+4. in backward, ``scale_rows`` multiplies the gradient by the upstream gradient, and does
+   nothing at all where that is exactly 1 (``loss.backward()``), decided on the device.
+
+Without a gradient, step 2 writes no gradient (one read of the logits). Under ``torch.compile``
+the loss is one custom op (the per-row terms and their reduction, one read) whose backward is
+another (the gradient from the saved log-sum-exp and the upstream gradient, one read and one
+write), so that a compiled model keeps one graph.
+
+Block sizes: a row of up to 32,768 columns stays in registers (read once); longer rows are read
+twice in blocks of 32,768 (an online log-sum-exp, then the gradient), as Liger-Kernel's
+cross-entropy does. These were chosen from the kernels' shape, not measured here:
+``benchmarks/gpu.sh`` measures them.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from numtok._ntl_maths import LossSpec
+from numtok.kernels import triton_rows
+from numtok.kernels.gradient_in_forward import loss_with_gradient_in_forward
+from numtok.vocab import NumberTables
+
+__all__ = ["KIND_CODES", "cross_entropy_with_ntl", "scale_gradient"]
+
+#: The named kinds the kernels compute, and their codes there.
+KIND_CODES = {"was": 0, "mse": 1, "mae": 2, "huber": 3}
+# How prepare_rows finds the reduction's scales: 1/denominator, 1/num_items (a tensor) or 1/counts.
+_SCALE_CONSTANT, _SCALE_NUM_ITEMS, _SCALE_COUNTS = 0, 1, 2
+# Columns a program holds in registers at once: 32 float32 per thread at 32 warps (ptxas for
+# sm_90: 61-64 registers a thread, no spills, in the variants tests/test_fused_triton.py compiles).
+_MAX_BLOCK_V = 1 << 15
+# Labels per step of the one-program kernels.
+_LABEL_BLOCK = 1024
+
+
+class RowSettings(NamedTuple):
+    """The integer settings of one call, in the order the custom ops take them as a list."""
+
+    kind: int
+    squash: int
+    reweigh: int
+    shift: int
+    single_group: int
+    ignore_index: int
+    seq_len: int
+    scale_mode: int
+    denominator: int
+
+
+class _Call(NamedTuple):
+    """Everything a launch needs besides the logits: flat labels (M,) int64, loss weights (M,) in
+    the compute dtype or None, the tables, the integer settings, the float settings ``(ntl_weight,
+    D, max distance, nearest distance, squash slope)`` (a device tensor of them in the compute
+    dtype is :meth:`constants`: their exact values, also in float64), ``num_items_in_batch`` as a
+    tensor or None, and the reduction with the labels' shape."""
+
+    labels: torch.Tensor
+    weights: torch.Tensor | None
+    tables: NumberTables
+    settings: RowSettings
+    float_settings: tuple[float, ...]
+    num_items: torch.Tensor | None
+    reduction: str
+    shape: torch.Size
+
+    def constants(self, dtype: torch.dtype) -> torch.Tensor:
+        return _constants_on(self.float_settings, self.labels.device, dtype)  # type: ignore[no-any-return]
+
+
+def _row_settings(
+    spec: LossSpec, shape: torch.Size, num_items: torch.Tensor | int | None
+) -> RowSettings:
+    if spec.reduction != "mean":
+        scale_mode, denominator = _SCALE_CONSTANT, 1
+    elif num_items is None:
+        scale_mode, denominator = _SCALE_COUNTS, 1
+    elif isinstance(num_items, torch.Tensor):
+        scale_mode, denominator = _SCALE_NUM_ITEMS, 1
+    else:
+        scale_mode, denominator = _SCALE_CONSTANT, num_items
+    return RowSettings(
+        kind=KIND_CODES[spec.kind],
+        squash=int(spec.squash_factor is not None),
+        reweigh=int(spec.reweigh),
+        shift=int(spec.shift),
+        single_group=int(spec.single_group),
+        ignore_index=spec.ignore_index,
+        seq_len=shape[-1] if len(shape) else 1,
+        scale_mode=scale_mode,
+        denominator=denominator,
+    )
+
+
+def _float_settings(spec: LossSpec, ntl_weight: float) -> tuple[float, ...]:
+    return (
+        ntl_weight,
+        spec.max_cost,
+        spec.max_distance,
+        spec.min_nonzero_distance,
+        spec.squash_slope,
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _constants_on(values: tuple[float, ...], device: torch.device, dtype: torch.dtype) -> Any:
+    """``values`` as a tensor on ``device``, built once per setting: filled on the device (one
+    small kernel each, no copy from the host)."""
+    constants = torch.empty(len(values), dtype=dtype, device=device)
+    for index, value in enumerate(values):
+        constants[index].fill_(value)
+    return constants
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _triton_dtype(dtype: torch.dtype) -> Any:
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+def _call(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    loss_weights: torch.Tensor | None,
+    tables: NumberTables,
+    spec: LossSpec,
+    ntl_weight: float,
+    num_items: torch.Tensor | int | None,
+) -> _Call:
+    dtype = _compute_dtype(logits.dtype)
+    device = logits.device
+    weights = None if loss_weights is None else loss_weights.reshape(-1).to(device, dtype)
+    return _Call(
+        labels=labels.reshape(-1).contiguous(),
+        weights=None if weights is None else weights.contiguous(),
+        tables=tables,
+        settings=_row_settings(spec, labels.shape, num_items),
+        float_settings=_float_settings(spec, ntl_weight),
+        num_items=num_items.reshape(()).to(device) if isinstance(num_items, torch.Tensor) else None,
+        reduction=spec.reduction,
+        shape=labels.shape,
+    )
+
+
+def _prepare(call: _Call, vocab_size: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(scales (3,), status (2,))`` of :func:`~numtok.kernels.triton_rows.prepare_rows`."""
+    scales = call.labels.new_empty(3, dtype=dtype)
+    status = call.labels.new_empty(2, dtype=torch.int32)
+    settings = call.settings
+    triton_rows.prepare_rows[(1,)](
+        call.labels,
+        call.labels if call.weights is None else call.weights,
+        call.tables.position_of_id,
+        call.labels if call.num_items is None else call.num_items,
+        scales,
+        status,
+        call.labels.numel(),
+        vocab_size,
+        settings.seq_len,
+        settings.ignore_index,
+        call.constants(dtype),
+        settings.denominator,
+        SHIFT=bool(settings.shift),
+        HAS_WEIGHTS=call.weights is not None,
+        SCALE_MODE=settings.scale_mode,
+        C=_triton_dtype(dtype),
+        TINY=torch.finfo(dtype).tiny,
+        BLOCK=_LABEL_BLOCK,
+        num_warps=4,
+    )
+    return scales, status
+
+
+def _assert_valid(status: torch.Tensor, call: _Call, vocab_size: int) -> None:
+    """On a GPU, the device asserts on the flags of :func:`_prepare` (on CPU the values were
+    checked before: there the check that reads back costs nothing)."""
+    if status.device.type != "cuda":
+        return
+    torch._assert_async(
+        status[0],
+        f"labels must be token ids in [0, {vocab_size}) or "
+        f"ignore_index={call.settings.ignore_index}",
+    )
+    if call.weights is not None:
+        torch._assert_async(status[1], "loss_weights must be >= 0")
+
+
+def _row_launch(vocab_size: int, num_numbers: int, dtype: torch.dtype) -> tuple[int, int, int]:
+    """``(BLOCK_V, BLOCK_K, num_warps)`` of a row program; float64 rows in half the columns
+    (twice the registers per value)."""
+    widest = _MAX_BLOCK_V // 2 if dtype == torch.float64 else _MAX_BLOCK_V
+    block_v = min(triton.next_power_of_2(vocab_size), widest)
+    block_k = triton.next_power_of_2(max(1, num_numbers))
+    return block_v, block_k, min(32, max(4, block_v // 1024))
+
+
+def _launch_rows(
+    call: _Call,
+    logits: torch.Tensor,
+    gradient: torch.Tensor | None,
+    scales: torch.Tensor,
+    lse: torch.Tensor,
+    ce_rows: torch.Tensor,
+    ntl_rows: torch.Tensor,
+    upstream: torch.Tensor | None,
+) -> None:
+    """:func:`~numtok.kernels.triton_rows.ce_ntl_rows` over the rows of ``logits`` (M, V): with
+    ``upstream`` None the loss terms are written (and the gradient for a unit upstream gradient
+    when ``gradient`` is given), else ``lse`` is read and ``gradient`` gets the logits' gradient
+    for that upstream gradient (one value, or one per row)."""
+    num_rows, vocab_size = logits.shape
+    settings, tables = call.settings, call.tables
+    block_v, block_k, num_warps = _row_launch(vocab_size, tables.ids.numel(), lse.dtype)
+    upstream_stride = 0 if upstream is None or upstream.numel() == 1 else upstream.stride(0)
+    output = logits if gradient is None else gradient
+    triton_rows.ce_ntl_rows[(num_rows,)](
+        logits,
+        logits.stride(0),
+        logits.stride(1),
+        output,
+        output.stride(0),
+        output.stride(1),
+        call.labels,
+        call.labels if call.weights is None else call.weights,
+        tables.position_of_id,
+        tables.ids,
+        tables.scaled_values,
+        tables.groups,
+        lse,
+        ce_rows,
+        ntl_rows,
+        scales,
+        scales if upstream is None else upstream,
+        upstream_stride,
+        vocab_size,
+        tables.ids.numel(),
+        settings.seq_len,
+        settings.ignore_index,
+        call.constants(lse.dtype),
+        KIND=settings.kind,
+        SQUASH=bool(settings.squash),
+        REWEIGH=bool(settings.reweigh),
+        SHIFT=bool(settings.shift),
+        HAS_WEIGHTS=call.weights is not None,
+        SINGLE_GROUP=bool(settings.single_group),
+        LSE_KNOWN=upstream is not None,
+        WRITE_GRAD=gradient is not None,
+        HAS_UPSTREAM=upstream is not None,
+        ROW_ON_CHIP=block_v >= vocab_size,
+        C=_triton_dtype(lse.dtype),
+        FINITE_MIN=torch.finfo(lse.dtype).min,
+        BLOCK_V=block_v,
+        BLOCK_K=block_k,
+        num_warps=num_warps,
+    )
+
+
+def _reduce(
+    call: _Call, scales: torch.Tensor, ce_rows: torch.Tensor, ntl_rows: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(loss, ce, ntl)``: per row (M,) for ``"none"``, else the scaled sums."""
+    if call.reduction == "none":
+        return torch.add(ce_rows, ntl_rows, alpha=call.float_settings[0]), ce_rows, ntl_rows
+    loss, ce, ntl = (ce_rows.new_empty(()) for _ in range(3))
+    triton_rows.sum_terms[(1,)](
+        ce_rows,
+        ntl_rows,
+        scales,
+        loss,
+        ce,
+        ntl,
+        ce_rows.numel(),
+        call.constants(ce_rows.dtype),
+        C=_triton_dtype(ce_rows.dtype),
+        BLOCK=_LABEL_BLOCK,
+        num_warps=4,
+    )
+    return loss, ce, ntl
+
+
+def _terms(
+    call: _Call, logits: torch.Tensor, gradient: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(loss, ce, ntl, lse, scales)`` of the logits (M, V), the gradient for a unit upstream
+    gradient written into ``gradient`` (M, V) when given (it may be ``logits``)."""
+    num_rows, vocab_size = logits.shape
+    dtype = _compute_dtype(logits.dtype)
+    scales, status = _prepare(call, vocab_size, dtype)
+    lse, ce_rows, ntl_rows = (logits.new_empty(num_rows, dtype=dtype) for _ in range(3))
+    if num_rows:
+        _launch_rows(call, logits, gradient, scales, lse, ce_rows, ntl_rows, None)
+    _assert_valid(status, call, vocab_size)
+    return (*_reduce(call, scales, ce_rows, ntl_rows), lse, scales)
+
+
+def _terms_into(
+    call: _Call, logits: torch.Tensor, gradient: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _terms(call, logits, gradient)[:3]
+
+
+def scale_gradient(gradient: torch.Tensor, upstream: torch.Tensor) -> None:
+    """``gradient`` (M, V) times ``upstream`` (one value, or M), in place and in the compute
+    dtype, rounded once; rows whose upstream gradient is exactly 1 are left alone (on the
+    device: no read-back)."""
+    num_rows, vocab_size = gradient.shape
+    upstream = upstream.reshape(-1)
+    block_v = min(triton.next_power_of_2(vocab_size), 1 << 13)
+    if num_rows == 0:
+        return
+    triton_rows.scale_rows[(num_rows,)](
+        gradient,
+        gradient.stride(0),
+        gradient.stride(1),
+        upstream,
+        0 if upstream.numel() == 1 else upstream.stride(0),
+        vocab_size,
+        C=_triton_dtype(gradient.dtype),
+        BLOCK_V=block_v,
+        num_warps=min(8, max(1, block_v // 256)),
+    )
+
+
+# ---------------------------------------------------------------------- torch.compile custom ops
+
+
+def _call_of_op(
+    labels: torch.Tensor,
+    weights: torch.Tensor | None,
+    tables: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    num_items: torch.Tensor | None,
+    constants: list[float],
+    settings: list[int],
+    reduction: str,
+) -> _Call:
+    return _Call(
+        labels=labels,
+        weights=weights,
+        tables=NumberTables(*tables),
+        settings=RowSettings(*settings),
+        float_settings=tuple(constants),
+        num_items=num_items,
+        reduction=reduction,
+        shape=labels.shape,
+    )
+
+
+@torch.library.custom_op("numtok::triton_ce_ntl", mutates_args=())
+def _ce_ntl_op(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    weights: torch.Tensor | None,
+    ids: torch.Tensor,
+    values: torch.Tensor,
+    groups: torch.Tensor,
+    position_of_id: torch.Tensor,
+    num_items: torch.Tensor | None,
+    constants: list[float],
+    settings: list[int],
+    reduction: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    tables = (ids, values, groups, position_of_id)
+    call = _call_of_op(labels, weights, tables, num_items, constants, settings, reduction)
+    return _terms(call, logits, None)
+
+
+@_ce_ntl_op.register_fake
+def _(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    weights: torch.Tensor | None,
+    ids: torch.Tensor,
+    values: torch.Tensor,
+    groups: torch.Tensor,
+    position_of_id: torch.Tensor,
+    num_items: torch.Tensor | None,
+    constants: list[float],
+    settings: list[int],
+    reduction: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    dtype = _compute_dtype(logits.dtype)
+    num_rows = logits.shape[0]
+    loss, ce, ntl = (
+        logits.new_empty((num_rows,) if reduction == "none" else (), dtype=dtype) for _ in range(3)
+    )
+    return loss, ce, ntl, logits.new_empty(num_rows, dtype=dtype), logits.new_empty(3, dtype=dtype)
+
+
+@torch.library.custom_op("numtok::triton_ce_ntl_backward", mutates_args=())
+def _ce_ntl_backward_op(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    weights: torch.Tensor | None,
+    ids: torch.Tensor,
+    values: torch.Tensor,
+    groups: torch.Tensor,
+    position_of_id: torch.Tensor,
+    constants: list[float],
+    settings: list[int],
+    lse: torch.Tensor,
+    scales: torch.Tensor,
+    grad_loss: torch.Tensor,
+) -> torch.Tensor:
+    tables = (ids, values, groups, position_of_id)
+    call = _call_of_op(labels, weights, tables, None, constants, settings, "sum")
+    gradient = torch.empty_like(logits)
+    if logits.shape[0]:
+        upstream = grad_loss.reshape(-1)
+        _launch_rows(call, logits, gradient, scales, lse, lse, lse, upstream)
+    return gradient
+
+
+@_ce_ntl_backward_op.register_fake
+def _(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    weights: torch.Tensor | None,
+    ids: torch.Tensor,
+    values: torch.Tensor,
+    groups: torch.Tensor,
+    position_of_id: torch.Tensor,
+    constants: list[float],
+    settings: list[int],
+    lse: torch.Tensor,
+    scales: torch.Tensor,
+    grad_loss: torch.Tensor,
+) -> torch.Tensor:
+    return torch.empty_like(logits)
+
+
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, ...]) -> None:
+    logits, labels, weights, ids, values, groups, position_of_id, _, constants, settings, _ = inputs
+    ctx.save_for_backward(
+        logits, labels, weights, ids, values, groups, position_of_id, output[3], output[4]
+    )
+    ctx.constants, ctx.settings = constants, settings
+
+
+def _backward(ctx: Any, grad_loss: torch.Tensor | None, *_: Any) -> tuple[Any, ...]:
+    logits, labels, weights, ids, values, groups, position_of_id, lse, scales = ctx.saved_tensors
+    gradient = None
+    if grad_loss is not None:
+        gradient = _ce_ntl_backward_op(
+            logits, labels, weights, ids, values, groups, position_of_id,
+            ctx.constants, ctx.settings, lse, scales, grad_loss,
+        )  # fmt: skip
+    return gradient, *[None] * 10
+
+
+_ce_ntl_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _compiled(
+    call: _Call, logits: torch.Tensor, vocab_size: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    tables = call.tables
+    loss, ce, ntl, _, _ = _ce_ntl_op(
+        logits.reshape(-1, vocab_size),
+        call.labels,
+        call.weights,
+        tables.ids,
+        tables.scaled_values,
+        tables.groups,
+        tables.position_of_id,
+        call.num_items,
+        list(call.float_settings),
+        list(call.settings),
+        call.reduction,
+    )
+    return loss, ce.detach(), ntl.detach()
+
+
+# ---------------------------------------------------------------------------------- entry point
+
+
+def cross_entropy_with_ntl(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    loss_weights: torch.Tensor | None,
+    tables: NumberTables,
+    spec: LossSpec,
+    ntl_weight: float,
+    num_items: torch.Tensor | int | None,
+    *,
+    needs_grad: bool,
+    inplace: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(loss, ce, ntl)`` of :func:`numtok.fused.cross_entropy_with_ntl` for validated inputs and
+    a named ``kind`` (``spec.kind`` in :data:`KIND_CODES`), ``loss_weights`` without a gradient;
+    ``needs_grad``: autograd records and the logits require grad; ``inplace``: the gradient goes
+    into the logits' memory (checked by the caller)."""
+    call = _call(logits, labels, loss_weights, tables, spec, ntl_weight, num_items)
+    if torch.compiler.is_compiling():
+        loss, ce, ntl = _compiled(call, logits, spec.vocab_size)
+    elif needs_grad:
+        compute = functools.partial(_terms_into, call)
+        loss, ce, ntl = loss_with_gradient_in_forward(
+            logits, spec.vocab_size, inplace, compute, scale_gradient
+        )
+    else:
+        loss, ce, ntl = _terms(call, logits.reshape(-1, spec.vocab_size), None)[:3]
+    if call.reduction == "none":
+        return loss.view(call.shape), ce.view(call.shape), ntl.view(call.shape)
+    return loss, ce, ntl

@@ -1,0 +1,446 @@
+"""Triton kernels for cross-entropy + NTL over a logits matrix (M, V), one program per row.
+
+A row ``x`` (V,) enters the loss only through its log-sum-exp ``lse``, the label's logit ``x[y]``
+and the K number-token logits ``z = x[number_ids]`` (see :mod:`numtok.kernels.torch_rows`), and
+its gradient is
+
+    ∂L/∂x = g_lse · softmax(x) + g_y · onehot(y) + scatter(g_z -> number_ids)
+
+so :func:`ce_ntl_rows` reads the row once for an online log-sum-exp (max and sum in float32, or
+float64 for float64 logits), gathers ``z`` with one indexed load, computes the row's NTL and its
+derivatives by ``z`` in registers, and, when asked, writes the gradient: the dense part block by
+block, then, after a barrier, the K + 1 sparse columns *overwritten* with values recomputed in the
+compute dtype from ``z`` and ``x[y]`` (never a read-modify-write of rounded bfloat16). A row that
+fits in one block is loaded once and kept on chip for both passes. The gradient may be written
+into the logits themselves (in place): everything the fix-ups need is read before the dense pass.
+
+The coefficients of the gradient are ``g_y = -s·t``, ``g_lse = s·t - c·∂R/∂log m`` and
+``g_z = c·(∂R/∂ℓ · ∂ℓ/∂z + ∂R/∂log m · softmax(z))`` (:func:`numtok.fused.loss_and_row_gradients`
+derives them), with ``t`` = 1 where the label counts, ``s = u·s_ce`` and ``c = u·w·s_ntl·a``:
+``s_ce``, ``s_ntl`` the reduction's scales (:func:`prepare_rows`), ``w`` the NTL weight, ``a`` the
+row's loss weight (0 unless its label is a number token) and ``u`` the upstream gradient of the
+row's loss: 1 when the gradient is written in the forward pass (``HAS_UPSTREAM`` off), else read
+with a row stride (0: one value for every row, a scalar loss's; 1: ``reduction="none"``).
+
+The other kernels: :func:`prepare_rows` (one program: the ``"mean"`` denominators, the scales, and
+flags for labels out of range or negative weights, so that no check reads data back to the host),
+:func:`sum_terms` (one program: the reduced terms in a fixed order, deterministic) and
+:func:`scale_rows` (the backward of a gradient computed in forward: multiply by the upstream
+gradient, nothing at all where it is exactly 1, decided on the device).
+
+Kinds (``KIND``): 0 NTL-WAS, 1 MSE, 2 MAE, 3 Huber (δ = 1), as in :mod:`numtok._ntl_maths`.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+__all__ = ["ce_ntl_rows", "prepare_rows", "scale_rows", "sum_terms"]
+
+# Reweighing charges mass outside the number tokens 1.01 times the largest cost (ntloss's
+# constant; numtok._ntl_maths._REWEIGH_MARGIN).
+_REWEIGH_MARGIN = tl.constexpr(1.01)
+
+
+@triton.jit
+def _label_and_weight(
+    labels_ptr,
+    weights_ptr,
+    rows,
+    valid,
+    seq_len,
+    ignore_index,
+    SHIFT: tl.constexpr,
+    HAS_WEIGHTS: tl.constexpr,
+    C: tl.constexpr,
+):
+    """The label and loss weight of each row (scalars or vectors): with ``SHIFT`` those of the
+    next position in the row's sequence, ``ignore_index`` and 0 at a sequence's last position."""
+    if SHIFT:
+        valid = valid & ((rows % seq_len) != (seq_len - 1))
+        rows = rows + 1
+    label = tl.load(labels_ptr + rows, mask=valid, other=ignore_index)
+    if HAS_WEIGHTS:
+        weight = tl.load(weights_ptr + rows, mask=valid, other=0.0).to(C)
+    else:
+        weight = tl.where(valid, 1.0, 0.0).to(C)
+    return label, weight
+
+
+@triton.jit
+def _classify(label, position_ptr, V, ignore_index):
+    """``(is_target, is_number, column, position)``: the label counts for cross-entropy, it is a
+    number token, the column to read (0 where no valid label), its index among the number tokens
+    (0 where none). Out-of-range labels count as targets of nothing: no memory outside the row is
+    touched (the caller's checks report them)."""
+    is_target = label != ignore_index
+    in_range = (label >= 0) & (label < V)
+    column = tl.where(is_target & in_range, label, 0)
+    position = tl.load(position_ptr + column)
+    is_number = is_target & in_range & (position >= 0)
+    return is_target & in_range, is_number, column, tl.maximum(position, 0)
+
+
+@triton.jit
+def prepare_rows(
+    labels_ptr,
+    weights_ptr,
+    position_ptr,
+    num_items_ptr,
+    scales_ptr,
+    status_ptr,
+    n_rows,
+    V,
+    seq_len,
+    ignore_index,
+    constants_ptr,
+    denominator,
+    SHIFT: tl.constexpr,
+    HAS_WEIGHTS: tl.constexpr,
+    SCALE_MODE: tl.constexpr,
+    C: tl.constexpr,
+    TINY: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """One program over all labels (M,). Writes ``scales = (s_ce, s_ntl, ntl_weight·s_ntl)``:
+    ``1 / denominator`` for both with ``SCALE_MODE`` 0 (1 for ``"sum"`` and ``"none"``, an int
+    ``num_items_in_batch``), ``1 / num_items`` with 1 (a tensor), and with 2 (``"mean"``) one over
+    the number of counted labels and over ``Σ loss_weights`` at number positions (each at least
+    ``TINY``); ``ntl_weight`` is ``constants[0]``. ``status = (no label out of range, no
+    negative weight)`` as 0/1, of the labels and weights as given (before the shift)."""
+    offsets = tl.arange(0, BLOCK)
+    targets = tl.zeros([BLOCK], C)
+    number_weight = tl.zeros([BLOCK], C)
+    bad_labels = tl.zeros([BLOCK], tl.int32)
+    negative_weights = tl.zeros([BLOCK], tl.int32)
+    for start in range(0, n_rows, BLOCK):
+        rows = start + offsets
+        valid = rows < n_rows
+        given = tl.load(labels_ptr + rows, mask=valid, other=ignore_index)
+        out_of_range = (given != ignore_index) & ((given < 0) | (given >= V))
+        bad_labels += out_of_range.to(tl.int32)
+        if HAS_WEIGHTS:
+            given_weight = tl.load(weights_ptr + rows, mask=valid, other=0.0)
+            negative_weights += (given_weight < 0).to(tl.int32)
+        if SCALE_MODE == 2:
+            label, weight = _label_and_weight(
+                labels_ptr, weights_ptr, rows, valid, seq_len, ignore_index, SHIFT, HAS_WEIGHTS, C
+            )
+            is_target, is_number, _, _ = _classify(label, position_ptr, V, ignore_index)
+            targets += tl.where(is_target, 1.0, 0.0).to(C)
+            number_weight += tl.where(is_number, weight, 0.0)
+    if SCALE_MODE == 0:
+        ce_scale = 1.0 / denominator.to(C)
+        ntl_scale = ce_scale
+    elif SCALE_MODE == 1:
+        ce_scale = 1.0 / tl.load(num_items_ptr).to(C)
+        ntl_scale = ce_scale
+    else:
+        ce_scale = 1.0 / tl.maximum(tl.sum(targets, 0), TINY)
+        ntl_scale = 1.0 / tl.maximum(tl.sum(number_weight, 0), TINY)
+    tl.store(scales_ptr, ce_scale)
+    tl.store(scales_ptr + 1, ntl_scale)
+    tl.store(scales_ptr + 2, tl.load(constants_ptr) * ntl_scale)
+    tl.store(status_ptr, (tl.sum(bad_labels, 0) == 0).to(tl.int32))
+    tl.store(status_ptr + 1, (tl.sum(negative_weights, 0) == 0).to(tl.int32))
+
+
+@triton.jit
+def _number_terms(
+    z,
+    in_number_block,
+    values,
+    groups,
+    target_value,
+    target_group,
+    max_cost,
+    max_distance,
+    nearest,
+    squash_slope,
+    KIND: tl.constexpr,
+    SQUASH: tl.constexpr,
+    SINGLE_GROUP: tl.constexpr,
+):
+    """``(ℓ, ∂ℓ/∂z (K,), logsumexp(z), softmax(z) (K,))`` of one row's number logits ``z`` (lanes
+    outside the K tokens hold -inf), with ``ṽ = values``, the label's ``ỹ = target_value`` and
+    digit-length group ``target_group`` (see numtok._ntl_maths):
+
+    * WAS: ``ℓ = Σ_j p_j d_j``, ``d_j = |ṽ_j - ỹ|`` within the label's group, ``D`` outside,
+      squashed to ``1 + (d - d_min)·slope`` (0 stays 0); ``∂ℓ/∂z_j = p_j (d_j - ℓ)``.
+    * Lp: ``ℓ = P·f(ŷ, ỹ) + (1 - P)·D_f`` with ``q`` the softmax within the group, ``P`` its
+      share of the number mass and ``ŷ = Σ q_j ṽ_j``; with ``1_j`` = token j is in the group,
+      ``∂P/∂z_j = p_j (1_j - P)`` and ``P·∂ŷ/∂z_j = p_j (ṽ_j - ŷ) 1_j``, so
+      ``∂ℓ/∂z_j = p_j (1_j - P)(f - D_f) + f'(ŷ)·p_j (ṽ_j - ŷ) 1_j``.
+    """
+    peak = tl.max(z, 0)
+    exp_z = tl.exp(z - peak)  # (K,), 0 outside the K tokens
+    total = tl.sum(exp_z, 0)
+    probs = exp_z / total
+    number_lse = peak + tl.log(total)
+    if SINGLE_GROUP:  # noqa: SIM108 (a compile-time branch: the other one is not compiled)
+        same = in_number_block
+    else:
+        same = in_number_block & (groups == target_group)
+    if KIND == 0:
+        distance = tl.where(same, tl.abs(values - target_value), max_distance)
+        if SQUASH:
+            distance = tl.where(distance == 0, 0.0, 1.0 + (distance - nearest) * squash_slope)
+        distance = tl.where(in_number_block, distance, 0.0)
+        base = tl.sum(probs * distance, 0)
+        grad_base = probs * (distance - base)
+    else:
+        exp_in_group = tl.where(same, exp_z, 0.0)
+        group_total = tl.sum(exp_in_group, 0)
+        share = group_total / total
+        prediction = tl.sum(exp_in_group * values, 0) / group_total
+        error = prediction - target_value
+        if KIND == 1:
+            cost = error * error
+            slope = 2.0 * error
+        elif KIND == 2:
+            cost = tl.abs(error)
+            slope = tl.where(error > 0, 1.0, tl.where(error < 0, -1.0, 0.0))
+        else:
+            small = tl.abs(error) < 1.0
+            cost = tl.where(small, 0.5 * error * error, tl.abs(error) - 0.5)
+            slope = tl.minimum(tl.maximum(error, -1.0), 1.0)
+        base = share * cost + (1.0 - share) * max_cost
+        in_group = tl.where(same, 1.0, 0.0)
+        grad_base = probs * (in_group - share) * (cost - max_cost)
+        grad_base += in_group * slope * probs * (values - prediction)
+    return base, grad_base, number_lse, probs
+
+
+@triton.jit
+def ce_ntl_rows(
+    logits_ptr,
+    logits_row_stride,
+    logits_column_stride,
+    grad_ptr,
+    grad_row_stride,
+    grad_column_stride,
+    labels_ptr,
+    weights_ptr,
+    position_ptr,
+    number_ids_ptr,
+    values_ptr,
+    groups_ptr,
+    lse_ptr,
+    ce_ptr,
+    ntl_ptr,
+    scales_ptr,
+    upstream_ptr,
+    upstream_stride,
+    V,
+    K,
+    seq_len,
+    ignore_index,
+    constants_ptr,
+    KIND: tl.constexpr,
+    SQUASH: tl.constexpr,
+    REWEIGH: tl.constexpr,
+    SHIFT: tl.constexpr,
+    HAS_WEIGHTS: tl.constexpr,
+    SINGLE_GROUP: tl.constexpr,
+    LSE_KNOWN: tl.constexpr,
+    WRITE_GRAD: tl.constexpr,
+    HAS_UPSTREAM: tl.constexpr,
+    ROW_ON_CHIP: tl.constexpr,
+    C: tl.constexpr,
+    FINITE_MIN: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """Row ``program_id(0)`` of the logits (M, V): writes its ``lse``, cross-entropy ``lse - x[y]``
+    (0 where the label is ignored) and NTL (reweighed when ``REWEIGH``, times the loss weight; 0
+    where the label is no number token) unless ``LSE_KNOWN`` (then ``lse`` is read), and with
+    ``WRITE_GRAD`` the row's gradient (M, V) (``grad_ptr`` may be ``logits_ptr``).
+    ``ROW_ON_CHIP`` when ``BLOCK_V >= V``; ``constants = (ntl_weight, D, max distance, nearest
+    distance, squash slope)`` in the compute dtype ``C``."""
+    max_cost = tl.load(constants_ptr + 1)
+    max_distance = tl.load(constants_ptr + 2)
+    nearest = tl.load(constants_ptr + 3)
+    squash_slope = tl.load(constants_ptr + 4)
+    minus_inf = float("-inf")
+    row = tl.program_id(0).to(tl.int64)
+    label, weight = _label_and_weight(
+        labels_ptr, weights_ptr, row, row >= 0, seq_len, ignore_index, SHIFT, HAS_WEIGHTS, C
+    )
+    is_target, is_number, column, position = _classify(label, position_ptr, V, ignore_index)
+    row_logits = logits_ptr + row * logits_row_stride
+    target_logit = tl.load(row_logits + column * logits_column_stride).to(C)
+
+    # The number logits, only where the label is a number (no memory traffic elsewhere); -inf
+    # (masked) logits raised to the most negative finite value, lanes beyond K at -inf.
+    lanes = tl.arange(0, BLOCK_K)
+    in_number_block = lanes < K
+    gather = lanes < tl.where(is_number, K, 0)
+    number_ids = tl.load(number_ids_ptr + lanes, mask=gather, other=0)
+    z = tl.load(row_logits + number_ids * logits_column_stride, mask=gather, other=0.0).to(C)
+    z = tl.where(in_number_block, tl.maximum(z, FINITE_MIN), minus_inf)
+    # Every lane's table entries, also at other rows: their NTL terms are then finite (and
+    # multiplied by a coefficient of 0).
+    values = tl.load(values_ptr + lanes, mask=in_number_block, other=0.0).to(C)
+    groups = tl.load(groups_ptr + lanes, mask=in_number_block, other=-1)
+    target_value = tl.load(values_ptr + position).to(C)
+    target_group = tl.load(groups_ptr + position)
+    base, grad_base, number_lse, number_probs = _number_terms(
+        z,
+        in_number_block,
+        values,
+        groups,
+        target_value,
+        target_group,
+        max_cost,
+        max_distance,
+        nearest,
+        squash_slope,
+        KIND,
+        SQUASH,
+        SINGLE_GROUP,
+    )
+
+    # Pass 1: the online log-sum-exp; a row of one block stays in registers for pass 2.
+    if ROW_ON_CHIP:
+        columns = tl.arange(0, BLOCK_V)
+        x = tl.load(
+            row_logits + columns * logits_column_stride, mask=columns < V, other=minus_inf
+        ).to(C)
+    if LSE_KNOWN:
+        lse = tl.load(lse_ptr + row).to(C)
+    else:
+        if ROW_ON_CHIP:
+            peak = tl.max(x, 0)
+            peak = tl.where(peak == minus_inf, 0.0, peak)
+            lse = peak + tl.log(tl.sum(tl.exp(x - peak), 0))
+        else:
+            peak = tl.max(tl.full([BLOCK_V], minus_inf, C), 0)
+            total = tl.sum(tl.zeros([BLOCK_V], C), 0)
+            for start in range(0, V, BLOCK_V):
+                columns = start + tl.arange(0, BLOCK_V)
+                block = tl.load(
+                    row_logits + columns * logits_column_stride, mask=columns < V, other=minus_inf
+                ).to(C)
+                new_peak = tl.maximum(peak, tl.max(block, 0))
+                shift = tl.where(new_peak == minus_inf, 0.0, new_peak)
+                total = total * tl.exp(peak - shift) + tl.sum(tl.exp(block - shift), 0)
+                peak = new_peak
+            lse = tl.where(peak == minus_inf, 0.0, peak) + tl.log(total)
+
+    # Reweighing: R = ℓ·m + 1.01·D·(1 - m) with log m = logsumexp(z) - lse, m clamped to 1.
+    log_mass = number_lse - lse
+    mass = tl.exp(tl.minimum(log_mass, 0.0))
+    if not LSE_KNOWN:
+        ntl = base
+        if REWEIGH:
+            ntl = base * mass + _REWEIGH_MARGIN * max_cost * (1.0 - mass)
+        tl.store(lse_ptr + row, lse)
+        tl.store(ce_ptr + row, tl.where(is_target, lse - target_logit, 0.0))
+        tl.store(ntl_ptr + row, tl.where(is_number, ntl * weight, 0.0))
+
+    if WRITE_GRAD:
+        ce_coefficient = tl.load(scales_ptr)
+        ntl_coefficient = tl.load(scales_ptr + 2) * weight
+        if HAS_UPSTREAM:
+            upstream = tl.load(upstream_ptr + row * upstream_stride).to(C)
+            ce_coefficient *= upstream
+            ntl_coefficient *= upstream
+        ce_coefficient = tl.where(is_target, ce_coefficient, 0.0)
+        ntl_coefficient = tl.where(is_number, ntl_coefficient, 0.0)
+        grad_target = -ce_coefficient
+        if REWEIGH:
+            slope = tl.where(log_mass <= 0, (base - _REWEIGH_MARGIN * max_cost) * mass, 0.0)
+            slope = ntl_coefficient * slope
+            grad_numbers = ntl_coefficient * mass * grad_base + slope * number_probs
+            grad_lse = ce_coefficient - slope
+        else:
+            grad_numbers = ntl_coefficient * grad_base
+            grad_lse = ce_coefficient
+        # softmax(x) = exp(x - lse); a row of -inf logits (lse = -inf) has softmax 0.
+        softmax_scale = tl.where(lse == minus_inf, 0.0, grad_lse)
+        finite_lse = tl.where(lse == minus_inf, 0.0, lse)
+        row_grad = grad_ptr + row * grad_row_stride
+        out_dtype = grad_ptr.dtype.element_ty
+        # Every read of the logits above happens before any write below (they may be one buffer).
+        tl.debug_barrier()
+        if ROW_ON_CHIP:
+            dense = softmax_scale * tl.exp(x - finite_lse)
+            tl.store(row_grad + columns * grad_column_stride, dense.to(out_dtype), mask=columns < V)
+        else:
+            for start in range(0, V, BLOCK_V):
+                columns = start + tl.arange(0, BLOCK_V)
+                block = tl.load(
+                    row_logits + columns * logits_column_stride, mask=columns < V, other=minus_inf
+                ).to(C)
+                dense = softmax_scale * tl.exp(block - finite_lse)
+                tl.store(
+                    row_grad + columns * grad_column_stride, dense.to(out_dtype), mask=columns < V
+                )
+        # The sparse columns, after every dense store of this program: the label's and the number
+        # tokens' entries overwritten with dense + fix-up, computed from the values read before
+        # the dense pass (which may have overwritten the logits).
+        tl.debug_barrier()
+        at_numbers = softmax_scale * tl.exp(z - finite_lse) + grad_numbers
+        at_numbers += tl.where(number_ids == label, grad_target, 0.0)
+        tl.store(row_grad + number_ids * grad_column_stride, at_numbers.to(out_dtype), mask=gather)
+        at_target = softmax_scale * tl.exp(target_logit - finite_lse) + grad_target
+        tl.store(
+            row_grad + column * grad_column_stride,
+            at_target.to(out_dtype),
+            mask=is_target & ~is_number,
+        )
+
+
+@triton.jit
+def sum_terms(
+    ce_ptr,
+    ntl_ptr,
+    scales_ptr,
+    loss_ptr,
+    ce_out_ptr,
+    ntl_out_ptr,
+    n_rows,
+    constants_ptr,
+    C: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """One program: ``ce = s_ce·Σ ce_r``, ``ntl = s_ntl·Σ ntl_r`` and ``loss = ce + w·ntl``
+    (``w = constants[0]``), summed in the same order on every call."""
+    offsets = tl.arange(0, BLOCK)
+    ce_total = tl.zeros([BLOCK], C)
+    ntl_total = tl.zeros([BLOCK], C)
+    for start in range(0, n_rows, BLOCK):
+        rows = start + offsets
+        ce_total += tl.load(ce_ptr + rows, mask=rows < n_rows, other=0.0)
+        ntl_total += tl.load(ntl_ptr + rows, mask=rows < n_rows, other=0.0)
+    ce = tl.sum(ce_total, 0) * tl.load(scales_ptr)
+    ntl = tl.sum(ntl_total, 0) * tl.load(scales_ptr + 1)
+    tl.store(ce_out_ptr, ce)
+    tl.store(ntl_out_ptr, ntl)
+    tl.store(loss_ptr, ce + tl.load(constants_ptr) * ntl)
+
+
+@triton.jit
+def scale_rows(
+    grad_ptr,
+    grad_row_stride,
+    grad_column_stride,
+    upstream_ptr,
+    upstream_stride,
+    V,
+    C: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    """Row ``program_id(0)`` of the gradient (M, V) times its upstream gradient (row stride 0:
+    one value for all rows), in the compute dtype, rounded once; a row whose upstream gradient
+    is exactly 1 is not touched (the loop runs 0 times)."""
+    row = tl.program_id(0).to(tl.int64)
+    upstream = tl.load(upstream_ptr + row * upstream_stride).to(C)
+    row_grad = grad_ptr + row * grad_row_stride
+    columns_to_scale = tl.where(upstream == 1.0, 0, V)
+    for start in range(0, columns_to_scale, BLOCK_V):
+        columns = start + tl.arange(0, BLOCK_V)
+        at = row_grad + columns * grad_column_stride
+        block = tl.load(at, mask=columns < V, other=0.0).to(C)
+        tl.store(at, (block * upstream).to(grad_ptr.dtype.element_ty), mask=columns < V)
