@@ -517,13 +517,14 @@ def test_bad_settings_are_refused_at_construction(tokenizer: Any) -> None:
         NTLossForTrainer(vocab, impl="cuda")
 
 
+@pytest.mark.parametrize("logits_free", [False, True], ids=["logits", "logits-free"])
 def test_the_triton_kernels_give_the_gradients_of_the_torch_path(
-    tokenizer: Any, full_batch: dict[float, Any], tmp_path: Path
+    tokenizer: Any, full_batch: dict[float, Any], tmp_path: Path, logits_free: bool
 ) -> None:
-    """impl="triton" (in Triton's interpreter here) through the Trainer, accumulating micro-batches:
-    the full batch's gradients and logs of the torch path."""
+    """impl="triton" (in Triton's interpreter here) through the Trainer, accumulating micro-batches,
+    from the logits and logits-free: the full batch's gradients and logs of the torch path."""
     gradients, logs, trainer = train_step(
-        tokenizer, tmp_path, micro_batch=4, steps=2, impl="triton"
+        tokenizer, tmp_path, micro_batch=4, steps=2, impl="triton", logits_free=logits_free
     )
     reference, reference_logs, _ = full_batch[NTL_WEIGHT]
     assert "impl='triton'" in repr(trainer.compute_loss_func)

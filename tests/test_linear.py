@@ -75,10 +75,12 @@ def assert_linear_matches_reference(
     labels: torch.Tensor,
     chunk_size: int | None = None,
     recompute: bool = False,
+    impl: str = "torch",
     **settings: Any,
 ) -> CEWithNTLOutput:
     """``recompute=True`` runs the linear path under saved-tensor hooks, which send scalar
-    reductions to the pass that recomputes the logits in backward; the path taken is checked."""
+    reductions to the pass that recomputes the logits in backward; the path taken is checked.
+    ``impl`` chooses the backend of the row pass."""
     vocab = make_vocab(name)
     inputs = [hidden, weight] + ([bias] if bias is not None else [])
     with saved_tensors_hooks() if recompute else contextlib.nullcontext():
@@ -90,6 +92,7 @@ def assert_linear_matches_reference(
             bias=bias,
             chunk_size=chunk_size,
             ntl_weight=WEIGHT,
+            impl=impl,
             **settings,
         )
     in_forward = not recompute and settings.get("reduction", "mean") != "none"

@@ -1,47 +1,143 @@
 """The logits-free pass that computes the gradients in the forward pass (Liger-Kernel's scheme),
-for a loss reduced to a scalar (``"mean"`` or ``"sum"``).
+for a loss reduced to a scalar (``"mean"`` or ``"sum"``), and the evaluation pass of any
+reduction.
 
 A scalar loss is a sum of per-row terms ``L = Σ_r L_r`` whose scales (the ``"mean"``
 denominators) are known from the labels before any logit is computed
 (:func:`numtok.fused.reduction_scales`). So each chunk of ``c`` rows can be finished at once:
 
     X = h_c @ Wᵀ + b                                    (c, V) logits, one buffer reused
-    lse, x[y], z = row statistics of X                  (c,), (c,), (c, N)
-    L_r, ∂L/∂lse, ∂L/∂x[y], ∂L/∂z                       fused.loss_and_row_gradients
-    G = ∂L/∂X = ∂L/∂lse·softmax(X) + onehot + scatter   written over X in place
+    L_r, and X turned in place into                     the row pass of the backend:
+    G = ∂L/∂X = ∂L/∂lse·softmax(X) + onehot + scatter   torch row passes or the Triton kernel
     ∂L/∂h_c = G @ W      ∂L/∂W += Gᵀ @ h_c      ∂L/∂b += Σ_rows G
 
 Three (M, H, V) matrix products in all, where recomputing the logits in backward
 (:mod:`numtok._linear_recompute`) needs four; the only (·, V) buffer is the chunk's. Backward
 multiplies the stored gradients by the upstream gradient (a scalar). Gradients that are not
-needed are not computed (a frozen output layer costs two products).
+needed are not computed (a frozen output layer costs two products); without any (evaluation) the
+same loop computes the loss alone, one product.
+
+The row pass (:class:`ChunkRows`): the torch backend computes each chunk's row statistics and
+:func:`numtok.fused.loss_and_row_gradients` and writes the gradient with
+:func:`~numtok.kernels.torch_rows.write_row_gradient`; the Triton backend
+(:class:`numtok.kernels.triton_loss.ChunkRows`) does all of it in one kernel over the chunk.
 
 Precision: the hidden states' gradient is written once per row. The weight's gradient is summed
-over the ``⌈M / c⌉`` chunks in the weight's dtype (``addmm``, one rounding per chunk, as
-Liger-Kernel does by default); for bfloat16 that adds an error of about ``sqrt(⌈M / c⌉)·2⁻⁹``
-relative, against ``2⁻⁹`` for the single product of the materialised path. The bias's gradient
-is summed in the compute dtype.
+over the ``⌈M / c⌉`` chunks in float32 on a GPU (cuBLAS accumulates the bfloat16/float16 products
+straight into a float32 buffer, cast once at the end: bf16 sums over chunks made Liger-Kernel's
+users' models diverge) and in the weight's dtype on CPU (``addmm``, one rounding per chunk, as
+Liger-Kernel did by default; there float32 would cost float32 products). The bias's gradient is
+summed in the compute dtype.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Any, Protocol
 
 import torch
 
 from numtok._linear_recompute import logits_into
 from numtok._ntl_maths import LossSpec
-from numtok.fused import (
-    CEWithNTLOutput,
-    loss_and_row_gradients,
-    prepare_rows,
-    reduce_terms,
-    reduction_scales,
-)
+from numtok.fused import loss_and_row_gradients, prepare_rows, reduce_terms, reduction_scales
 from numtok.kernels.torch_rows import compute_row_statistics, write_row_gradient
 from numtok.vocab import NumberTables
 
-__all__ = ["linear_loss_in_forward"]
+__all__ = ["ChunkRows", "TorchChunkRows", "linear_loss_in_forward", "weight_gradient_dtype"]
+
+
+class ChunkRows(Protocol):
+    """A backend's row pass over the chunks of one call (see the module docstring)."""
+
+    def __call__(self, index: slice, logits: torch.Tensor, write_gradient: bool) -> None:
+        """The positions ``index`` from their logits (c, V), turned into their gradient for a
+        unit upstream gradient with ``write_gradient``."""
+
+    def terms(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(loss, ce, ntl)`` over all positions, once every chunk has been passed."""
+
+
+class TorchChunkRows:
+    """The torch backend's :class:`ChunkRows`, for validated ``labels`` and ``loss_weights``
+    (shifted here when ``spec.shift``); ``dtype`` is the compute dtype."""
+
+    def __init__(
+        self,
+        labels: torch.Tensor,
+        loss_weights: torch.Tensor | None,
+        tables: NumberTables,
+        spec: LossSpec,
+        ntl_weight: float,
+        num_items: torch.Tensor | int | None,
+        dtype: torch.dtype,
+    ) -> None:
+        self.rows, self.shape = prepare_rows(labels, loss_weights, tables, spec, dtype)
+        self.tables, self.spec, self.ntl_weight, self.num_items = (
+            tables,
+            spec,
+            ntl_weight,
+            num_items,
+        )
+        self.dtype = dtype
+        self.scales = reduction_scales(self.rows, spec, num_items)
+        self.ce_rows, self.ntl_rows = (labels.new_empty(labels.numel(), dtype=dtype) for _ in "ab")
+
+    def __call__(self, index: slice, logits: torch.Tensor, write_gradient: bool) -> None:
+        part = self.rows.take(index)
+        lse, target_logit, number_logits = compute_row_statistics(
+            logits, part.target_ids, self.tables.ids, self.dtype
+        )
+        terms = loss_and_row_gradients(
+            lse, target_logit, number_logits, part, self.tables, self.spec, self.ntl_weight,
+            self.scales,
+        )  # fmt: skip
+        self.ce_rows[index], self.ntl_rows[index] = terms.ce, terms.ntl
+        if write_gradient:
+            write_row_gradient(
+                logits, logits, lse, part.target_ids, self.tables.ids, terms.grad_lse,
+                terms.grad_target, terms.grad_numbers,
+            )  # fmt: skip
+
+    def terms(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        ce, ntl = reduce_terms(
+            self.ce_rows, self.ntl_rows, self.rows, self.spec, self.num_items, self.shape
+        )
+        return ce + self.ntl_weight * ntl, ce, ntl
+
+
+def weight_gradient_dtype(weight: torch.Tensor) -> torch.dtype:
+    """The dtype the weight's gradient is summed in over the chunks: float32 for a
+    bfloat16/float16 weight on a GPU, the weight's own dtype otherwise."""
+    low_precision = weight.dtype in (torch.bfloat16, torch.float16)
+    return torch.float32 if low_precision and weight.device.type != "cpu" else weight.dtype
+
+
+def _add_product(total: torch.Tensor, left: torch.Tensor, right: torch.Tensor) -> None:
+    """``total += left @ right``, summed in ``total``'s dtype: a float32 ``total`` of bfloat16
+    or float16 factors takes cuBLAS's float32 output where torch offers it (``out_dtype``), the
+    float32 product of the upcast factors elsewhere."""
+    if total.dtype == left.dtype:
+        total.addmm_(left, right)
+    elif _sums_low_precision_products_into_float32(total.device):
+        torch.addmm(total, left, right, out_dtype=total.dtype, out=total)
+    else:
+        total.addmm_(left.to(total.dtype), right.to(total.dtype))
+
+
+@functools.cache
+def _sums_low_precision_products_into_float32(device: torch.device) -> bool:
+    """Whether ``torch.addmm(total, a, b, out_dtype=torch.float32, out=total)`` adds a bfloat16
+    product to a float32 ``total`` in place on ``device`` (CUDA, torch >= 2.8): tried once per
+    device and process on a 2 x 2 sum, whose check reads one boolean back."""
+    if device.type != "cuda":
+        return False
+    total = torch.ones(2, 2, device=device)
+    factor = torch.eye(2, device=device, dtype=torch.bfloat16)
+    try:
+        torch.addmm(total, factor, factor, out_dtype=torch.float32, out=total)
+    except (RuntimeError, TypeError):
+        return False
+    return bool(torch.equal(total, torch.eye(2, device=device) + 1))
 
 
 class _LossWithGradients(torch.autograd.Function):
@@ -54,94 +150,68 @@ class _LossWithGradients(torch.autograd.Function):
         hidden: torch.Tensor,
         weight: torch.Tensor,
         bias: torch.Tensor | None,
-        rows: Any,  # what numtok.fused.prepare_rows returns, for all M positions
-        tables: NumberTables,
-        spec: LossSpec,
-        ntl_weight: float,
-        num_items: torch.Tensor | int | None,
+        chunk_rows: ChunkRows,
         chunk_size: int,
+        gradients: bool,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        needs_hidden, needs_weight, needs_bias = ctx.needs_input_grad[:3]
+        # (needs_input_grad says what requires grad, also where autograd records nothing.)
+        needs_hidden, needs_weight, needs_bias = (gradients and n for n in ctx.needs_input_grad[:3])
+        write_gradient = needs_hidden or needs_weight or needs_bias
         num_tokens, vocab_size = hidden.shape[0], weight.shape[0]
-        dtype = rows.ntl_weights.dtype  # the compute dtype
-        scales = reduction_scales(rows, spec, num_items)
-        ce_rows = hidden.new_empty(num_tokens, dtype=dtype)  # (M,)
-        ntl_rows = hidden.new_empty(num_tokens, dtype=dtype)  # (M,)
+        compute = torch.float64 if hidden.dtype == torch.float64 else torch.float32
         grad_hidden = torch.empty_like(hidden) if needs_hidden else None  # (M, H)
-        grad_weight = torch.zeros_like(weight) if needs_weight else None  # (V, H)
-        grad_bias = weight.new_zeros(vocab_size, dtype=dtype) if needs_bias else None  # (V,)
+        grad_weight = (
+            torch.zeros_like(weight, dtype=weight_gradient_dtype(weight)) if needs_weight else None
+        )  # (V, H)
+        grad_bias = weight.new_zeros(vocab_size, dtype=compute) if needs_bias else None  # (V,)
         buffer = hidden.new_empty(min(chunk_size, num_tokens), vocab_size)  # (c, V)
         for start in range(0, num_tokens, chunk_size):
-            index = slice(start, start + chunk_size)
-            chunk, part = hidden[index], rows.take(index)
+            index = slice(start, min(start + chunk_size, num_tokens))
+            chunk = hidden[index]
             logits = logits_into(buffer[: chunk.shape[0]], chunk, weight, bias)  # (c, V)
-            lse, target_logit, number_logits = compute_row_statistics(
-                logits, part.target_ids, tables.ids, dtype
-            )
-            terms = loss_and_row_gradients(
-                lse, target_logit, number_logits, part, tables, spec, ntl_weight, scales
-            )
-            ce_rows[index], ntl_rows[index] = terms.ce, terms.ntl
-            if not (needs_hidden or needs_weight or needs_bias):
-                continue
-            write_row_gradient(
-                logits,
-                logits,
-                lse,
-                part.target_ids,
-                tables.ids,
-                terms.grad_lse,
-                terms.grad_target,
-                terms.grad_numbers,
-            )  # (c, V), now G = ∂L/∂logits of the chunk
+            chunk_rows(index, logits, write_gradient)  # now G = ∂L/∂logits of the chunk
             if grad_hidden is not None:
                 torch.mm(logits, weight, out=grad_hidden[index])
             if grad_weight is not None:
-                grad_weight.addmm_(logits.t(), chunk)
+                _add_product(grad_weight, logits.t(), chunk)
             if grad_bias is not None:
-                grad_bias += logits.sum(0, dtype=dtype)
+                grad_bias += logits.sum(0, dtype=compute)
         del buffer
-        shape = torch.Size([num_tokens])  # scalar reductions only: the shape is not read
-        ce, ntl = reduce_terms(ce_rows, ntl_rows, rows, spec, num_items, shape)
+        loss, ce, ntl = chunk_rows.terms()
         ctx.save_for_backward(
             grad_hidden,
-            grad_weight,
+            None if grad_weight is None else grad_weight.to(weight.dtype),
             None if grad_bias is None or bias is None else grad_bias.to(bias.dtype),
         )
         ctx.mark_non_differentiable(ce, ntl)
-        return ce + ntl_weight * ntl, ce, ntl
+        return loss, ce, ntl
 
     @staticmethod
     def backward(
         ctx: Any, grad_loss: torch.Tensor, *_: torch.Tensor
     ) -> tuple[torch.Tensor | None, ...]:
         scaled = [None if g is None else g * grad_loss.to(g.dtype) for g in ctx.saved_tensors]
-        return (*scaled, *[None] * 6)
+        return (*scaled, None, None, None)
 
 
 def linear_loss_in_forward(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
-    labels: torch.Tensor,
-    loss_weights: torch.Tensor | None,
-    tables: NumberTables,
-    spec: LossSpec,
-    ntl_weight: float,
-    num_items: torch.Tensor | int | None,
+    chunk_rows: ChunkRows,
     chunk_size: int,
-    dtype: torch.dtype,
-) -> CEWithNTLOutput:
-    """CE + ``ntl_weight``·NTL of the logits ``hidden @ weight.T + bias`` with a scalar reduction
-    (``spec.reduction`` ``"mean"`` or ``"sum"``), its gradients computed in the forward pass.
+    gradients: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(loss, ce, ntl)``: CE + ``ntl_weight``·NTL of the logits ``hidden @ weight.T + bias``
+    through ``chunk_rows`` (its labels, settings and backend), ``chunk_size`` rows at a time.
 
-    ``hidden`` (M, H) the flattened hidden states, ``weight`` (V, H), ``bias`` (V,) or None;
-    ``labels`` and ``loss_weights`` validated, of one shape with M elements (shifted here when
-    ``spec.shift``); ``dtype`` the compute dtype. ``loss_weights`` must not require a gradient
-    (it would get none). Not for ``torch.compile``: dynamo does not trace the ``torch.func.vjp``
-    of :func:`numtok.fused.loss_and_row_gradients` inside an ``autograd.Function``."""
-    rows, _ = prepare_rows(labels, loss_weights, tables, spec, dtype)
+    ``hidden`` (M, H) the flattened hidden states, ``weight`` (V, H), ``bias`` (V,) or None.
+    With ``gradients`` (autograd records and one of them requires grad) the gradients of those
+    that require grad are computed in the forward pass, for a scalar reduction only (``"mean"``
+    or ``"sum"``); without, the loss alone (any reduction). The loss weights must not require a
+    gradient (they would get none). Not for ``torch.compile``: dynamo does not trace the torch
+    backend's ``torch.func.vjp`` inside an ``autograd.Function``."""
     loss, ce, ntl = _LossWithGradients.apply(  # type: ignore[no-untyped-call]
-        hidden, weight, bias, rows, tables, spec, ntl_weight, num_items, chunk_size
+        hidden, weight, bias, chunk_rows, chunk_size, gradients
     )
-    return CEWithNTLOutput(loss=loss, ce=ce, ntl=ntl)
+    return loss, ce, ntl

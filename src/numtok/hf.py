@@ -123,6 +123,7 @@ def _ce_plus_ntl(
         ratio,
         tokens,
         bias=bias,
+        impl=impl,
     )
 
 
@@ -252,9 +253,10 @@ class NTLossForTrainer:
             through :meth:`attach`, which checks that the model allows it. The loss's dtype is
             the one the output layer would have used (the autocast dtype under mixed
             precision).
-        impl: the backend of the loss from the logits, ``"auto"`` (Triton for CUDA tensors,
-            the torch row passes otherwise), ``"torch"`` or ``"triton"``; see
-            :func:`numtok.cross_entropy_with_ntl`.
+        impl: the backend of the row passes, from the logits and logits-free: ``"auto"``
+            (Triton kernels for CUDA tensors, the torch row passes otherwise), ``"torch"`` or
+            ``"triton"``; see :func:`numtok.cross_entropy_with_ntl` and
+            :func:`numtok.linear.linear_cross_entropy_with_ntl`.
 
     Raises:
         ModuleNotFoundError: transformers or accelerate is not installed; the message says

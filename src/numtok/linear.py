@@ -20,14 +20,22 @@ statistics (log-sum-exp, the label's logit, the N number-token logits; see
   logits block by block of vocabulary columns. Four products.
 * **statistics only**: without gradients (evaluation, ``torch.no_grad()``), one product.
 
-Peak memory: one (c, V) buffer plus the gradients themselves, instead of several (M, V) buffers.
+Each chunk's row pass runs on the torch row passes or, for CUDA tensors by default, the Triton
+row kernel (``impl=``; the Triton backend serves the gradient-in-forward pass and evaluation, the
+recompute pass stays on torch).
+
+Peak memory: one (c, V) buffer plus the gradients themselves (on a GPU, for bfloat16/float16
+weights, the weight's gradient summed in a float32 buffer: 4 bytes a weight more), instead of
+several (M, V) buffers.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from numtok._linear_in_forward import linear_loss_in_forward
+from numtok._linear_in_forward import ChunkRows, TorchChunkRows, linear_loss_in_forward
 from numtok._linear_recompute import linear_row_statistics
 from numtok._ntl_maths import Kind, LossSpec
 from numtok._number_logits import compute_dtype
@@ -38,6 +46,7 @@ from numtok._validation import (
     check_num_items,
 )
 from numtok.fused import CEWithNTLOutput, combine_terms, prepare_rows
+from numtok.kernels.dispatch import check_impl, resolve_impl, triton_unsupported
 from numtok.vocab import NumberTables, NumberVocab
 
 __all__ = ["linear_cross_entropy_with_ntl", "linear_cross_entropy_with_ntl_from_tables"]
@@ -162,6 +171,7 @@ def linear_cross_entropy_with_ntl(
     reduction: str = "mean",
     num_items_in_batch: torch.Tensor | int | None = None,
     shift: bool = False,
+    impl: str = "auto",
 ) -> CEWithNTLOutput:
     """Cross-entropy plus ``ntl_weight`` times the Number Token Loss of the logits
     ``hidden @ weight.T + bias``, without materialising them.
@@ -175,9 +185,17 @@ def linear_cross_entropy_with_ntl(
     the three (M, H, V) matrix products of the materialised path when the gradients are computed
     in the forward pass (scalar reductions), four for ``reduction="none"`` (backward recomputes
     the logits), one without gradients; see the module docstring. For bfloat16/float16 the
-    weight's gradient is summed over the ``⌈M / chunk_size⌉`` chunks in its own dtype (gradient
-    in forward) or written once per block of columns (recompute). As in
-    ``cross_entropy_with_ntl``, only the argument checks synchronise with the host.
+    weight's gradient is summed over the ``⌈M / chunk_size⌉`` chunks in float32 on a GPU and in
+    its own dtype on CPU (gradient in forward), or written once per block of columns
+    (recompute). As in ``cross_entropy_with_ntl``, only the argument checks synchronise with the
+    host, and on the Triton path not even those.
+
+    Backends (``impl``, as in :func:`~numtok.fused.cross_entropy_with_ntl`): with ``"auto"`` on
+    CUDA each chunk's logits come from one cuBLAS product and the Triton row kernel turns them
+    into their gradient in place (training, scalar reductions) or reads the loss off them
+    (evaluation); the pass that recomputes the logits in backward (``reduction="none"`` with a
+    gradient, ``torch.compile``, saved-tensor hooks, differentiable ``loss_weights``) and a
+    callable ``kind`` run on the torch row passes, which ``impl="triton"`` refuses.
 
     Args:
         hidden: (..., H) the hidden states before the output layer; float dtype.
@@ -192,6 +210,7 @@ def linear_cross_entropy_with_ntl(
             most all of them.
         ntl_weight, kind, reweigh, squash_factor, loss_weights, ignore_index, reduction,
         num_items_in_batch, shift: as in :func:`~numtok.fused.cross_entropy_with_ntl`.
+        impl: ``"auto"``, ``"torch"`` or ``"triton"``: the backend of the row pass (see above).
 
     Returns:
         :class:`~numtok.fused.CEWithNTLOutput` (``loss``, detached ``ce`` and ``ntl``).
@@ -219,6 +238,7 @@ def linear_cross_entropy_with_ntl(
         shift=shift,
     )
     weight_of_ntl = check_ntl_weight(ntl_weight)
+    backend = check_impl(impl)
     device = hidden.device if isinstance(hidden, torch.Tensor) else None
     return linear_cross_entropy_with_ntl_from_tables(
         hidden,
@@ -231,6 +251,7 @@ def linear_cross_entropy_with_ntl(
         num_items_in_batch,
         bias=bias,
         chunk_size=chunk_size,
+        impl=backend,
     )
 
 
@@ -246,21 +267,42 @@ def linear_cross_entropy_with_ntl_from_tables(
     *,
     bias: torch.Tensor | None = None,
     chunk_size: int | None = None,
+    impl: str = "auto",
 ) -> CEWithNTLOutput:
     """:func:`linear_cross_entropy_with_ntl` with its settings already validated (``spec``,
-    ``ntl_weight``) and the vocabulary's lookup tables already on the hidden states' device: what
-    the Trainer adapter calls for logits-free training. Checks the tensors and ``chunk_size``."""
+    ``ntl_weight``, ``impl``) and the vocabulary's lookup tables already on the hidden states'
+    device: what the Trainer adapter calls for logits-free training. Checks the tensors and
+    ``chunk_size``, and chooses the backend."""
     hidden, weight, bias, labels = _check_linear_inputs(
         hidden, weight, bias, labels, spec.vocab_size
     )
     rows_per_chunk = _check_chunk_size(chunk_size)
+    in_forward = _gradients_in_forward(hidden, weight, bias, loss_weights, spec)
+    evaluation = not (
+        torch.is_grad_enabled()
+        and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
+    )
+    weights_need_grad = isinstance(loss_weights, torch.Tensor) and loss_weights.requires_grad
+    unsupported = triton_unsupported(spec, weights_need_grad=weights_need_grad)
+    if unsupported is None and not (in_forward or (evaluation and not _compiling())):
+        unsupported = (
+            "the pass that recomputes the logits in backward (reduction='none' with a gradient, "
+            "torch.compile, saved-tensor hooks)"
+        )
+    backend = resolve_impl(impl, hidden.device, unsupported)
     # The label checks (integer dtype, ids in range) need only the logits' shape and dtype: a
-    # zero-stride view stands in for the logits that are never built.
+    # zero-stride view stands in for the logits that are never built. The Triton path checks
+    # the values on the GPU (no read-back to the host).
+    check_values = backend == "torch" or hidden.device.type != "cuda"
     logits_like = hidden.new_empty(()).expand(*labels.shape, spec.vocab_size)
     _, labels = check_logits_and_labels(
-        logits_like, labels, vocab_size=spec.vocab_size, ignore_index=spec.ignore_index
+        logits_like,
+        labels,
+        vocab_size=spec.vocab_size,
+        ignore_index=spec.ignore_index,
+        check_values=check_values,
     )
-    loss_weights = check_loss_weights(loss_weights, labels.shape)
+    loss_weights = check_loss_weights(loss_weights, labels.shape, check_values=check_values)
     num_items = check_num_items(num_items_in_batch)
 
     dtype = compute_dtype(hidden)
@@ -268,20 +310,14 @@ def linear_cross_entropy_with_ntl_from_tables(
     num_tokens = flat_hidden.shape[0]
     if rows_per_chunk is None:
         rows_per_chunk = default_chunk_size(num_tokens, hidden.shape[-1])
-    if _gradients_in_forward(flat_hidden, weight, bias, loss_weights, spec):
-        return linear_loss_in_forward(
-            flat_hidden,
-            weight,
-            bias,
-            labels,
-            loss_weights,
-            tables,
-            spec,
-            ntl_weight,
-            num_items,
-            rows_per_chunk,
-            dtype,
+    if backend == "triton" or in_forward:
+        chunk_rows = _chunk_rows(backend)(
+            labels, loss_weights, tables, spec, ntl_weight, num_items, dtype
         )
+        loss, ce, ntl = linear_loss_in_forward(
+            flat_hidden, weight, bias, chunk_rows, rows_per_chunk, gradients=in_forward
+        )
+        return CEWithNTLOutput(loss=loss, ce=ce, ntl=ntl)
     rows, shape = prepare_rows(labels, loss_weights, tables, spec, dtype)
     lse, target_logit, number_logits = linear_row_statistics(
         flat_hidden, weight, bias, rows.target_ids, tables.ids, rows_per_chunk, dtype
@@ -289,3 +325,16 @@ def linear_cross_entropy_with_ntl_from_tables(
     return combine_terms(
         lse, target_logit, number_logits, rows, tables, spec, ntl_weight, num_items, shape
     )
+
+
+def _compiling() -> bool:
+    return torch.compiler.is_compiling()
+
+
+def _chunk_rows(backend: str) -> Callable[..., ChunkRows]:
+    """The row pass of the backend (the Triton one imports triton)."""
+    if backend == "torch":
+        return TorchChunkRows
+    from numtok.kernels.triton_loss import ChunkRows as TritonChunkRows
+
+    return TritonChunkRows

@@ -38,7 +38,7 @@ from numtok.kernels import triton_rows
 from numtok.kernels.gradient_in_forward import loss_with_gradient_in_forward
 from numtok.vocab import NumberTables
 
-__all__ = ["KIND_CODES", "cross_entropy_with_ntl", "scale_gradient"]
+__all__ = ["KIND_CODES", "ChunkRows", "cross_entropy_with_ntl", "scale_gradient"]
 
 #: The named kinds the kernels compute, and their codes there.
 KIND_CODES = {"was": 0, "mse": 1, "mae": 2, "huber": 3}
@@ -138,7 +138,8 @@ def _triton_dtype(dtype: torch.dtype) -> Any:
 
 
 def _call(
-    logits: torch.Tensor,
+    device: torch.device,
+    dtype: torch.dtype,
     labels: torch.Tensor,
     loss_weights: torch.Tensor | None,
     tables: NumberTables,
@@ -146,8 +147,7 @@ def _call(
     ntl_weight: float,
     num_items: torch.Tensor | int | None,
 ) -> _Call:
-    dtype = _compute_dtype(logits.dtype)
-    device = logits.device
+    """The call's facts on ``device`` with the compute dtype ``dtype``."""
     weights = None if loss_weights is None else loss_weights.reshape(-1).to(device, dtype)
     return _Call(
         labels=labels.reshape(-1).contiguous(),
@@ -222,11 +222,13 @@ def _launch_rows(
     ce_rows: torch.Tensor,
     ntl_rows: torch.Tensor,
     upstream: torch.Tensor | None,
+    first_row: int = 0,
 ) -> None:
-    """:func:`~numtok.kernels.triton_rows.ce_ntl_rows` over the rows of ``logits`` (M, V): with
-    ``upstream`` None the loss terms are written (and the gradient for a unit upstream gradient
-    when ``gradient`` is given), else ``lse`` is read and ``gradient`` gets the logits' gradient
-    for that upstream gradient (one value, or one per row)."""
+    """:func:`~numtok.kernels.triton_rows.ce_ntl_rows` over the rows of ``logits`` (m, V), the
+    positions ``first_row ..`` of the call: with ``upstream`` None the loss terms are written
+    (and the gradient for a unit upstream gradient when ``gradient`` is given), else ``lse`` is
+    read and ``gradient`` gets the logits' gradient for that upstream gradient (one value, or
+    one per row)."""
     num_rows, vocab_size = logits.shape
     settings, tables = call.settings, call.tables
     block_v, block_k, num_warps = _row_launch(vocab_size, tables.ids.numel(), lse.dtype)
@@ -256,6 +258,7 @@ def _launch_rows(
         settings.seq_len,
         settings.ignore_index,
         call.constants(lse.dtype),
+        first_row,
         KIND=settings.kind,
         SQUASH=bool(settings.squash),
         REWEIGH=bool(settings.reweigh),
@@ -489,6 +492,54 @@ def _compiled(
     return loss, ce.detach(), ntl.detach()
 
 
+# ---------------------------------------------------------------------- chunks of rows (linear)
+
+
+class ChunkRows:
+    """The Triton backend's row pass for the logits-free path (:mod:`numtok._linear_in_forward`):
+    the logits come a chunk of rows at a time, each chunk is turned into its rows of the
+    gradient in place (``ce_ntl_rows`` with an offset into the call's M positions), and
+    :meth:`terms` reduces the per-row terms at the end. The scales and checks of the whole call
+    come first (``prepare_rows``), so that every chunk's gradient has its final scale."""
+
+    def __init__(
+        self,
+        labels: torch.Tensor,
+        loss_weights: torch.Tensor | None,
+        tables: NumberTables,
+        spec: LossSpec,
+        ntl_weight: float,
+        num_items: torch.Tensor | int | None,
+        dtype: torch.dtype,
+    ) -> None:
+        self.vocab_size = spec.vocab_size
+        self.call = _call(
+            labels.device, dtype, labels, loss_weights, tables, spec, ntl_weight, num_items
+        )
+        self.scales, self.status = _prepare(self.call, spec.vocab_size, dtype)
+        self.lse, self.ce_rows, self.ntl_rows = (
+            labels.new_empty(labels.numel(), dtype=dtype) for _ in range(3)
+        )
+
+    def __call__(self, index: slice, logits: torch.Tensor, write_gradient: bool) -> None:
+        """The rows ``index`` (a slice of the M positions) from their logits (m, V), which
+        become their gradient for a unit upstream gradient with ``write_gradient``."""
+        if logits.shape[0]:
+            gradient = logits if write_gradient else None
+            rows = (self.lse, self.ce_rows, self.ntl_rows)
+            _launch_rows(self.call, logits, gradient, self.scales, *rows, None, index.start)
+
+    def terms(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(loss, ce, ntl)`` of every row passed so far (all M), in the labels' shape for
+        ``reduction="none"``."""
+        _assert_valid(self.status, self.call, self.vocab_size)
+        loss, ce, ntl = _reduce(self.call, self.scales, self.ce_rows, self.ntl_rows)
+        if self.call.reduction == "none":
+            shape = self.call.shape
+            return loss.view(shape), ce.view(shape), ntl.view(shape)
+        return loss, ce, ntl
+
+
 # ---------------------------------------------------------------------------------- entry point
 
 
@@ -508,7 +559,8 @@ def cross_entropy_with_ntl(
     a named ``kind`` (``spec.kind`` in :data:`KIND_CODES`), ``loss_weights`` without a gradient;
     ``needs_grad``: autograd records and the logits require grad; ``inplace``: the gradient goes
     into the logits' memory (checked by the caller)."""
-    call = _call(logits, labels, loss_weights, tables, spec, ntl_weight, num_items)
+    dtype = _compute_dtype(logits.dtype)
+    call = _call(logits.device, dtype, labels, loss_weights, tables, spec, ntl_weight, num_items)
     if torch.compiler.is_compiling():
         loss, ce, ntl = _compiled(call, logits, spec.vocab_size)
     elif needs_grad:

@@ -237,6 +237,7 @@ def ce_ntl_rows(
     seq_len,
     ignore_index,
     constants_ptr,
+    first_row,
     KIND: tl.constexpr,
     SQUASH: tl.constexpr,
     REWEIGH: tl.constexpr,
@@ -252,10 +253,12 @@ def ce_ntl_rows(
     BLOCK_V: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """Row ``program_id(0)`` of the logits (M, V): writes its ``lse``, cross-entropy ``lse - x[y]``
-    (0 where the label is ignored) and NTL (reweighed when ``REWEIGH``, times the loss weight; 0
+    """Row ``program_id(0)`` of the logits (m, V), which are the rows ``first_row`` to
+    ``first_row + m - 1`` of the M positions that labels, weights, ``lse``, ``ce``, ``ntl`` and
+    upstream gradients (M,) describe. Writes the row's ``lse``, cross-entropy ``lse - x[y]`` (0
+    where the label is ignored) and NTL (reweighed when ``REWEIGH``, times the loss weight; 0
     where the label is no number token) unless ``LSE_KNOWN`` (then ``lse`` is read), and with
-    ``WRITE_GRAD`` the row's gradient (M, V) (``grad_ptr`` may be ``logits_ptr``).
+    ``WRITE_GRAD`` its row of the gradient (m, V) (``grad_ptr`` may be ``logits_ptr``).
     ``ROW_ON_CHIP`` when ``BLOCK_V >= V``; ``constants = (ntl_weight, D, max distance, nearest
     distance, squash slope)`` in the compute dtype ``C``."""
     max_cost = tl.load(constants_ptr + 1)
@@ -263,9 +266,20 @@ def ce_ntl_rows(
     nearest = tl.load(constants_ptr + 3)
     squash_slope = tl.load(constants_ptr + 4)
     minus_inf = float("-inf")
+    # The program's row of the logits (and of the gradient), and its position among all M rows
+    # (labels, weights and the per-row results): the logits may be a chunk of rows.
     row = tl.program_id(0).to(tl.int64)
+    position_of_row = first_row + row
     label, weight = _label_and_weight(
-        labels_ptr, weights_ptr, row, row >= 0, seq_len, ignore_index, SHIFT, HAS_WEIGHTS, C
+        labels_ptr,
+        weights_ptr,
+        position_of_row,
+        row >= 0,
+        seq_len,
+        ignore_index,
+        SHIFT,
+        HAS_WEIGHTS,
+        C,
     )
     is_target, is_number, column, position = _classify(label, position_ptr, V, ignore_index)
     row_logits = logits_ptr + row * logits_row_stride
@@ -308,7 +322,7 @@ def ce_ntl_rows(
             row_logits + columns * logits_column_stride, mask=columns < V, other=minus_inf
         ).to(C)
     if LSE_KNOWN:
-        lse = tl.load(lse_ptr + row).to(C)
+        lse = tl.load(lse_ptr + position_of_row).to(C)
     else:
         if ROW_ON_CHIP:
             peak = tl.max(x, 0)
@@ -335,15 +349,15 @@ def ce_ntl_rows(
         ntl = base
         if REWEIGH:
             ntl = base * mass + _REWEIGH_MARGIN * max_cost * (1.0 - mass)
-        tl.store(lse_ptr + row, lse)
-        tl.store(ce_ptr + row, tl.where(is_target, lse - target_logit, 0.0))
-        tl.store(ntl_ptr + row, tl.where(is_number, ntl * weight, 0.0))
+        tl.store(lse_ptr + position_of_row, lse)
+        tl.store(ce_ptr + position_of_row, tl.where(is_target, lse - target_logit, 0.0))
+        tl.store(ntl_ptr + position_of_row, tl.where(is_number, ntl * weight, 0.0))
 
     if WRITE_GRAD:
         ce_coefficient = tl.load(scales_ptr)
         ntl_coefficient = tl.load(scales_ptr + 2) * weight
         if HAS_UPSTREAM:
-            upstream = tl.load(upstream_ptr + row * upstream_stride).to(C)
+            upstream = tl.load(upstream_ptr + position_of_row * upstream_stride).to(C)
             ce_coefficient *= upstream
             ntl_coefficient *= upstream
         ce_coefficient = tl.where(is_target, ce_coefficient, 0.0)
