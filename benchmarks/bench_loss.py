@@ -82,7 +82,8 @@ class Case:
 
 def default_cases(device: torch.device) -> list[Case]:
     """About 45 minutes on 2 CPU cores at 1 and 2 threads (the linear suite is 2/3 of it); on a
-    GPU also the logits of a Llama-3-sized vocabulary, N = 8192, V = 128,256."""
+    GPU also the logits of a Llama-3-sized vocabulary, N = 8192, V = 128,256, and its output
+    layer at H = 4096."""
     shapes = [(4096, 32_768, False), (4096, 32_768, True), (2048, 131_072, False)]
     if device.type == "cuda":
         shapes.append((8192, 128_256, False))
@@ -91,8 +92,13 @@ def default_cases(device: torch.device) -> list[Case]:
         for n, v, reweigh in shapes
         for dtype in ["float32", "bfloat16"]
     ]
+    linear_shapes = [(4096, 131_072, 1024)]
+    if device.type == "cuda":
+        linear_shapes.append((8192, 128_256, 4096))
     linear = [
-        Case("linear", 4096, 131_072, 1024, dtype, False) for dtype in ["float32", "bfloat16"]
+        Case("linear", n, v, h, dtype, False)
+        for n, v, h in linear_shapes
+        for dtype in ["float32", "bfloat16"]
     ]
     return logits + linear
 
@@ -203,15 +209,19 @@ def _fused_in_blocks(case: Case, logits: torch.Tensor, labels: torch.Tensor) -> 
         triton_loss._MAX_BLOCK_V = widest
 
 
-def _linear(case: Case, x: dict[str, torch.Tensor], *, recompute: bool) -> torch.Tensor:
+def _linear(
+    case: Case, x: dict[str, torch.Tensor], *, recompute: bool, impl: str = "auto"
+) -> torch.Tensor:
     """``linear_cross_entropy_with_ntl``; with ``recompute``, differentiable ``loss_weights`` (all
-    1: the same loss) send it to the pass that recomputes the logits in backward."""
+    1: the same loss) send it to the pass that recomputes the logits in backward (on the torch
+    row passes)."""
     labels = x["labels"]
     weights = torch.ones(labels.shape, device=labels.device).requires_grad_() if recompute else None
     vocab = number_vocab(case.vocab_size)
     out = linear_cross_entropy_with_ntl(
-        x["hidden"], x["weight"], labels, vocab, reweigh=case.reweigh, loss_weights=weights
-    )
+        x["hidden"], x["weight"], labels, vocab, reweigh=case.reweigh, loss_weights=weights,
+        impl=impl,
+    )  # fmt: skip
     return out.loss
 
 
@@ -311,7 +321,11 @@ CUDA_VARIANTS: dict[str, dict[str, Variant]] = {
             case, x["logits"], x["labels"]
         ),
     },
-    "linear": {},
+    "linear": {
+        "linear_cross_entropy_with_ntl impl=torch": lambda case, x: _linear(
+            case, x, recompute=False, impl="torch"
+        ),
+    },
 }
 # Liger-Kernel (Triton, GPUs only) computes cross-entropy alone: checked against PyTorch's.
 LIGER_VARIANTS: dict[str, dict[str, Variant]] = {

@@ -4,6 +4,14 @@ logits (``logits_free=False``) and without them (``logits_free=True``): time and
 
     python benchmarks/bench_trainer_step.py            # V = 128,256, sequence 512, batch 4
     python benchmarks/bench_trainer_step.py --quick    # V = 8,192, sequence 128: a smoke run
+    python benchmarks/bench_trainer_step.py --preset 1b --device cuda   # a 1B-shaped Llama
+
+``--preset 1b`` (a GPU's): Llama-3.2-1B's shape, random weights in bfloat16 (hidden 2048, MLP
+8192, 16 layers, 32 heads, 8 KV heads, tied embeddings, V = 128,256: 1.24B parameters),
+sequences of 2048, batch 4 (8,192 tokens a step); AdamW on the bfloat16 parameters. On CUDA
+the loss runs the default backend (the Triton kernels), the step is timed with a
+synchronisation at both ends and its memory is ``max_memory_allocated`` during the second step
+over what was allocated at its start, in process.
 
 Method: the model is a 2-layer Llama (hidden 256, MLP 512, 4 heads, 2 KV heads, untied output
 layer, float32, 66M parameters of which 2 x 32.8M are the embeddings and the output layer), the
@@ -45,33 +53,45 @@ NTL_WEIGHT = 0.3
 MODES = {"logits": False, "logits_free": True}
 
 
-def shapes(quick: bool) -> dict[str, int]:
-    if quick:
-        return {"vocab_size": 8192, "sequence": 128, "batch": 4, "hidden": 64}
-    return {"vocab_size": 128_256, "sequence": 512, "batch": 4, "hidden": 256}
+PRESETS: dict[str, dict[str, Any]] = {
+    "quick": {"vocab_size": 8192, "sequence": 128, "batch": 4, "hidden": 64, "layers": 2},
+    "default": {"vocab_size": 128_256, "sequence": 512, "batch": 4, "hidden": 256, "layers": 2},
+    "1b": {
+        "vocab_size": 128_256,
+        "sequence": 2048,
+        "batch": 4,
+        "hidden": 2048,
+        "intermediate": 8192,
+        "layers": 16,
+        "heads": 32,
+        "kv_heads": 8,
+        "tied": True,
+        "dtype": "bfloat16",
+    },
+}
 
 
-def build_model(vocab_size: int, hidden: int) -> Any:
+def build_model(size: dict[str, Any]) -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        tie_word_embeddings=False,
+        vocab_size=size["vocab_size"],
+        hidden_size=size["hidden"],
+        intermediate_size=size.get("intermediate", 2 * size["hidden"]),
+        num_hidden_layers=size["layers"],
+        num_attention_heads=size.get("heads", 4),
+        num_key_value_heads=size.get("kv_heads", 2),
+        max_position_embeddings=max(1024, size["sequence"]),
+        tie_word_embeddings=size.get("tied", False),
         bos_token_id=None,
         eos_token_id=None,
         pad_token_id=None,
     )
     torch.manual_seed(0)
-    return LlamaForCausalLM(config)
+    return LlamaForCausalLM(config).to(getattr(torch, size.get("dtype", "float32")))
 
 
-def build_dataset(size: dict[str, int], examples: int) -> list[dict[str, torch.Tensor]]:
+def build_dataset(size: dict[str, Any], examples: int) -> list[dict[str, torch.Tensor]]:
     generator = torch.Generator().manual_seed(0)
     shape = (examples, size["sequence"])
     ids = torch.randint(FIRST_DIGIT_ID + 10, size["vocab_size"], shape, generator=generator)
@@ -82,26 +102,40 @@ def build_dataset(size: dict[str, int], examples: int) -> list[dict[str, torch.T
 
 class StepClock:
     """A Trainer callback: wall-clock seconds of every optimizer step, and optionally the peak
-    memory of the second one."""
+    memory of the second one (CPU: the rise of VmHWM; CUDA: of ``max_memory_allocated``)."""
 
-    def __init__(self, measure_memory: bool = False) -> None:
+    def __init__(self, device: torch.device, measure_memory: bool = False) -> None:
+        self.device = device
         self.seconds: list[float] = []
         self.measure_memory = measure_memory
         self.memory: dict[str, int] = {}
         self._start = 0.0
 
+    def _synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._synchronize()
         if self.measure_memory and state.global_step == 1:
-            self.memory["rss_before"] = reset_peak_memory()
+            if self.device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(self.device)
+                self.memory["rss_before"] = torch.cuda.memory_allocated(self.device)
+            else:
+                self.memory["rss_before"] = reset_peak_memory()
         self._start = time.perf_counter()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._synchronize()
         self.seconds.append(time.perf_counter() - self._start)
         if self.measure_memory and state.global_step == 2:
-            self.memory["hwm_step"] = proc_status("VmHWM")
+            if self.device.type == "cuda":
+                self.memory["hwm_step"] = torch.cuda.max_memory_allocated(self.device)
+            else:
+                self.memory["hwm_step"] = proc_status("VmHWM")
 
 
-def build_trainer(mode: str, size: dict[str, int], steps: int, clock: StepClock) -> Any:
+def build_trainer(mode: str, size: dict[str, Any], steps: int, clock: StepClock) -> Any:
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
     class Callback(TrainerCallback):
@@ -117,13 +151,13 @@ def build_trainer(mode: str, size: dict[str, int], steps: int, clock: StepClock)
         logging_steps=10_000,
         save_strategy="no",
         report_to="none",
-        use_cpu=True,
+        use_cpu=clock.device.type == "cpu",
         disable_tqdm=True,
         dataloader_num_workers=0,
         seed=0,
     )
     trainer = Trainer(
-        model=build_model(size["vocab_size"], size["hidden"]),
+        model=build_model(size),
         args=args,
         train_dataset=build_dataset(size, size["batch"] * steps),
         callbacks=[Callback()],
@@ -135,9 +169,13 @@ def build_trainer(mode: str, size: dict[str, int], steps: int, clock: StepClock)
     return trainer
 
 
-def time_modes(size: dict[str, int], rounds: int, steps: int) -> dict[str, list[float]]:
-    """Per-step seconds of every mode, the first step of each train() call left out."""
-    clocks = {mode: StepClock() for mode in MODES}
+def time_modes(
+    size: dict[str, Any], rounds: int, steps: int, device: torch.device
+) -> tuple[dict[str, list[float]], dict[str, dict[str, int]]]:
+    """Per-step seconds of every mode, the first step of each train() call left out; on CUDA
+    also each mode's memory (:func:`probe_memory`'s fields) from its first round."""
+    on_gpu = device.type == "cuda"
+    clocks = {mode: StepClock(device, measure_memory=on_gpu) for mode in MODES}
     trainers = {mode: build_trainer(mode, size, steps, clocks[mode]) for mode in MODES}
     samples: dict[str, list[float]] = {mode: [] for mode in MODES}
     for round_index in range(rounds):
@@ -147,12 +185,21 @@ def time_modes(size: dict[str, int], rounds: int, steps: int) -> dict[str, list[
             trainers[mode].train()
             samples[mode] += clocks[mode].seconds[1:]
             print(f"round {round_index} {mode}: {clocks[mode].seconds}", file=sys.stderr)
-    return samples
+            clocks[mode].measure_memory = False  # the first round's second step is measured
+    memory = {
+        mode: {
+            "step_peak_bytes": clock.memory["hwm_step"] - clock.memory["rss_before"],
+            "process_peak_bytes": torch.cuda.max_memory_allocated(device),
+        }
+        for mode, clock in clocks.items()
+        if on_gpu
+    }
+    return samples, memory
 
 
-def probe_memory(mode: str, size: dict[str, int]) -> dict[str, int]:
+def probe_memory(mode: str, size: dict[str, Any]) -> dict[str, int]:
     """In this (fresh) process: two steps; the second step's peak rise and the process's peak."""
-    clock = StepClock(measure_memory=True)
+    clock = StepClock(torch.device("cpu"), measure_memory=True)
     build_trainer(mode, size, 2, clock).train()
     return {
         "step_peak_bytes": clock.memory["hwm_step"] - clock.memory["rss_before"],
@@ -160,9 +207,9 @@ def probe_memory(mode: str, size: dict[str, int]) -> dict[str, int]:
     }
 
 
-def measure_memory(mode: str, quick: bool, threads: int) -> dict[str, int]:
+def measure_memory(mode: str, preset: str, threads: int) -> dict[str, int]:
     command = [sys.executable, __file__, "--probe-memory", mode, "--threads", str(threads)]
-    command += ["--quick"] if quick else []
+    command += ["--preset", preset]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     output = subprocess.run(command, check=True, capture_output=True, text=True, env=env).stdout
     return json.loads(output.strip().splitlines()[-1])  # type: ignore[no-any-return]
@@ -185,7 +232,9 @@ def summary(rows: list[dict[str, Any]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="small shapes: a smoke run")
+    parser.add_argument("--quick", action="store_true", help="small shapes: --preset quick")
+    parser.add_argument("--preset", choices=list(PRESETS), default="default", help="the shapes")
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--rounds", type=int, default=4, help="timed rounds per mode")
     parser.add_argument("--steps", type=int, default=3, help="optimizer steps per train() call")
@@ -195,7 +244,9 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
-    size = shapes(args.quick)
+    preset = "quick" if args.quick else args.preset
+    size = PRESETS[preset]
+    device = torch.device(args.device)
     if args.probe_memory:
         print(json.dumps(probe_memory(args.probe_memory, size)))
         return
@@ -203,16 +254,14 @@ def main() -> None:
     import transformers
 
     meta = {
-        **provenance(torch.device("cpu"), compiled=False),
+        **provenance(device, compiled=False),
         "transformers": transformers.__version__,
         "threads": args.threads,
+        "preset": preset,
     }
-    samples = time_modes(size, args.rounds, args.steps)
-    memory = (
-        {}
-        if args.no_memory
-        else {mode: measure_memory(mode, args.quick, args.threads) for mode in MODES}
-    )
+    samples, memory = time_modes(size, args.rounds, args.steps, device)
+    if not (args.no_memory or memory):
+        memory = {mode: measure_memory(mode, preset, args.threads) for mode in MODES}
     baseline = quantiles(samples["logits"])[1]
     rows = []
     for mode in MODES:
@@ -220,7 +269,6 @@ def main() -> None:
         row: dict[str, Any] = {
             **meta,
             **size,
-            "layers": 2,
             "ntl_weight": NTL_WEIGHT,
             "number_fraction": NUMBER_FRACTION,
             "mode": mode,
@@ -240,9 +288,10 @@ def main() -> None:
     table = summary(rows)
     print(table)
     out = args.out
-    if out is None and not args.quick:
+    if out is None and preset != "quick":
         stamp = meta["date"][:16].replace(":", "")
-        out = RESULTS / f"{stamp}-trainer-step-cpu-t{args.threads}.jsonl"
+        where = f"{device.type}-t{args.threads}" if device.type == "cpu" else device.type
+        out = RESULTS / f"{stamp}-trainer-step-{preset}-{where}.jsonl"
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text("".join(json.dumps(row) + "\n" for row in rows))

@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
 # GPU readiness, one prepared script (about 8 minutes at most on one GPU):
-#   1. the device-sensitive tests (those taking the `device` fixture, `pytest -m device`) on CUDA;
-#   2. bench_loss.py on CUDA, eager: every variant of the logits (fused) and linear suites,
-#      float32 and bfloat16, against F.cross_entropy and, where it is installed (or installs
-#      without network, --no-deps), Liger-Kernel's cross-entropy and fused linear cross-entropy;
-#   3. the same through torch.compile, for F.cross_entropy, the fused and linear paths and
-#      Liger on the N=4096 V=32,768 (reweigh off) and linear cases;
-# and writes benchmarks/results/<date>-<gpu name>.md, the JSONL rows beside it. Each step has its
-# own time limit; a step that runs out keeps what it measured and the summary says so.
+#   1. the device-sensitive tests (those taking the `device` fixture, `pytest -m device`) on CUDA:
+#      the Triton kernels against the float64 reference, and a training step with
+#      torch.cuda.set_sync_debug_mode("error") (no host synchronisation);
+#   2. bench_loss.py --suite logits on CUDA, eager: the fused path (the Triton kernels, default and
+#      in place, and the torch backend beside them) at N x V = 4096 x 32768, 2048 x 131072 and
+#      8192 x 128256, float32 and bfloat16, against F.cross_entropy and, where it is installed (or
+#      installs without network, --no-deps), Liger-Kernel's cross-entropy; the bandwidth of each;
+#   3. bench_loss.py --suite linear: logits-free (N, H, V = 4096, 1024, 131072 and 8192, 4096,
+#      128256) against the materialised path and Liger's fused linear cross-entropy;
+#   4. bench_trainer_step.py --preset 1b: a Trainer step of a 1B-shaped Llama (bf16, sequence 2048,
+#      batch 4) with logits_free off and on: step time and CUDA peak memory;
+#   5. the fused and linear paths and Liger through torch.compile on the N=4096 cases;
+# and writes benchmarks/results/<date>-<gpu name>.md (with the targets of the fused and
+# logits-free paths, benchmarks/gpu_targets.py), the JSONL rows beside it. Each step has its own
+# time limit; a step that runs out keeps what it measured and the summary says so.
 # Without a CUDA GPU it says so and exits 0.
 #
 #   benchmarks/gpu.sh                      # python: $PYTHON, else .venv/bin/python, else python3
@@ -60,16 +67,24 @@ step() {  # step <seconds> <log name> <command...>: run with a time limit, repor
 }
 
 echo "gpu.sh: tests on $DEVICE"
-tests_status=$(step 150 tests env NUMTOK_TEST_DEVICE="$DEVICE" "$PY" -m pytest -m device -q \
+tests_status=$(step 170 tests env NUMTOK_TEST_DEVICE="$DEVICE" "$PY" -m pytest -m device -q \
     -p no:cacheprovider --continue-on-collection-errors --maxfail=5)
-echo "gpu.sh: eager benchmark"
-eager_status=$(step 120 eager "$PY" benchmarks/bench_loss.py $QUICK --device "$DEVICE" \
-    --threads max --out "$results/$name-eager.jsonl")
+echo "gpu.sh: fused (logits) benchmark"
+eager_status=$(step 100 eager "$PY" benchmarks/bench_loss.py $QUICK --suite logits \
+    --device "$DEVICE" --threads max --out "$results/$name-eager.jsonl")
+echo "gpu.sh: logits-free (linear) benchmark"
+linear_status=$(step 70 linear "$PY" benchmarks/bench_loss.py $QUICK --suite linear \
+    --device "$DEVICE" --threads max --out "$results/$name-linear.jsonl")
+echo "gpu.sh: Trainer step of a 1B-shaped Llama"
+preset=1b
+[[ -n "$QUICK" ]] && preset=quick
+trainer_status=$(step 70 trainer "$PY" benchmarks/bench_trainer_step.py --preset "$preset" \
+    --device "$DEVICE" --rounds 3 --steps 3 --out "$results/$name-trainer-step.jsonl")
 echo "gpu.sh: torch.compile benchmark"
-budget=$((460 - (SECONDS - start)))  # whatever is left of about 7.7 minutes, at least one
+budget=$((470 - (SECONDS - start)))  # whatever is left of about 7.8 minutes, at least one
 compile_status=$(step $((budget > 60 ? budget : 60)) compiled "$PY" benchmarks/bench_loss.py $QUICK --device "$DEVICE" \
     --threads max --compile \
-    --cases "N=4096 V=32768 float32 reweigh=off,N=4096 V=32768 bfloat16 reweigh=off,linear,N=1024" \
+    --cases "N=4096 V=32768 float32 reweigh=off,N=4096 V=32768 bfloat16 reweigh=off,linear N=4096,N=1024" \
     --variants "F.cross_entropy,cross_entropy_with_ntl,Liger CE (no NTL),materialised + CE + number_token_loss,materialised + cross_entropy_with_ntl,linear_cross_entropy_with_ntl,Liger fused linear CE (no NTL)" \
     --out "$results/$name-compiled.jsonl")
 
@@ -85,20 +100,33 @@ versions=$("$PY" -c "import torch, numtok; print(f'torch {torch.__version__} (CU
     echo "\`hidden @ W.T\` + \`F.cross_entropy\` + \`number_token_loss\` (linear suite), same run;"
     echo "peak = extra memory of one step (CUDA: \`max_memory_allocated\`) / the logits' size."
     echo
+    echo "## Targets (\`benchmarks/gpu_targets.py\`, eager rows)"
+    echo
+    "$PY" benchmarks/gpu_targets.py --rows "$results/$name-eager.jsonl" \
+        "$results/$name-linear.jsonl" --trainer "$results/$name-trainer-step.jsonl"
+    echo
     echo "## Device-sensitive tests on $DEVICE (\`pytest -m device\`): $tests_status"
     echo
     echo '```'
     tail -n 15 "$log/tests.out"
     echo '```'
     echo
-    echo "## Eager: $eager_status"
+    echo "## Fused (logits given), eager: $eager_status"
     echo
     summary "$results/$name-eager.jsonl"
+    echo
+    echo "## Logits-free (hidden states given), eager: $linear_status"
+    echo
+    summary "$results/$name-linear.jsonl"
+    echo
+    echo "## Trainer step (\`bench_trainer_step.py --preset $preset\`): $trainer_status"
+    echo
+    if [[ -s "$results/$name-trainer-step.md" ]]; then cat "$results/$name-trainer-step.md"; else echo "(no rows)"; fi
     echo
     echo "## torch.compile (default backend): $compile_status"
     echo
     summary "$results/$name-compiled.jsonl"
-    for file in eager compiled; do
+    for file in tests eager linear trainer compiled; do
         if [[ -s "$log/$file.err" ]] && ! grep -q '^results:' "$log/$file.err"; then
             echo
             echo "### End of the $file step's log"

@@ -18,6 +18,7 @@ import torch
 from numtok import NumberTokenLoss
 from numtok.fused import cross_entropy_with_ntl
 from numtok.kernels import dispatch, triton_loss
+from numtok.linear import linear_cross_entropy_with_ntl
 
 from cases import REFERENCE_CASES, make_batch, make_vocab
 from test_fused import (
@@ -327,24 +328,35 @@ def test_the_module_takes_impl(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.device
 def test_no_host_synchronisation_on_cuda(device: torch.device) -> None:
-    """A training step's loss, forward and backward, never waits for the GPU: the label and
-    weight checks are device-side asserts (after a first call, which builds the constants)."""
+    """A training step's loss, forward and backward, from the logits and logits-free, never
+    waits for the GPU: the label and weight checks are device-side asserts (after a first call,
+    which builds the constants and tries cuBLAS's float32 output once)."""
     if device.type != "cuda":
         pytest.skip("torch.cuda.set_sync_debug_mode exists on CUDA only; gpu.sh runs this")
     vocab = make_vocab("chunks")
     logits, labels = make_batch("chunks", shape=(4, 9), seed=20, dtype=torch.bfloat16)
     logits, labels, _ = on_device(device, logits, labels, {})
+    hidden = torch.randn(4, 9, 8, device=device, dtype=torch.bfloat16, requires_grad=True)
+    weight = torch.randn(59, 8, device=device, dtype=torch.bfloat16, requires_grad=True)
     weights = torch.rand(4, 9, device=device)
     settings = {"reweigh": True, "shift": True, "loss_weights": weights, "impl": "triton"}
+
+    def losses(num_items: torch.Tensor | None) -> list[torch.Tensor]:
+        fused = cross_entropy_with_ntl(
+            logits, labels, vocab, num_items_in_batch=num_items, **settings
+        )
+        linear = linear_cross_entropy_with_ntl(
+            hidden, weight, labels, vocab, num_items_in_batch=num_items, chunk_size=16, **settings
+        )
+        return [fused.loss, linear.loss]
+
     for num_items in (None, torch.tensor(17, device=device)):
-        cross_entropy_with_ntl(logits, labels, vocab, num_items_in_batch=num_items, **settings)
+        losses(num_items)
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:
-            out = cross_entropy_with_ntl(
-                logits, labels, vocab, num_items_in_batch=num_items, **settings
-            )
-            out.loss.backward()
+            for loss in losses(num_items):
+                loss.backward()
         finally:
             torch.cuda.set_sync_debug_mode("default")
 
