@@ -1,8 +1,8 @@
 """The Triton backend of cross-entropy + NTL: launches of :mod:`numtok.kernels.triton_rows`, the
 eager autograd and the ``torch.compile`` custom ops (what ``impl="triton"`` runs).
 
-Eager, when the logits need a gradient (the common training step), four launches in forward and
-at most one in backward:
+Eager, when the logits need a gradient (the common training step), three launches in forward (and
+on CUDA one or two device-side asserts) and one in backward:
 
 1. ``prepare_rows`` (one program): the reduction's scales and the checks of the labels and loss
    weights, as flags the device asserts on (no read-back to the host);
@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from numtok._ntl_maths import LossSpec
+from numtok._number_logits import compute_dtype
 from numtok.kernels import triton_rows
 from numtok.kernels.gradient_in_forward import loss_with_gradient_in_forward
 from numtok.vocab import NumberTables
@@ -82,7 +83,7 @@ class _Call(NamedTuple):
     shape: torch.Size
 
     def constants(self, dtype: torch.dtype) -> torch.Tensor:
-        return _constants_on(self.float_settings, self.labels.device, dtype)  # type: ignore[no-any-return]
+        return _constants_on(self.float_settings, self.labels.device, dtype)
 
 
 def _row_settings(
@@ -120,17 +121,15 @@ def _float_settings(spec: LossSpec, ntl_weight: float) -> tuple[float, ...]:
 
 
 @functools.lru_cache(maxsize=64)
-def _constants_on(values: tuple[float, ...], device: torch.device, dtype: torch.dtype) -> Any:
+def _constants_on(
+    values: tuple[float, ...], device: torch.device, dtype: torch.dtype
+) -> torch.Tensor:
     """``values`` as a tensor on ``device``, built once per setting: filled on the device (one
     small kernel each, no copy from the host)."""
     constants = torch.empty(len(values), dtype=dtype, device=device)
     for index, value in enumerate(values):
         constants[index].fill_(value)
     return constants
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _triton_dtype(dtype: torch.dtype) -> Any:
@@ -300,25 +299,56 @@ def _reduce(
     return loss, ce, ntl
 
 
+class _RowPass:
+    """The rows of one call: the reduction's scales and the checks (``prepare_rows``), then the
+    per-row terms (M,) that ``ce_ntl_rows`` writes, as many launches as there are chunks of rows,
+    then their reduction."""
+
+    def __init__(self, call: _Call, vocab_size: int, dtype: torch.dtype) -> None:
+        self.call, self.vocab_size = call, vocab_size
+        self.scales, self.status = _prepare(call, vocab_size, dtype)
+        num_rows = call.labels.numel()
+        self.lse, self.ce_rows, self.ntl_rows = (
+            call.labels.new_empty(num_rows, dtype=dtype) for _ in range(3)
+        )
+
+    def run(self, logits: torch.Tensor, gradient: torch.Tensor | None, first_row: int) -> None:
+        """The positions ``first_row ..`` from their logits (m, V), their gradient for a unit
+        upstream gradient written into ``gradient`` (m, V) when given (it may be ``logits``)."""
+        if logits.shape[0]:
+            rows = (self.lse, self.ce_rows, self.ntl_rows)
+            _launch_rows(self.call, logits, gradient, self.scales, *rows, None, first_row)
+
+    def reduced(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(loss, ce, ntl)`` of every position, per position (M,) for ``"none"``."""
+        _assert_valid(self.status, self.call, self.vocab_size)
+        return _reduce(self.call, self.scales, self.ce_rows, self.ntl_rows)
+
+
 def _terms(
     call: _Call, logits: torch.Tensor, gradient: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(loss, ce, ntl, lse, scales)`` of the logits (M, V), the gradient for a unit upstream
     gradient written into ``gradient`` (M, V) when given (it may be ``logits``)."""
-    num_rows, vocab_size = logits.shape
-    dtype = _compute_dtype(logits.dtype)
-    scales, status = _prepare(call, vocab_size, dtype)
-    lse, ce_rows, ntl_rows = (logits.new_empty(num_rows, dtype=dtype) for _ in range(3))
-    if num_rows:
-        _launch_rows(call, logits, gradient, scales, lse, ce_rows, ntl_rows, None)
-    _assert_valid(status, call, vocab_size)
-    return (*_reduce(call, scales, ce_rows, ntl_rows), lse, scales)
+    rows = _RowPass(call, logits.shape[1], compute_dtype(logits))
+    rows.run(logits, gradient, 0)
+    return (*rows.reduced(), rows.lse, rows.scales)
 
 
 def _terms_into(
     call: _Call, logits: torch.Tensor, gradient: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return _terms(call, logits, gradient)[:3]
+
+
+def _in_labels_shape(
+    call: _Call, terms: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(loss, ce, ntl)`` in the labels' shape for ``"none"`` (per position), else as they are."""
+    if call.reduction != "none":
+        return terms
+    loss, ce, ntl = terms
+    return loss.view(call.shape), ce.view(call.shape), ntl.view(call.shape)
 
 
 def scale_gradient(gradient: torch.Tensor, upstream: torch.Tensor) -> None:
@@ -400,7 +430,7 @@ def _(
     settings: list[int],
     reduction: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    dtype = _compute_dtype(logits.dtype)
+    dtype = compute_dtype(logits)
     num_rows = logits.shape[0]
     loss, ce, ntl = (
         logits.new_empty((num_rows,) if reduction == "none" else (), dtype=dtype) for _ in range(3)
@@ -495,7 +525,7 @@ def _compiled(
 # ---------------------------------------------------------------------- chunks of rows (linear)
 
 
-class ChunkRows:
+class ChunkRows(_RowPass):
     """The Triton backend's row pass for the logits-free path (:mod:`numtok._linear_in_forward`):
     the logits come a chunk of rows at a time, each chunk is turned into its rows of the
     gradient in place (``ce_ntl_rows`` with an offset into the call's M positions), and
@@ -512,32 +542,20 @@ class ChunkRows:
         num_items: torch.Tensor | int | None,
         dtype: torch.dtype,
     ) -> None:
-        self.vocab_size = spec.vocab_size
-        self.call = _call(
+        call = _call(
             labels.device, dtype, labels, loss_weights, tables, spec, ntl_weight, num_items
         )
-        self.scales, self.status = _prepare(self.call, spec.vocab_size, dtype)
-        self.lse, self.ce_rows, self.ntl_rows = (
-            labels.new_empty(labels.numel(), dtype=dtype) for _ in range(3)
-        )
+        super().__init__(call, spec.vocab_size, dtype)
 
     def __call__(self, index: slice, logits: torch.Tensor, write_gradient: bool) -> None:
         """The rows ``index`` (a slice of the M positions) from their logits (m, V), which
         become their gradient for a unit upstream gradient with ``write_gradient``."""
-        if logits.shape[0]:
-            gradient = logits if write_gradient else None
-            rows = (self.lse, self.ce_rows, self.ntl_rows)
-            _launch_rows(self.call, logits, gradient, self.scales, *rows, None, index.start)
+        self.run(logits, logits if write_gradient else None, index.start)
 
     def terms(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(loss, ce, ntl)`` of every row passed so far (all M), in the labels' shape for
         ``reduction="none"``."""
-        _assert_valid(self.status, self.call, self.vocab_size)
-        loss, ce, ntl = _reduce(self.call, self.scales, self.ce_rows, self.ntl_rows)
-        if self.call.reduction == "none":
-            shape = self.call.shape
-            return loss.view(shape), ce.view(shape), ntl.view(shape)
-        return loss, ce, ntl
+        return _in_labels_shape(self.call, self.reduced())
 
 
 # ---------------------------------------------------------------------------------- entry point
@@ -559,17 +577,15 @@ def cross_entropy_with_ntl(
     a named ``kind`` (``spec.kind`` in :data:`KIND_CODES`), ``loss_weights`` without a gradient;
     ``needs_grad``: autograd records and the logits require grad; ``inplace``: the gradient goes
     into the logits' memory (checked by the caller)."""
-    dtype = _compute_dtype(logits.dtype)
+    dtype = compute_dtype(logits)
     call = _call(logits.device, dtype, labels, loss_weights, tables, spec, ntl_weight, num_items)
     if torch.compiler.is_compiling():
-        loss, ce, ntl = _compiled(call, logits, spec.vocab_size)
+        terms = _compiled(call, logits, spec.vocab_size)
     elif needs_grad:
         compute = functools.partial(_terms_into, call)
-        loss, ce, ntl = loss_with_gradient_in_forward(
+        terms = loss_with_gradient_in_forward(
             logits, spec.vocab_size, inplace, compute, scale_gradient
         )
     else:
-        loss, ce, ntl = _terms(call, logits.reshape(-1, spec.vocab_size), None)[:3]
-    if call.reduction == "none":
-        return loss.view(call.shape), ce.view(call.shape), ntl.view(call.shape)
-    return loss, ce, ntl
+        terms = _terms(call, logits.reshape(-1, spec.vocab_size), None)[:3]
+    return _in_labels_shape(call, terms)
