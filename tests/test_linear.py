@@ -219,6 +219,12 @@ def test_ignore_only_batch_gives_zero(
 
 @pytest.mark.parametrize("recompute", [False, True], ids=["in-forward", "recompute"])
 def test_tied_weights(recompute: bool, device: torch.device) -> None:
+    assert_tied_weights_match_reference(device, recompute)
+
+
+def assert_tied_weights_match_reference(
+    device: torch.device, recompute: bool = False, impl: str = "torch"
+) -> None:
     """The output layer's weight also embeds the input ids (tied embeddings): its gradient sums
     both uses."""
     vocab = make_vocab("chunks")
@@ -234,7 +240,7 @@ def test_tied_weights(recompute: bool, device: torch.device) -> None:
 
     with saved_tensors_hooks() if recompute else contextlib.nullcontext():
         out = linear_cross_entropy_with_ntl(
-            hidden(), weight, labels, vocab, chunk_size=5, ntl_weight=WEIGHT, shift=True
+            hidden(), weight, labels, vocab, chunk_size=5, ntl_weight=WEIGHT, shift=True, impl=impl
         )
     value, grads = grads_for(out.loss, [weight])
     ref_value, ref_grads = grads_for(

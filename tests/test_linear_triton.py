@@ -16,13 +16,12 @@ from numtok import _linear_in_forward
 from numtok.fused import cross_entropy_with_ntl
 from numtok.linear import linear_cross_entropy_with_ntl
 
-from cases import make_labels, make_vocab
+from cases import make_vocab
 from test_fused import WEIGHT, reference
 from test_linear import (
-    HIDDEN_SIZE,
     IN_FORWARD,
     assert_linear_matches_reference,
-    grads_for,
+    assert_tied_weights_match_reference,
     make_inputs,
     materialised_logits,
     saved_tensors_hooks,
@@ -86,28 +85,7 @@ def test_evaluation_reads_the_loss_off_each_chunk(reduction: str, device: torch.
 
 
 def test_tied_weights(device: torch.device) -> None:
-    """The output layer's weight also embeds the input ids: its gradient sums both uses."""
-    vocab = make_vocab("chunks")
-    generator = torch.Generator().manual_seed(10)
-    weight = torch.randn(59, HIDDEN_SIZE, generator=generator, dtype=torch.float64)
-    mix = torch.randn(HIDDEN_SIZE, HIDDEN_SIZE, generator=generator, dtype=torch.float64)
-    weight, mix = weight.to(device).requires_grad_(), mix.to(device)
-    input_ids = torch.randint(59, (3, 8), generator=generator).to(device)
-    labels = make_labels("chunks", (3, 8), generator).to(device)
-
-    def hidden() -> torch.Tensor:
-        return torch.tanh(weight[input_ids] @ mix)  # (3, 8, H)
-
-    out = linear_cross_entropy_with_ntl(
-        hidden(), weight, labels, vocab, chunk_size=5, ntl_weight=WEIGHT, shift=True,
-        impl="triton",
-    )  # fmt: skip
-    value, grads = grads_for(out.loss, [weight])
-    ref_value, ref_grads = grads_for(
-        reference(hidden() @ weight.T, labels, vocab, shift=True)[0], [weight]
-    )
-    torch.testing.assert_close(value, ref_value, rtol=1e-9, atol=1e-12)
-    torch.testing.assert_close(grads, ref_grads, rtol=1e-9, atol=1e-12)
+    assert_tied_weights_match_reference(device, impl="triton")
 
 
 def test_the_weight_gradient_is_summed_in_float32(
