@@ -35,7 +35,12 @@ def reference(
     ntl_weight: float = WEIGHT,
     **settings: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(CE + w·NTL, CE) computed separately by PyTorch and by the unfused number_token_loss."""
+    """(CE + w·NTL, CE) computed separately by PyTorch and by the unfused number_token_loss; with
+    ``logit_softcap=c`` of the capped logits ``c·tanh(logits/c)``."""
+    settings = dict(settings)
+    softcap = settings.pop("logit_softcap", None)
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
     ignore_index = settings.get("ignore_index", -100)
     reduction = settings.get("reduction", "mean")
     ce_labels = shifted(labels, ignore_index) if settings.get("shift") else labels
@@ -155,6 +160,41 @@ def test_matches_reference(
     batch = make_batch(name, shape=shape, seed=seed, ignore_index=ignore_index)
     logits, labels, settings = on_device(device, *batch, settings)
     assert_fused_matches_reference(name, logits, labels, impl="torch", **settings)
+
+
+#: Reference cases for the soft cap: each vocabulary with every kind or reweighing, the
+#: reductions, squashing, weights and the shift.
+SOFTCAP_CASES = [
+    case
+    for case in REFERENCE_CASES
+    if case.id
+    in {
+        "digits-was-reweigh=True-mean",
+        "chunks-mse-reweigh=True-none",
+        "custom-huber-reweigh=False-sum",
+        "chunks-squash=9.0-reweigh=True",
+        "chunks-loss_weights-was-mean-shift=True",
+        "digits-mae-reweigh=True-mean",
+    }
+]
+
+
+@pytest.mark.parametrize("impl", BACKENDS)
+@pytest.mark.parametrize(("name", "shape", "seed", "settings"), SOFTCAP_CASES)
+def test_soft_capped_logits(
+    name: str,
+    shape: tuple[int, ...],
+    seed: int,
+    settings: dict[str, Any],
+    impl: str,
+    device: torch.device,
+) -> None:
+    """``logit_softcap=c``: the loss and gradient of the capped logits ``c·tanh(x/c)`` (a cap of
+    3 on logits of spread 2 changes most of them), also in place and without a gradient."""
+    assert len(SOFTCAP_CASES) == 6
+    batch = make_batch(name, shape=shape, seed=seed)
+    logits, labels, settings = on_device(device, *batch, settings)
+    assert_fused_matches_reference(name, logits, labels, impl=impl, logit_softcap=3.0, **settings)
 
 
 def test_num_items_as_a_tensor() -> None:
@@ -538,6 +578,8 @@ def test_row_statistics_is_one_opaque_node_under_compile() -> None:
         ({"kind": "number"}, ValueError, "kind='number' .* has no fused path"),
         ({"reduction": "avg"}, ValueError, "reduction must be one of"),
         ({"squash_factor": 1.0}, ValueError, "squash_factor"),
+        ({"logit_softcap": 0.0}, ValueError, "logit_softcap must be a finite number > 0"),
+        ({"logit_softcap": "30"}, TypeError, "logit_softcap must be a number > 0 or None"),
         (
             {"loss_weights": torch.ones(3, 4)},
             ValueError,

@@ -386,7 +386,8 @@ for name in ("prepare_rows", "ce_ntl_rows", "sum_terms", "scale_rows"):
 
 def run(vocab, logits, labels, **settings):
     from numtok._ntl_maths import LossSpec
-    keys = ("kind", "reweigh", "squash_factor", "ignore_index", "reduction", "shift")
+    keys = ("kind", "reweigh", "squash_factor", "ignore_index", "reduction", "shift",
+            "logit_softcap")
     spec = LossSpec.build(vocab, **{k: settings.pop(k) for k in keys})
     tables = vocab.tables()
     loss, _, _ = triton_loss.cross_entropy_with_ntl(
@@ -395,7 +396,8 @@ def run(vocab, logits, labels, **settings):
     if logits.requires_grad:
         loss.backward(torch.full_like(loss, 2.0))
 
-base = dict(ignore_index=-100, squash_factor=None, shift=False, reweigh=False, reduction="mean")
+base = dict(ignore_index=-100, squash_factor=None, shift=False, reweigh=False, reduction="mean",
+            logit_softcap=None)
 digits = NumberVocab.from_values({i: str(i) for i in range(10)}, vocab_size=32768)
 chunks = NumberVocab.from_values({10 + i: f"{i:03d}" for i in range(1000)} | {
     1010 + i: f"{i:02d}" for i in range(100)} | {i: str(i) for i in range(10)}, vocab_size=131072)
@@ -406,11 +408,13 @@ run(digits, torch.zeros(1, 4, 32768, dtype=torch.bfloat16, requires_grad=True), 
 run(chunks, torch.zeros(1, 4, 131072, requires_grad=True), labels,
     **{**base, "kind": "mse", "reduction": "none", "num_items": torch.tensor(3)})
 run(chunks, torch.zeros(1, 4, 131072, dtype=torch.bfloat16), labels,
-    **{**base, "kind": "huber", "reweigh": True})
+    **{**base, "kind": "huber", "reweigh": True, "logit_softcap": 30.0})
+run(digits, torch.zeros(1, 4, 32768, dtype=torch.bfloat16, requires_grad=True), labels,
+    **{**base, "kind": "was", "logit_softcap": 30.0})
 run(digits, torch.zeros(1, 4, 32768, dtype=torch.float64), labels, **{**base, "kind": "mae"})
 triton_loss._ce_ntl_backward_op(
     torch.zeros(4, 32768, dtype=torch.bfloat16), labels.reshape(-1), None, *digits.tables(),
-    [0.3, 9.0, 9.0, 1.0, 0.0], [0, 0, 1, 0, 1, -100, 4, 2, 1], torch.zeros(4),
+    [0.3, 9.0, 9.0, 1.0, 0.0, 30.0], [0, 0, 1, 0, 1, 1, -100, 4, 2, 1], torch.zeros(4),
     torch.ones(3), torch.ones(4))
 
 target = GPUTarget("cuda", 90, 32)

@@ -34,7 +34,8 @@ NTL_WEIGHT = 1.0
 
 #: name -> (config class, model class, settings besides the common ones). Phi's output layer
 #: has a bias; Gemma, Gemma 2, Cohere and GPT-2 tie it to the input embeddings; Granite divides
-#: the logits by logits_scaling and Cohere multiplies them by logit_scale.
+#: the logits by logits_scaling and Cohere multiplies them by logit_scale; Gemma 2 soft-caps them
+#: (final_logit_softcapping), which the loss applies in the logits-free path.
 FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "llama-tied": ("LlamaConfig", "LlamaForCausalLM", {"tie_word_embeddings": True}),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
@@ -45,6 +46,12 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
         "Gemma2Config",
         "Gemma2ForCausalLM",
         {"head_dim": 8, "final_logit_softcapping": None},
+    ),
+    # A cap of 0.5 on a tiny model's logits (spread about 1) changes every one of them.
+    "gemma2-capped": (
+        "Gemma2Config",
+        "Gemma2ForCausalLM",
+        {"head_dim": 8, "final_logit_softcapping": 0.5},
     ),
     "phi": ("PhiConfig", "PhiForCausalLM", {}),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", {}),
@@ -186,12 +193,26 @@ def test_trl_sft_trainer(tokenizer: Any, tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------- refusals
 
 
-def test_soft_capping_is_refused_by_name(tokenizer: Any, tmp_path: Path) -> None:
-    trainer = trainer_for(tokenizer, build_family("gemma2-uncapped", tokenizer), tmp_path)
-    trainer.model.config.final_logit_softcapping = 30.0  # Gemma 2's default
-    with pytest.raises(ValueError, match=r"final_logit_softcapping=30.0.*logits_free=False"):
-        NTLossForTrainer(tokenizer, logits_free=True).attach(trainer)
-    assert trainer.compute_loss_func is None  # nothing was changed
+def test_the_soft_cap_is_the_losses_during_a_step_and_the_models_otherwise(
+    tokenizer: Any, tmp_path: Path
+) -> None:
+    """Gemma 2 with its soft cap: the cap changes the gradients (so the family test above can
+    fail), and after a logits-free step the configuration holds it again and evaluation's
+    logits are capped."""
+    capped, _, _ = one_step(
+        tokenizer, build_family("gemma2-capped", tokenizer), tmp_path, logits_free=False
+    )
+    uncapped, _, _ = one_step(
+        tokenizer, build_family("gemma2-uncapped", tokenizer), tmp_path, logits_free=False
+    )
+    assert max_relative_difference(capped, uncapped) > 0.01
+    _, _, trainer = one_step(
+        tokenizer, build_family("gemma2-capped", tokenizer), tmp_path, logits_free=True
+    )
+    assert trainer.model.config.final_logit_softcapping == 0.5
+    with torch.no_grad():
+        logits = trainer.model(input_ids=torch.arange(6)[None]).logits
+    assert logits.abs().max() <= 0.5
 
 
 class _TinyLM(torch.nn.Module):

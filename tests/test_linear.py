@@ -167,6 +167,8 @@ def test_kinds_match_reference(kind: Any, recompute: bool, device: torch.device)
         {"num_items_in_batch": torch.tensor(9), "reduction": "sum"},
         {"ignore_index": 0},
         {"loss_weights": "random", "shift": True, "kind": "huber"},
+        {"logit_softcap": 2.0, "reweigh": True, "shift": True},
+        {"logit_softcap": 2.0, "reduction": "none", "kind": "mse"},
     ],
     ids=str,
 )

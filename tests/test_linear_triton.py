@@ -47,6 +47,7 @@ def test_kinds_match_reference(kind: str, reweigh: bool, name: str, device: torc
         {"num_items_in_batch": torch.tensor(9), "reduction": "sum"},
         {"ignore_index": 0, "kind": "mse"},
         {"loss_weights": "random", "shift": True, "kind": "huber", "reweigh": True},
+        {"logit_softcap": 2.0, "reweigh": True, "shift": True},
     ],
     ids=str,
 )

@@ -10,9 +10,10 @@ Phi, SmolLM), a scale for some (Granite divides by ``logits_scaling``, Cohere mu
 ``logit_scale``), a soft cap ``c·tanh(x/c)`` for Gemma 2 (``final_logit_softcapping``). With the
 layer bypassed, the model returns ``P(h)`` where it returned the logits, so the loss reads
 ``P(h) @ W.T + b``: equal to ``P(h @ W.T + b)`` when ``P`` is the identity, or a scale and the
-layer has no bias. :func:`check_bypass_is_exact` verifies that on the model itself before
-training (two forwards of four tokens) and refuses a model where it does not hold, naming the
-configuration setting responsible when it knows one.
+layer has no bias. A soft cap is switched off in the configuration while the layer is bypassed
+and applied by the loss instead (its ``logit_softcap``). :func:`check_bypass_is_exact` verifies
+all this on the model itself before training (two forwards of four tokens) and refuses a model
+where it does not hold, naming the configuration setting responsible when it knows one.
 
 The bypass is installed on the layer's instance for the duration of a training step only, and
 only acts on calls that record gradients: evaluation, ``generate()`` and any forward under
@@ -29,13 +30,20 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-__all__ = ["BypassedHead", "OutputLayerBypass", "check_bypass_is_exact", "output_layer_of"]
+__all__ = [
+    "BypassedHead",
+    "OutputLayerBypass",
+    "check_bypass_is_exact",
+    "output_layer_of",
+    "softcap_of",
+]
 
-#: Configuration settings that change the logits after the output layer, with the value that
-#: leaves them unchanged (None: the setting is off). The soft cap cannot be computed from
-#: ``P(h) @ W.T``; the scales can, unless the layer has a bias.
+#: The configuration setting of a soft cap on the logits, ``c·tanh(logits/c)``.
+SOFTCAP_SETTING = "final_logit_softcapping"
+#: Configuration settings besides the soft cap (which is switched off and left to the loss) that
+#: change the logits after the output layer, with the value that leaves them unchanged (None: the
+#: setting is off). The scales are computed from ``P(h) @ W.T``, unless the layer has a bias.
 _LOGIT_SETTINGS = {
-    "final_logit_softcapping": None,
     "logits_scaling": 1.0,
     "logit_scale": 1.0,
     "output_multiplier": 1.0,
@@ -111,16 +119,52 @@ class BypassedHead:
     dtype: torch.dtype
 
 
-class OutputLayerBypass:
-    """Installs and removes the bypass on one output layer, and hands the loss what it needs."""
+def _configs_of(model: Any) -> list[Any]:
+    """The model's configuration and its text configuration (multimodal models), once each."""
+    config = getattr(model, "config", None)
+    configs = [] if config is None else [config]
+    get_text_config = getattr(config, "get_text_config", None)
+    text_config = get_text_config() if callable(get_text_config) else None
+    if text_config is not None and text_config is not config:
+        configs.append(text_config)
+    return configs
 
-    def __init__(self, head: torch.nn.Linear) -> None:
-        self.head = head
+
+def softcap_of(model: Any) -> float | None:
+    """The soft cap ``c`` of the model's logits (``final_logit_softcapping``), or None."""
+    caps = [getattr(config, SOFTCAP_SETTING, None) for config in _configs_of(model)]
+    return next((float(cap) for cap in caps if cap is not None), None)
+
+
+@contextlib.contextmanager
+def _softcap_switched_off(model: Any) -> Iterator[None]:
+    """Within this context the model's configurations set no soft cap (the loss applies it)."""
+    changed = [
+        (config, getattr(config, SOFTCAP_SETTING))
+        for config in _configs_of(model)
+        if getattr(config, SOFTCAP_SETTING, None) is not None
+    ]
+    for config, _ in changed:
+        setattr(config, SOFTCAP_SETTING, None)
+    try:
+        yield
+    finally:
+        for config, cap in changed:
+            setattr(config, SOFTCAP_SETTING, cap)
+
+
+class OutputLayerBypass:
+    """Installs and removes the bypass on one output layer of ``model``, and hands the loss what
+    it needs; ``softcap`` is the model's soft cap (None without), which the loss applies."""
+
+    def __init__(self, model: Any, head: torch.nn.Linear, softcap: float | None) -> None:
+        self.model, self.head, self.softcap = model, head, softcap
         self._passed: list[BypassedHead] = []
 
     @contextlib.contextmanager
     def during_training_step(self) -> Iterator[None]:
-        """Within this context the layer returns its input on calls that record gradients."""
+        """Within this context the layer returns its input on calls that record gradients, and
+        the model's soft cap is off."""
         head = self.head
         original = head.forward
 
@@ -139,7 +183,7 @@ class OutputLayerBypass:
             return result
 
         self._passed.clear()
-        with _forward_replaced(head, forward):
+        with _forward_replaced(head, forward), _softcap_switched_off(self.model):
             yield
 
     def take(self) -> BypassedHead | None:
@@ -156,14 +200,10 @@ class OutputLayerBypass:
         return passed[0] if passed else None
 
 
-def _settings_in(config: Any) -> dict[str, Any]:
-    """The logit settings of ``config`` (and of its text config) that are switched on."""
+def _settings_in(model: Any) -> dict[str, Any]:
+    """The logit settings of the model's configurations that are switched on."""
     found: dict[str, Any] = {}
-    configs = [config]
-    get_text_config = getattr(config, "get_text_config", None)
-    if callable(get_text_config):
-        configs.append(get_text_config())
-    for each in configs:
+    for each in _configs_of(model):
         for name, neutral in _LOGIT_SETTINGS.items():
             value = getattr(each, name, None)
             if value is not None and value != neutral:
@@ -173,26 +213,18 @@ def _settings_in(config: Any) -> dict[str, Any]:
 
 def check_bypass_is_exact(
     model: Any, head: torch.nn.Linear, read_logits: Callable[[Any], torch.Tensor]
-) -> None:
-    """Refuse a model whose logits are not ``P(h) @ W.T + b`` with ``P(h)`` what it returns when
-    its output layer is bypassed.
+) -> float | None:
+    """Refuse a model whose logits, its soft cap switched off, are not ``P(h) @ W.T + b`` with
+    ``P(h)`` what it returns when its output layer is bypassed; return the soft cap (None
+    without one), which the loss then applies.
 
-    A soft cap (``final_logit_softcapping``) is refused from the configuration. Then two forwards
-    of four tokens, in eval mode without gradients: one with the layer's output multiplied by
-    ``k = 1000 / max|logits|`` (large logits, where a soft cap or any other non-linearity
-    shows), one with the layer bypassed. The first must equal ``k·(P(h) @ W.T + b)`` up to
-    rounding (1e-3 of the largest logit in float32, 3e-2 in 16-bit dtypes).
+    Two forwards of four tokens with the soft cap off, in eval mode without gradients: one with
+    the layer's output multiplied by ``k = 1000 / max|logits|`` (large logits, where any other
+    non-linearity shows), one with the layer bypassed. The first must equal ``k·(P(h) @ W.T +
+    b)`` up to rounding (1e-3 of the largest logit in float32, 3e-2 in 16-bit dtypes).
     """
     name = type(model).__name__
-    settings = _settings_in(getattr(model, "config", None))
-    cap = settings.get("final_logit_softcapping")
-    if cap is not None:
-        raise ValueError(
-            f"{name} caps its logits (final_logit_softcapping={cap}: c·tanh(logits/c) after the "
-            "output layer), which logits_free=True cannot compute from the hidden states: use "
-            "logits_free=False, or set model.config.final_logit_softcapping = None (a different "
-            "model)"
-        )
+    settings = _settings_in(model)
     weight = head.weight.detach()
     bias = None if head.bias is None else head.bias.detach()
     embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
@@ -213,7 +245,7 @@ def check_bypass_is_exact(
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), _softcap_switched_off(model):
             with _forward_replaced(head, magnified):
                 logits = read_logits(model(input_ids=input_ids)).float()  # (1, 4, V')
             with _forward_replaced(head, bypassed):
@@ -242,3 +274,4 @@ def check_bypass_is_exact(
             f"the layer is bypassed ({because}; with a bias, a logit scale also breaks this), so "
             "logits_free=True cannot compute its loss exactly: use logits_free=False"
         )
+    return softcap_of(model)

@@ -84,8 +84,9 @@ class TorchChunkRows:
 
     def __call__(self, index: slice, logits: torch.Tensor, write_gradient: bool) -> None:
         part = self.rows.take(index)
+        softcap = self.spec.logit_softcap
         lse, target_logit, number_logits = compute_row_statistics(
-            logits, part.target_ids, self.tables.ids, self.dtype
+            logits, part.target_ids, self.tables.ids, self.dtype, softcap
         )
         terms = loss_and_row_gradients(
             lse, target_logit, number_logits, part, self.tables, self.spec, self.ntl_weight,
@@ -95,7 +96,7 @@ class TorchChunkRows:
         if write_gradient:
             write_row_gradient(
                 logits, logits, lse, part.target_ids, self.tables.ids, terms.grad_lse,
-                terms.grad_target, terms.grad_numbers,
+                terms.grad_target, terms.grad_numbers, softcap=softcap,
             )  # fmt: skip
 
     def terms(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

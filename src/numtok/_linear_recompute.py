@@ -43,6 +43,7 @@ def _linear_row_statistics(
     number_ids: torch.Tensor,
     chunk_size: int,
     compute_dtype: torch.dtype,
+    softcap: float | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     num_tokens = hidden.shape[0]
     lse = hidden.new_empty(num_tokens, dtype=compute_dtype)
@@ -53,7 +54,7 @@ def _linear_row_statistics(
         rows = slice(start, start + chunk_size)
         chunk = hidden[rows]
         logits = logits_into(buffer[: chunk.shape[0]], chunk, weight, bias)
-        stats = compute_row_statistics(logits, target_ids[rows], number_ids, compute_dtype)
+        stats = compute_row_statistics(logits, target_ids[rows], number_ids, compute_dtype, softcap)
         lse[rows], target_logit[rows], number_logits[rows] = stats
     return lse, target_logit, number_logits
 
@@ -67,6 +68,7 @@ def _(
     number_ids: torch.Tensor,
     chunk_size: int,
     compute_dtype: torch.dtype,
+    softcap: float | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     num_tokens = hidden.shape[0]
     return (
@@ -97,6 +99,7 @@ def _linear_row_statistics_backward(
     needs_hidden: bool,
     needs_weight: bool,
     needs_bias: bool,
+    softcap: float | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients for (hidden, weight, bias); an empty tensor for each one not needed.
 
@@ -130,6 +133,7 @@ def _linear_row_statistics_backward(
             grad_target,
             grad_numbers,
             first_column=start,
+            softcap=softcap,
         )  # (M, C), now ∂L/∂logits[:, columns]
         if needs_weight:
             torch.mm(grad_logits.t(), hidden, out=grad_weight[columns])
@@ -157,6 +161,7 @@ def _(
     needs_hidden: bool,
     needs_weight: bool,
     needs_bias: bool,
+    softcap: float | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return (
         torch.empty_like(hidden) if needs_hidden else hidden.new_empty(0),
@@ -166,9 +171,9 @@ def _(
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, ...]) -> None:
-    hidden, weight, bias, target_ids, number_ids, chunk_size, _ = inputs
+    hidden, weight, bias, target_ids, number_ids, chunk_size, _, softcap = inputs
     ctx.save_for_backward(hidden, weight, bias, target_ids, number_ids, output[0])
-    ctx.chunk_size = chunk_size
+    ctx.chunk_size, ctx.softcap = chunk_size, softcap
 
 
 def _backward(
@@ -190,9 +195,10 @@ def _backward(
         needs_hidden,
         needs_weight,
         needs_bias,
+        ctx.softcap,
     )
     wanted = (needs_hidden, needs_weight, needs_bias)
-    return *(grad if need else None for grad, need in zip(grads, wanted, strict=True)), *[None] * 4
+    return *(grad if need else None for grad, need in zip(grads, wanted, strict=True)), *[None] * 5
 
 
 _linear_row_statistics.register_autograd(_backward, setup_context=_setup_context)
@@ -206,11 +212,12 @@ def linear_row_statistics(
     number_ids: torch.Tensor,
     chunk_size: int,
     compute_dtype: torch.dtype,
+    softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(lse (M,), logits[r, target_ids[r]] (M,), logits[:, number_ids] (M, N))`` of the logits
-    ``hidden @ weight.T + bias`` (M, V), computed ``chunk_size`` rows at a time, in
-    ``compute_dtype``; differentiable for ``hidden`` (M, H), ``weight`` (V, H) and ``bias`` (V,),
-    with the logits recomputed in backward."""
+    ``hidden @ weight.T + bias`` (M, V) (soft-capped with ``softcap``), computed ``chunk_size``
+    rows at a time, in ``compute_dtype``; differentiable for ``hidden`` (M, H), ``weight`` (V, H)
+    and ``bias`` (V,), with the logits recomputed in backward."""
     return _linear_row_statistics(  # type: ignore[no-any-return]
-        hidden, weight, bias, target_ids, number_ids, chunk_size, compute_dtype
+        hidden, weight, bias, target_ids, number_ids, chunk_size, compute_dtype, softcap
     )

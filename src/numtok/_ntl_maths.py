@@ -31,6 +31,7 @@ from numtok._validation import (
     check_bool,
     check_elementwise_callable,
     check_int,
+    check_logit_softcap,
     check_reduction,
     check_squash_factor,
 )
@@ -69,6 +70,9 @@ class LossSpec:
     """The validated settings of a token-level NTL plus the scalars derived from the vocabulary
     (no tensors): what every path needs besides the logits, the labels and the lookup tables.
 
+    ``logit_softcap`` (the fused and logits-free paths only): the logits ``x`` enter both losses
+    as ``c·tanh(x/c)`` (Gemma 2's ``final_logit_softcapping``), None for ``x`` itself.
+
     :meth:`build` checks the settings once (in a function call or a module's ``__init__``) and
     raises a ``ValueError``/``TypeError`` naming the bad argument. ``kind="number"`` is refused
     here: the number-level loss (:mod:`numtok.number_level`) has its own settings, and the callers
@@ -87,6 +91,7 @@ class LossSpec:
     max_distance: float
     min_nonzero_distance: float
     max_cost: float
+    logit_softcap: float | None = None
 
     @classmethod
     def build(
@@ -99,6 +104,7 @@ class LossSpec:
         ignore_index: int,
         reduction: str,
         shift: bool,
+        logit_softcap: float | None = None,
     ) -> LossSpec:
         check_number_vocab(vocab)
         pointwise: PointwiseLoss | None
@@ -144,6 +150,7 @@ class LossSpec:
             max_distance=vocab.max_distance,
             min_nonzero_distance=vocab.min_nonzero_distance,
             max_cost=max_cost,
+            logit_softcap=check_logit_softcap(logit_softcap),
         )
 
     @property

@@ -61,6 +61,15 @@ def check_squash_factor(squash_factor: object) -> float | None:
     )
 
 
+def check_logit_softcap(logit_softcap: object) -> float | None:
+    if logit_softcap is None:
+        return None
+    why = " (the logits become c·tanh(logits/c))"
+    return check_number(
+        "logit_softcap", logit_softcap, minimum=0, inclusive=False, why=why, or_none=True
+    )
+
+
 def check_logits(logits: object, *, vocab_size: int) -> torch.Tensor:
     """Logits (..., V), floating point, with V == vocab_size."""
     if not isinstance(logits, torch.Tensor):

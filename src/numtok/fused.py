@@ -417,7 +417,8 @@ def _loss_and_gradient_into(
     The NTL side of every row comes from its number logits, gathered before the pass; the pass
     turns each chunk into its rows of the gradient as soon as its log-sum-exp is known."""
     dtype = compute_dtype(flat)
-    target_logit, number_logits = gather_rows(flat, rows.target_ids, tables.ids, dtype)
+    softcap = spec.logit_softcap
+    target_logit, number_logits = gather_rows(flat, rows.target_ids, tables.ids, dtype, softcap)
     scales = reduction_scales(rows, spec, num_items)
     terms = _number_terms(number_logits, rows, tables, spec, ntl_weight, scales)
 
@@ -432,7 +433,7 @@ def _loss_and_gradient_into(
         return pieces[0][index], pieces[1][index], pieces[2][index]
 
     lse = statistics_and_gradient(
-        flat, gradient, rows.target_ids, tables.ids, dtype, chunk_gradients
+        flat, gradient, rows.target_ids, tables.ids, dtype, chunk_gradients, softcap
     )
     ce, ntl = _row_losses(lse, target_logit, terms.base, terms.number_lse, rows, spec)
     ce, ntl = reduce_terms(ce, ntl, rows, spec, num_items, shape)
@@ -496,7 +497,7 @@ def cross_entropy_with_ntl_from_tables(
         return CEWithNTLOutput(loss=loss, ce=ce, ntl=ntl)
     statistics = row_statistics if needs_grad else compute_row_statistics
     lse, target_logit, number_logits = statistics(
-        logits.reshape(-1, spec.vocab_size), rows.target_ids, tables.ids, dtype
+        logits.reshape(-1, spec.vocab_size), rows.target_ids, tables.ids, dtype, spec.logit_softcap
     )
     return combine_terms(
         lse, target_logit, number_logits, rows, tables, spec, ntl_weight, num_items, shape
@@ -523,6 +524,7 @@ def cross_entropy_with_ntl(
     num_items_in_batch: torch.Tensor | int | None = None,
     shift: bool = False,
     inplace_backward: bool = False,
+    logit_softcap: float | None = None,
     impl: str = "auto",
 ) -> CEWithNTLOutput:
     """Cross-entropy plus ``ntl_weight`` times the Number Token Loss, fused.
@@ -584,6 +586,10 @@ def cross_entropy_with_ntl(
         num_items_in_batch, shift: as in :func:`~numtok.number_token_loss`; ``ignore_index``,
             ``reduction``, ``num_items_in_batch`` and ``shift`` apply to both terms.
         inplace_backward: write the logits' gradient into the logits' memory (see above).
+        logit_softcap: ``c > 0`` to compute both terms of ``c·tanh(logits/c)`` instead of the
+            logits (Gemma 2's ``final_logit_softcapping``), with the cap's slope in the
+            gradient, without building the capped logits; None (default) for the logits as they
+            are.
         impl: ``"auto"``, ``"torch"`` or ``"triton"``: the backend (see above).
 
     Returns:
@@ -612,6 +618,7 @@ def cross_entropy_with_ntl(
         ignore_index=ignore_index,
         reduction=reduction,
         shift=shift,
+        logit_softcap=logit_softcap,
     )
     weight = check_ntl_weight(ntl_weight)
     inplace = check_bool("inplace_backward", inplace_backward)

@@ -15,9 +15,9 @@ through, the model returns the final hidden states (B, T, H) where it returned t
 the loss computes CE + NTL from them and the layer's weight with
 :func:`numtok.linear.linear_cross_entropy_with_ntl`, never holding the (B, T, V) logits or their
 gradient. Same value, gradients, exactness and logs as from the logits; evaluation and
-``generate()`` still compute logits. What it checks and refuses (a soft cap on the logits such as
-Gemma 2's ``final_logit_softcapping``, FSDP, ...) is in :mod:`numtok._hf_head` and
-:meth:`NTLossForTrainer.attach`.
+``generate()`` still compute logits; a soft cap on the logits (Gemma 2's
+``final_logit_softcapping``) is applied by the loss. What it checks and refuses (a logit scale with
+an output bias, FSDP, ...) is in :mod:`numtok._hf_head` and :meth:`NTLossForTrainer.attach`.
 
 **What is minimised.** Over the positions of one optimizer step (all micro-batches of the
 accumulation, on all processes), with ``T`` the positions that have a label (not ``ignore_index``)
@@ -59,6 +59,7 @@ accelerate) raises a ``ModuleNotFoundError`` that says ``pip install "numtok[hf]
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import warnings
@@ -95,13 +96,15 @@ def _ce_plus_ntl(
     head: BypassedHead | None = None,
     *,
     spec: LossSpec,
+    head_spec: LossSpec,
     ntl_weight: float,
     impl: str,
 ) -> CEWithNTLOutput:
     """``Σ ce / tokens + ntl_weight · Σ ntl / numbers`` over logits (B, T, V) and labels (B, T),
     through the fused path, with ``.ce = Σ ce / tokens`` and ``.ntl = Σ ntl / numbers``. With a
     bypassed ``head``, ``logits`` are the hidden states (B, T, H) and the logits
-    ``hidden @ head.weight.T + head.bias`` are never built (the logits-free path).
+    ``hidden @ head.weight.T + head.bias`` are never built (the logits-free path, with the
+    settings ``head_spec``: ``spec`` and the model's soft cap).
 
     ``cross_entropy_with_ntl`` divides both sums by one ``num_items_in_batch``; NTL gets its own
     denominator by weighing every position by ``tokens / numbers`` (a constant, so NTL's
@@ -118,7 +121,7 @@ def _ce_plus_ntl(
         head.weight.to(head.dtype),
         labels,
         tables,
-        spec,
+        head_spec,
         ntl_weight,
         ratio,
         tokens,
@@ -309,6 +312,7 @@ class NTLossForTrainer:
         self._compile = compile
         self.logits_free = check_bool("logits_free", logits_free)
         self.impl = check_impl(impl)
+        self._head_spec = self.spec  # the logits-free loss's settings (attach adds a soft cap)
         self._terms = self._loss_terms(compile=bool(compile))
         self._link: _Link | None = None
         self._bypass: OutputLayerBypass | None = None
@@ -318,7 +322,11 @@ class NTLossForTrainer:
         self, *, compile: bool, **compile_options: Any
     ) -> Callable[..., CEWithNTLOutput]:
         terms = functools.partial(
-            _ce_plus_ntl, spec=self.spec, ntl_weight=self.ntl_weight, impl=self.impl
+            _ce_plus_ntl,
+            spec=self.spec,
+            head_spec=self._head_spec,
+            ntl_weight=self.ntl_weight,
+            impl=self.impl,
         )
         if not compile:
             return terms
@@ -447,9 +455,9 @@ class NTLossForTrainer:
                 attached; the model's output layer does not match the vocabulary; an
                 encoder-decoder model with ``shift=True``; ``torch.nn.DataParallel`` (several
                 GPUs in one process; use DDP through torchrun or accelerate). With
-                ``logits_free=True``: a model whose logits are not its output layer's product
-                (a soft cap such as Gemma 2's ``final_logit_softcapping``, a logit scale together
-                with a bias), an output layer that is not a plain ``nn.Linear``, FSDP, DeepSpeed
+                ``logits_free=True``: a model whose logits are not its output layer's product,
+                soft-capped or not (a logit scale together with a bias), an output layer that is
+                not a plain ``nn.Linear``, FSDP, DeepSpeed
                 ZeRO-3 or tensor parallelism (the layer's weight is sharded outside the forward).
         """
         methods = ("get_batch_samples", "log", "evaluation_loop")
@@ -477,12 +485,17 @@ class NTLossForTrainer:
         self._check_model(trainer.model)
         bypass = self._output_layer_bypass(trainer) if self.logits_free else None
         trainer.compute_loss_func = self
+        if bypass is not None and bypass.softcap is not None:
+            # The model's soft cap, switched off during bypassed steps, applied by the loss.
+            self._head_spec = dataclasses.replace(self.spec, logit_softcap=bypass.softcap)
         if self._compile is None and getattr(args, "torch_compile", False):
             self._terms = self._loss_terms(
                 compile=True,
                 backend=args.torch_compile_backend or "inductor",
                 mode=args.torch_compile_mode,
             )
+        else:
+            self._terms = self._loss_terms(compile=bool(self._compile))
         replicas = 1
         for size in ("get_tp_size", "get_cp_size", "get_sp_size"):
             replicas *= _size(trainer, size)
@@ -516,8 +529,8 @@ class NTLossForTrainer:
             )
         model = trainer.model
         head = output_layer_of(model)
-        check_bypass_is_exact(model, head, _logits_of)
-        return OutputLayerBypass(head)
+        softcap = check_bypass_is_exact(model, head, _logits_of)
+        return OutputLayerBypass(model, head, softcap)
 
     def _check_model(self, model: Any) -> None:
         config = getattr(model, "config", None)

@@ -171,6 +171,7 @@ def linear_cross_entropy_with_ntl(
     reduction: str = "mean",
     num_items_in_batch: torch.Tensor | int | None = None,
     shift: bool = False,
+    logit_softcap: float | None = None,
     impl: str = "auto",
 ) -> CEWithNTLOutput:
     """Cross-entropy plus ``ntl_weight`` times the Number Token Loss of the logits
@@ -209,7 +210,9 @@ def linear_cross_entropy_with_ntl(
             large as the weight; at least 256 (the matrix products stay compute-bound) and at
             most all of them.
         ntl_weight, kind, reweigh, squash_factor, loss_weights, ignore_index, reduction,
-        num_items_in_batch, shift: as in :func:`~numtok.fused.cross_entropy_with_ntl`.
+        num_items_in_batch, shift, logit_softcap: as in
+            :func:`~numtok.fused.cross_entropy_with_ntl` (the soft cap applies to
+            ``hidden @ weight.T + bias``).
         impl: ``"auto"``, ``"torch"`` or ``"triton"``: the backend of the row pass (see above).
 
     Returns:
@@ -236,6 +239,7 @@ def linear_cross_entropy_with_ntl(
         ignore_index=ignore_index,
         reduction=reduction,
         shift=shift,
+        logit_softcap=logit_softcap,
     )
     weight_of_ntl = check_ntl_weight(ntl_weight)
     backend = check_impl(impl)
@@ -320,8 +324,9 @@ def linear_cross_entropy_with_ntl_from_tables(
         return CEWithNTLOutput(loss=loss, ce=ce, ntl=ntl)
     rows, shape = prepare_rows(labels, loss_weights, tables, spec, dtype)
     lse, target_logit, number_logits = linear_row_statistics(
-        flat_hidden, weight, bias, rows.target_ids, tables.ids, rows_per_chunk, dtype
-    )
+        flat_hidden, weight, bias, rows.target_ids, tables.ids, rows_per_chunk, dtype,
+        spec.logit_softcap,
+    )  # fmt: skip
     return combine_terms(
         lse, target_logit, number_logits, rows, tables, spec, ntl_weight, num_items, shape
     )

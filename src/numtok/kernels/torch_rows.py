@@ -27,6 +27,10 @@ i.e. one dense term (softmax times a per-row coefficient) and N + 1 sparse fix-u
 Rows are processed in chunks small enough to stay in cache; bfloat16/float16 chunks are upcast to
 float32 one at a time into a reused buffer, never the whole tensor. On CPU the chunks of a pass
 are shared among the torch threads (see :func:`_in_row_blocks`).
+
+With a soft cap ``c`` (``softcap``, Gemma 2's ``final_logit_softcapping``) every function reads
+the capped logits ``x' = c·tanh(x/c)`` where it reads ``x`` above, and the gradient by ``x`` is
+the gradient by ``x'`` times ``dx'/dx = 1 - (x'/c)²``, element by element, fix-ups included.
 """
 
 from __future__ import annotations
@@ -67,13 +71,57 @@ def gather_rows(
     target_ids: torch.Tensor,
     number_ids: torch.Tensor,
     compute_dtype: torch.dtype,
+    softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(logits[r, target_ids[r]] (M,), logits[:, number_ids] (M, N))`` of a 2-D ``logits``
-    (M, V) in ``compute_dtype``. ``-inf`` number logits (masked vocabulary entries) are raised to
-    the most negative finite value, so that no softmax over them can produce NaN."""
+    (M, V) in ``compute_dtype`` (soft-capped with ``softcap``). ``-inf`` number logits (masked
+    vocabulary entries) are raised to the most negative finite value, so that no softmax over
+    them can produce NaN."""
     target_logit = logits.gather(1, target_ids[:, None]).squeeze(1).to(compute_dtype)  # (M,)
     number_logits = logits.index_select(1, number_ids).to(compute_dtype)  # (M, N)
+    if softcap is not None:  # both are fresh tensors: capped in place
+        _soft_capped(target_logit, softcap, out=target_logit)
+        _soft_capped(number_logits, softcap, out=number_logits)
     return target_logit, number_logits.clamp_min(torch.finfo(compute_dtype).min)
+
+
+def _soft_capped(x: torch.Tensor, softcap: float, out: torch.Tensor) -> torch.Tensor:
+    """``out = c·tanh(x/c)``; ``out`` may be ``x``."""
+    return torch.div(x, softcap, out=out).tanh_().mul_(softcap)
+
+
+def _times_cap_slope(gradient: torch.Tensor, capped: torch.Tensor, softcap: float) -> None:
+    """``gradient *= 1 - (capped/c)²``, the derivative of ``c·tanh(x/c)`` by ``x`` from its
+    value ``capped`` (overwritten), in place."""
+    gradient.mul_(capped.div_(softcap).square_().neg_().add_(1.0))
+
+
+def _chunk_source(
+    block: torch.Tensor,
+    work: torch.Tensor,
+    upcast: bool,
+    capped: torch.Tensor | None,
+    softcap: float | None,
+) -> torch.Tensor:
+    """What a chunk's softmax is taken of: ``block`` (rows, C) itself, with ``upcast`` its copy
+    in ``work`` (upcast first: CPU kernels that mix dtypes, bf16 - f32 -> f32, skip
+    vectorisation and take 3x the time of the conversion and the float32 pass), and with a soft
+    cap that capped into ``capped`` (which keeps it for the chain rule)."""
+    source = work.copy_(block) if upcast else block
+    if softcap is None:
+        return source
+    assert capped is not None
+    return _soft_capped(source, softcap, out=capped)
+
+
+def _capped_buffer(
+    logits: torch.Tensor, softcap: float | None, compute_dtype: torch.dtype, rows: int
+) -> torch.Tensor | None:
+    """A (rows, C) buffer for a chunk's soft-capped logits, reused by every chunk; None without
+    a soft cap."""
+    if softcap is None:
+        return None
+    return logits.new_empty((min(rows, logits.shape[0]), logits.shape[1]), dtype=compute_dtype)
 
 
 def _work_buffer(
@@ -132,12 +180,18 @@ def _exp_minus(x: torch.Tensor, shift: torch.Tensor, out: torch.Tensor) -> torch
 
 
 def _exp_chunks(
-    logits: torch.Tensor, lse: torch.Tensor, out: torch.Tensor | None, start: int, stop: int
-) -> Iterator[tuple[slice, torch.Tensor, torch.Tensor]]:
+    logits: torch.Tensor,
+    lse: torch.Tensor,
+    out: torch.Tensor | None,
+    start: int,
+    stop: int,
+    softcap: float | None = None,
+) -> Iterator[tuple[slice, torch.Tensor, torch.Tensor, torch.Tensor | None]]:
     """Go over the rows ``start:stop`` of ``logits`` (M, V) in chunks, filling ``lse`` (M,) (in
-    the compute dtype) and yielding ``(rows, work, total)``: ``work`` (rows, V) =
+    the compute dtype) and yielding ``(rows, work, total, capped)``: ``work`` (rows, V) =
     ``exp(x - max_v x)`` and ``total`` (rows,) its row sums, so that ``softmax(x) = work / total``
-    and ``lse = max + log total``.
+    and ``lse = max + log total``; with a soft cap ``x`` is ``c·tanh(logits/c)``, which
+    ``capped`` (rows, V) holds (None without).
 
     ``work`` is ``out[rows]`` itself when ``out`` (M, V) has the compute dtype (``out`` may be
     ``logits``: then the chunk is overwritten), else one reused buffer of a chunk's size:
@@ -147,22 +201,19 @@ def _exp_chunks(
     """
     step = rows_per_chunk(logits.shape[1], logits.device)
     buffer = _work_buffer(logits, out, lse.dtype, min(step, stop - start))
+    capped_buffer = _capped_buffer(logits, softcap, lse.dtype, min(step, stop - start))
     for first in range(start, stop, step):
         rows = slice(first, min(first + step, stop))
         block = logits[rows]  # (rows, V)
-        if buffer is None:
-            work = out[rows]  # type: ignore[index]
-            peak = block.amax(dim=1, keepdim=True)  # (rows, 1)
-        else:
-            # Upcast first: CPU kernels that mix dtypes (bf16 - f32 -> f32) skip vectorisation
-            # and take 3x the time of the conversion and the float32 pass.
-            work = buffer[: block.shape[0]].copy_(block)
-            peak = work.amax(dim=1, keepdim=True)
+        work = out[rows] if buffer is None else buffer[: block.shape[0]]  # type: ignore[index]
+        capped = None if capped_buffer is None else capped_buffer[: block.shape[0]]
+        source = _chunk_source(block, work, buffer is not None, capped, softcap)
+        peak = source.amax(dim=1, keepdim=True)  # (rows, 1)
         peak = torch.where(peak.isfinite(), peak, 0.0)
-        _exp_minus(block if buffer is None else work, peak, out=work)
+        _exp_minus(source, peak, out=work)
         total = work.sum(dim=1)  # (rows,)
         torch.add(peak.squeeze(1), total.log(), out=lse[rows])
-        yield rows, work, total
+        yield rows, work, total, capped
 
 
 def compute_row_statistics(
@@ -170,19 +221,20 @@ def compute_row_statistics(
     target_ids: torch.Tensor,
     number_ids: torch.Tensor,
     compute_dtype: torch.dtype,
+    softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(lse (M,), logits[r, target_ids[r]] (M,), logits[:, number_ids] (M, N))`` of a 2-D
     ``logits`` (M, V), all in ``compute_dtype``, in one read of the logits (see
-    :func:`gather_rows` for ``-inf`` number logits)."""
+    :func:`gather_rows` for ``-inf`` number logits); of the soft-capped logits with ``softcap``."""
     lse = logits.new_empty(logits.shape[0], dtype=compute_dtype)
 
     def block(start: int, stop: int) -> None:
-        for _ in _exp_chunks(logits, lse, None, start, stop):
+        for _ in _exp_chunks(logits, lse, None, start, stop, softcap):
             pass
 
     step = rows_per_chunk(logits.shape[1], logits.device)
     _in_row_blocks(logits.shape[0], step, logits.device, block)
-    return lse, *gather_rows(logits, target_ids, number_ids, compute_dtype)
+    return lse, *gather_rows(logits, target_ids, number_ids, compute_dtype, softcap)
 
 
 #: ``row_gradients(rows, lse[rows]) -> (grad_lse, grad_target, grad_numbers)`` for a chunk.
@@ -196,6 +248,7 @@ def statistics_and_gradient(
     number_ids: torch.Tensor,
     compute_dtype: torch.dtype,
     row_gradients: RowGradientsOf,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """The log-sum-exp (M,) of a 2-D ``logits`` (M, V) in ``compute_dtype``, and the logits'
     gradient written into ``out`` (M, V) (the logits' dtype; ``out`` may be ``logits`` itself)
@@ -208,15 +261,18 @@ def statistics_and_gradient(
     + scatter(grad_numbers -> number_ids)``, rounded once to the logits' dtype. Rows whose
     logits are all ``-inf`` get softmax 0. Gather the label's and the number logits first
     (:func:`gather_rows`) when ``out`` is ``logits``. On CPU, ``row_gradients`` is called from
-    several threads at once (on disjoint chunks)."""
+    several threads at once (on disjoint chunks). With ``softcap`` all of it is of the capped
+    logits, and the gradient by the logits carries the cap's slope."""
     lse = logits.new_empty(logits.shape[0], dtype=compute_dtype)
 
     def block(start: int, stop: int) -> None:
-        for rows, work, total in _exp_chunks(logits, lse, out, start, stop):
+        for rows, work, total, capped in _exp_chunks(logits, lse, out, start, stop, softcap):
             grad_lse, grad_target, grad_numbers = row_gradients(rows, lse[rows])
             scale = torch.where(total > 0, grad_lse / total, 0.0)  # (rows,)
             work.mul_(scale[:, None])
             _add_fixups(work, target_ids[rows], grad_target, number_ids, grad_numbers)
+            if capped is not None and softcap is not None:
+                _times_cap_slope(work, capped, softcap)
             if work.dtype != out.dtype:
                 out[rows].copy_(work)
 
@@ -258,9 +314,11 @@ def write_row_gradient(
     grad_target: torch.Tensor,
     grad_numbers: torch.Tensor,
     first_column: int = 0,
+    softcap: float | None = None,
 ) -> None:
     """Write ``grad_lse[r]·softmax(x[r]) + grad_target[r]·onehot(target_ids[r])
-    + scatter(grad_numbers[r] -> number_ids)`` into ``out``, which may be ``logits`` itself.
+    + scatter(grad_numbers[r] -> number_ids)`` into ``out``, which may be ``logits`` itself
+    (with ``softcap``: of the capped logits, times the cap's slope).
 
     ``logits`` (M, C) holds the columns ``first_column .. first_column + C - 1`` of the full rows
     ``x`` (M, V), whose log-sum-exp is ``lse`` (M,); fix-ups at ids outside those columns are
@@ -283,17 +341,20 @@ def write_row_gradient(
 
     def block(start: int, stop: int) -> None:
         buffer = _work_buffer(logits, out, lse.dtype, min(step, stop - start))
+        capped_buffer = _capped_buffer(logits, softcap, lse.dtype, min(step, stop - start))
         for first in range(start, stop, step):
             rows = slice(first, min(first + step, stop))
-            if buffer is None:
-                work = _exp_minus(logits[rows], finite_lse[rows, None], out=out[rows])
-            else:  # upcast first (see _exp_chunks)
-                work = buffer[: out[rows].shape[0]].copy_(logits[rows])
-                _exp_minus(work, finite_lse[rows, None], out=work)
+            chunk = logits[rows]  # (rows, C)
+            work = out[rows] if buffer is None else buffer[: chunk.shape[0]]
+            capped = None if capped_buffer is None else capped_buffer[: chunk.shape[0]]
+            source = _chunk_source(chunk, work, buffer is not None, capped, softcap)
+            _exp_minus(source, finite_lse[rows, None], out=work)
             work.mul_(grad_lse[rows, None])  # (rows, C)
             _add_fixups(
                 work, target_column[rows], grad_target[rows], number_column, grad_numbers[rows]
             )
+            if capped is not None and softcap is not None:
+                _times_cap_slope(work, capped, softcap)
             if buffer is not None:
                 out[rows].copy_(work)
 
@@ -306,8 +367,9 @@ def _row_statistics(
     target_ids: torch.Tensor,
     number_ids: torch.Tensor,
     compute_dtype: torch.dtype,
+    softcap: float | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return compute_row_statistics(logits, target_ids, number_ids, compute_dtype)
+    return compute_row_statistics(logits, target_ids, number_ids, compute_dtype, softcap)
 
 
 @_row_statistics.register_fake
@@ -316,6 +378,7 @@ def _(
     target_ids: torch.Tensor,
     number_ids: torch.Tensor,
     compute_dtype: torch.dtype,
+    softcap: float | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     num_rows = logits.shape[0]
     return (
@@ -334,11 +397,13 @@ def _row_statistics_backward(
     grad_lse: torch.Tensor,
     grad_target: torch.Tensor,
     grad_numbers: torch.Tensor,
+    softcap: float | None,
 ) -> torch.Tensor:
     grad_logits = torch.empty_like(logits)
     write_row_gradient(
-        grad_logits, logits, lse, target_ids, number_ids, grad_lse, grad_target, grad_numbers
-    )
+        grad_logits, logits, lse, target_ids, number_ids, grad_lse, grad_target, grad_numbers,
+        softcap=softcap,
+    )  # fmt: skip
     return grad_logits
 
 
@@ -351,23 +416,25 @@ def _(
     grad_lse: torch.Tensor,
     grad_target: torch.Tensor,
     grad_numbers: torch.Tensor,
+    softcap: float | None,
 ) -> torch.Tensor:
     return torch.empty_like(logits)
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, ...]) -> None:
-    logits, target_ids, number_ids, _ = inputs
+    logits, target_ids, number_ids, _, softcap = inputs
     ctx.save_for_backward(logits, output[0], target_ids, number_ids)
+    ctx.softcap = softcap
 
 
 def _backward(
     ctx: Any, grad_lse: torch.Tensor, grad_target: torch.Tensor, grad_numbers: torch.Tensor
-) -> tuple[torch.Tensor, None, None, None]:
+) -> tuple[torch.Tensor, None, None, None, None]:
     logits, lse, target_ids, number_ids = ctx.saved_tensors
     grad_logits = _row_statistics_backward(
-        logits, lse, target_ids, number_ids, grad_lse, grad_target, grad_numbers
+        logits, lse, target_ids, number_ids, grad_lse, grad_target, grad_numbers, ctx.softcap
     )
-    return grad_logits, None, None, None
+    return grad_logits, None, None, None, None
 
 
 _row_statistics.register_autograd(_backward, setup_context=_setup_context)
@@ -378,10 +445,11 @@ def row_statistics(
     target_ids: torch.Tensor,
     number_ids: torch.Tensor,
     compute_dtype: torch.dtype,
+    softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Differentiable :func:`compute_row_statistics` of a 2-D ``logits`` (M, V): its backward
     writes the logits' gradient into one fresh (M, V) buffer with :func:`write_row_gradient`."""
     lse, target_logit, number_logits = _row_statistics(
-        logits, target_ids, number_ids, compute_dtype
+        logits, target_ids, number_ids, compute_dtype, softcap
     )
     return lse, target_logit, number_logits

@@ -60,6 +60,7 @@ class RowSettings(NamedTuple):
     reweigh: int
     shift: int
     single_group: int
+    softcap: int
     ignore_index: int
     seq_len: int
     scale_mode: int
@@ -68,10 +69,10 @@ class RowSettings(NamedTuple):
 
 class _Call(NamedTuple):
     """Everything a launch needs besides the logits: flat labels (M,) int64, loss weights (M,) in
-    the compute dtype or None, the tables, the integer settings, the float settings ``(ntl_weight,
-    D, max distance, nearest distance, squash slope)`` (a device tensor of them in the compute
-    dtype is :meth:`constants`: their exact values, also in float64), ``num_items_in_batch`` as a
-    tensor or None, and the reduction with the labels' shape."""
+    the compute dtype or None, the tables, the integer settings, the float settings
+    ``(ntl_weight, D, max distance, nearest distance, squash slope, soft cap)`` (a device tensor
+    of them in the compute dtype is :meth:`constants`: their exact values, also in float64),
+    ``num_items_in_batch`` as a tensor or None, and the reduction with the labels' shape."""
 
     labels: torch.Tensor
     weights: torch.Tensor | None
@@ -103,6 +104,7 @@ def _row_settings(
         reweigh=int(spec.reweigh),
         shift=int(spec.shift),
         single_group=int(spec.single_group),
+        softcap=int(spec.logit_softcap is not None),
         ignore_index=spec.ignore_index,
         seq_len=shape[-1] if len(shape) else 1,
         scale_mode=scale_mode,
@@ -117,6 +119,7 @@ def _float_settings(spec: LossSpec, ntl_weight: float) -> tuple[float, ...]:
         spec.max_distance,
         spec.min_nonzero_distance,
         spec.squash_slope,
+        1.0 if spec.logit_softcap is None else spec.logit_softcap,
     )
 
 
@@ -264,6 +267,7 @@ def _launch_rows(
         SHIFT=bool(settings.shift),
         HAS_WEIGHTS=call.weights is not None,
         SINGLE_GROUP=bool(settings.single_group),
+        SOFTCAP=bool(settings.softcap),
         LSE_KNOWN=upstream is not None,
         WRITE_GRAD=gradient is not None,
         HAS_UPSTREAM=upstream is not None,

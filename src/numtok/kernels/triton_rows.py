@@ -147,6 +147,34 @@ def prepare_rows(
 
 
 @triton.jit
+def _soft_capped(x, softcap):
+    """``c·tanh(x/c)`` as ``±c·(1 - e)/(1 + e)`` with ``e = exp(-2|x|/c)``: no overflow, and an
+    absolute error of about ``c`` times the dtype's epsilon where ``x`` is small (libdevice's
+    ``tanh`` does not run in Triton's interpreter)."""
+    e = tl.exp(-2.0 * tl.abs(x) / softcap)
+    magnitude = softcap * (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0, -magnitude, magnitude)
+
+
+@triton.jit
+def _cap_slope(capped, softcap):
+    """``d(c·tanh(x/c))/dx = 1 - (x'/c)²`` from the capped value ``x'``."""
+    ratio = capped / softcap
+    return 1.0 - ratio * ratio
+
+
+@triton.jit
+def _row_block(row_logits, columns, V, column_stride, softcap, SOFTCAP: tl.constexpr, C):
+    """The logits of one row at ``columns`` in the compute dtype ``C``, soft-capped with
+    ``SOFTCAP``; -inf at columns beyond V."""
+    inside = columns < V
+    block = tl.load(row_logits + columns * column_stride, mask=inside, other=float("-inf")).to(C)
+    if SOFTCAP:
+        block = tl.where(inside, _soft_capped(block, softcap), float("-inf"))
+    return block
+
+
+@triton.jit
 def _number_terms(
     z,
     in_number_block,
@@ -244,6 +272,7 @@ def ce_ntl_rows(
     SHIFT: tl.constexpr,
     HAS_WEIGHTS: tl.constexpr,
     SINGLE_GROUP: tl.constexpr,
+    SOFTCAP: tl.constexpr,
     LSE_KNOWN: tl.constexpr,
     WRITE_GRAD: tl.constexpr,
     HAS_UPSTREAM: tl.constexpr,
@@ -260,11 +289,14 @@ def ce_ntl_rows(
     where the label is no number token) unless ``LSE_KNOWN`` (then ``lse`` is read), and with
     ``WRITE_GRAD`` its row of the gradient (m, V) (``grad_ptr`` may be ``logits_ptr``).
     ``ROW_ON_CHIP`` when ``BLOCK_V >= V``; ``constants = (ntl_weight, D, max distance, nearest
-    distance, squash slope)`` in the compute dtype ``C``."""
+    distance, squash slope, soft cap)`` in the compute dtype ``C``. With ``SOFTCAP`` the row is
+    read as ``c·tanh(x/c)`` everywhere and the gradient carries the cap's slope ``1 - (x'/c)²``.
+    """
     max_cost = tl.load(constants_ptr + 1)
     max_distance = tl.load(constants_ptr + 2)
     nearest = tl.load(constants_ptr + 3)
     squash_slope = tl.load(constants_ptr + 4)
+    softcap = tl.load(constants_ptr + 5)
     minus_inf = float("-inf")
     # The program's row of the logits (and of the gradient), and its position among all M rows
     # (labels, weights and the per-row results): the logits may be a chunk of rows.
@@ -284,6 +316,8 @@ def ce_ntl_rows(
     is_target, is_number, column, position = _classify(label, position_ptr, V, ignore_index)
     row_logits = logits_ptr + row * logits_row_stride
     target_logit = tl.load(row_logits + column * logits_column_stride).to(C)
+    if SOFTCAP:
+        target_logit = _soft_capped(target_logit, softcap)
 
     # The number logits, only where the label is a number (no memory traffic elsewhere); -inf
     # (masked) logits raised to the most negative finite value, lanes beyond K at -inf.
@@ -292,7 +326,10 @@ def ce_ntl_rows(
     gather = lanes < tl.where(is_number, K, 0)
     number_ids = tl.load(number_ids_ptr + lanes, mask=gather, other=0)
     z = tl.load(row_logits + number_ids * logits_column_stride, mask=gather, other=0.0).to(C)
-    z = tl.where(in_number_block, tl.maximum(z, FINITE_MIN), minus_inf)
+    z = tl.maximum(z, FINITE_MIN)
+    if SOFTCAP:
+        z = _soft_capped(z, softcap)
+    z = tl.where(in_number_block, z, minus_inf)
     # Every lane's table entries, also at other rows: their NTL terms are then finite (and
     # multiplied by a coefficient of 0).
     values = tl.load(values_ptr + lanes, mask=in_number_block, other=0.0).to(C)
@@ -318,9 +355,7 @@ def ce_ntl_rows(
     # Pass 1: the online log-sum-exp; a row of one block stays in registers for pass 2.
     if ROW_ON_CHIP:
         columns = tl.arange(0, BLOCK_V)
-        x = tl.load(
-            row_logits + columns * logits_column_stride, mask=columns < V, other=minus_inf
-        ).to(C)
+        x = _row_block(row_logits, columns, V, logits_column_stride, softcap, SOFTCAP, C)
     if LSE_KNOWN:
         lse = tl.load(lse_ptr + position_of_row).to(C)
     else:
@@ -333,9 +368,9 @@ def ce_ntl_rows(
             total = tl.sum(tl.zeros([BLOCK_V], C), 0)
             for start in range(0, V, BLOCK_V):
                 columns = start + tl.arange(0, BLOCK_V)
-                block = tl.load(
-                    row_logits + columns * logits_column_stride, mask=columns < V, other=minus_inf
-                ).to(C)
+                block = _row_block(
+                    row_logits, columns, V, logits_column_stride, softcap, SOFTCAP, C
+                )
                 new_peak = tl.maximum(peak, tl.max(block, 0))
                 shift = tl.where(new_peak == minus_inf, 0.0, new_peak)
                 total = total * tl.exp(peak - shift) + tl.sum(tl.exp(block - shift), 0)
@@ -380,14 +415,18 @@ def ce_ntl_rows(
         tl.debug_barrier()
         if ROW_ON_CHIP:
             dense = softmax_scale * tl.exp(x - finite_lse)
+            if SOFTCAP:
+                dense *= _cap_slope(x, softcap)
             tl.store(row_grad + columns * grad_column_stride, dense.to(out_dtype), mask=columns < V)
         else:
             for start in range(0, V, BLOCK_V):
                 columns = start + tl.arange(0, BLOCK_V)
-                block = tl.load(
-                    row_logits + columns * logits_column_stride, mask=columns < V, other=minus_inf
-                ).to(C)
+                block = _row_block(
+                    row_logits, columns, V, logits_column_stride, softcap, SOFTCAP, C
+                )
                 dense = softmax_scale * tl.exp(block - finite_lse)
+                if SOFTCAP:
+                    dense *= _cap_slope(block, softcap)
                 tl.store(
                     row_grad + columns * grad_column_stride, dense.to(out_dtype), mask=columns < V
                 )
@@ -397,8 +436,12 @@ def ce_ntl_rows(
         tl.debug_barrier()
         at_numbers = softmax_scale * tl.exp(z - finite_lse) + grad_numbers
         at_numbers += tl.where(number_ids == label, grad_target, 0.0)
+        if SOFTCAP:
+            at_numbers *= _cap_slope(z, softcap)
         tl.store(row_grad + number_ids * grad_column_stride, at_numbers.to(out_dtype), mask=gather)
         at_target = softmax_scale * tl.exp(target_logit - finite_lse) + grad_target
+        if SOFTCAP:
+            at_target *= _cap_slope(target_logit, softcap)
         tl.store(
             row_grad + column * grad_column_stride,
             at_target.to(out_dtype),
