@@ -15,8 +15,8 @@ import transformers
 from transformers import Trainer
 from transformers.modeling_outputs import CausalLMOutput
 
-from numtok._hf_head import check_bypass_is_exact
 from numtok.hf import NTLossForTrainer
+from numtok.hf._head import check_bypass_is_exact
 
 from _hf_tiny import (
     EXAMPLES,

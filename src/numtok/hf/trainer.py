@@ -17,7 +17,7 @@ the loss computes CE + NTL from them and the layer's weight with
 gradient. Same value, gradients, exactness and logs as from the logits; evaluation and
 ``generate()`` still compute logits; a soft cap on the logits (Gemma 2's
 ``final_logit_softcapping``) is applied by the loss. What it checks and refuses (a logit scale with
-an output bias, FSDP, ...) is in :mod:`numtok._hf_head` and :meth:`NTLossForTrainer.attach`.
+an output bias, FSDP, ...) is in :mod:`numtok.hf._head` and :meth:`NTLossForTrainer.attach`.
 
 **What is minimised.** Over the positions of one optimizer step (all micro-batches of the
 accumulation, on all processes), with ``T`` the positions that have a label (not ``ignore_index``)
@@ -70,16 +70,16 @@ from typing import Any
 import torch
 
 from numtok._extras import require_extra
-from numtok._hf_head import (
+from numtok._ntl_maths import Kind, LossSpec
+from numtok._shift import shift_left
+from numtok._validation import check_bool, check_ntl_weight
+from numtok.fused import CEWithNTLOutput, cross_entropy_with_ntl_from_tables
+from numtok.hf._head import (
     BypassedHead,
     OutputLayerBypass,
     check_bypass_is_exact,
     output_layer_of,
 )
-from numtok._ntl_maths import Kind, LossSpec
-from numtok._shift import shift_left
-from numtok._validation import check_bool, check_ntl_weight
-from numtok.fused import CEWithNTLOutput, cross_entropy_with_ntl_from_tables
 from numtok.kernels.dispatch import check_impl
 from numtok.linear import linear_cross_entropy_with_ntl_from_tables
 from numtok.vocab import NumberTables, NumberVocab
@@ -448,7 +448,7 @@ class NTLossForTrainer:
         the step's target and number positions), ``log`` (adds ``ce`` and ``ntl``) and
         ``evaluation_loop`` (adds ``eval_ce`` and ``eval_ntl``); with ``logits_free=True`` also
         ``training_step``, during which the output layer is bypassed (see
-        :mod:`numtok._hf_head`).
+        :mod:`numtok.hf._head`).
 
         Raises:
             ValueError: the trainer has another ``compute_loss_func``; this loss is already
