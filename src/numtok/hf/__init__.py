@@ -1,8 +1,10 @@
 """numtok with Hugging Face transformers: the Trainer/TRL adapter (:class:`NTLossForTrainer`,
-:mod:`numtok.hf.trainer`) and the logits-free bypass of a model's output layer it uses
-(:mod:`numtok.hf._head`). Nothing here imports ``transformers``: models and trainers are read by
-duck typing."""
+:mod:`numtok.hf.trainer`), the loss inside a model's own forward for every other training loop
+(:func:`patch_model`, :mod:`numtok.hf.patch`), and the logits-free bypass of a model's output
+layer both use (:mod:`numtok.hf._head`). Nothing here imports ``transformers``: models and
+trainers are read by duck typing."""
 
+from numtok.hf.patch import last_loss_terms, patch_model, unpatch_model
 from numtok.hf.trainer import NTLossForTrainer
 
-__all__ = ["NTLossForTrainer"]
+__all__ = ["NTLossForTrainer", "last_loss_terms", "patch_model", "unpatch_model"]

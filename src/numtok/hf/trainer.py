@@ -71,77 +71,23 @@ import torch
 
 from numtok._extras import require_extra
 from numtok._ntl_maths import Kind, LossSpec
-from numtok._shift import shift_left
 from numtok._validation import check_bool, check_ntl_weight
-from numtok.fused import CEWithNTLOutput, cross_entropy_with_ntl_from_tables
+from numtok.fused import CEWithNTLOutput
 from numtok.hf._head import (
-    BypassedHead,
     OutputLayerBypass,
     check_bypass_is_exact,
     output_layer_of,
 )
+from numtok.hf._loss import (
+    ce_plus_ntl,
+    count_targets,
+    denominator_dtype,
+    token_share_denominators,
+)
 from numtok.kernels.dispatch import check_impl
-from numtok.linear import linear_cross_entropy_with_ntl_from_tables
-from numtok.vocab import NumberTables, NumberVocab
+from numtok.vocab import NumberVocab
 
 __all__ = ["NTLossForTrainer"]
-
-
-def _ce_plus_ntl(
-    logits: torch.Tensor,
-    labels: torch.Tensor,
-    tables: NumberTables,
-    tokens: torch.Tensor,
-    numbers: torch.Tensor,
-    head: BypassedHead | None = None,
-    *,
-    spec: LossSpec,
-    head_spec: LossSpec,
-    ntl_weight: float,
-    impl: str,
-) -> CEWithNTLOutput:
-    """``Σ ce / tokens + ntl_weight · Σ ntl / numbers`` over logits (B, T, V) and labels (B, T),
-    through the fused path, with ``.ce = Σ ce / tokens`` and ``.ntl = Σ ntl / numbers``. With a
-    bypassed ``head``, ``logits`` are the hidden states (B, T, H) and the logits
-    ``hidden @ head.weight.T + head.bias`` are never built (the logits-free path, with the
-    settings ``head_spec``: ``spec`` and the model's soft cap).
-
-    ``cross_entropy_with_ntl`` divides both sums by one ``num_items_in_batch``; NTL gets its own
-    denominator by weighing every position by ``tokens / numbers`` (a constant, so NTL's
-    ``loss_weights`` scale its sum): ``Σ (tokens/numbers)·ntl / tokens = Σ ntl / numbers``.
-    """
-    ratio = (tokens / numbers).expand(labels.shape)  # (B, T), a view of one scalar
-    if head is None:
-        return cross_entropy_with_ntl_from_tables(
-            logits, labels, tables, spec, ntl_weight, ratio, tokens, impl=impl
-        )
-    bias = None if head.bias is None else head.bias.to(head.dtype)
-    return linear_cross_entropy_with_ntl_from_tables(
-        logits.to(head.dtype),
-        head.weight.to(head.dtype),
-        labels,
-        tables,
-        head_spec,
-        ntl_weight,
-        ratio,
-        tokens,
-        bias=bias,
-        impl=impl,
-    )
-
-
-def _count_targets(
-    labels: torch.Tensor, position_of_id: torch.Tensor, spec: LossSpec
-) -> torch.Tensor:
-    """``[|T|, |P|]`` (2,) int64 for labels (...): the positions with a label, and those whose
-    label is a number token, after the causal shift when ``spec.shift``. Ids outside the
-    vocabulary count as targets that are not numbers (the loss itself rejects them)."""
-    if spec.shift:
-        labels = shift_left(labels, spec.ignore_index)
-    is_target = labels != spec.ignore_index
-    in_range = is_target & (labels >= 0) & (labels < position_of_id.numel())
-    is_number = in_range & (position_of_id[torch.where(in_range, labels, 0)] >= 0)
-    return torch.stack([is_target.sum(), is_number.sum()])
 
 
 def _logits_of(outputs: Any) -> torch.Tensor:
@@ -322,7 +268,7 @@ class NTLossForTrainer:
         self, *, compile: bool, **compile_options: Any
     ) -> Callable[..., CEWithNTLOutput]:
         terms = functools.partial(
-            _ce_plus_ntl,
+            ce_plus_ntl,
             spec=self.spec,
             head_spec=self._head_spec,
             ntl_weight=self.ntl_weight,
@@ -377,26 +323,17 @@ class NTLossForTrainer:
             and num_items_in_batch is link.step_tokens
         )
         local_counts = None
+        dtype = denominator_dtype(logits)
         if in_step:
             assert link is not None and link.step_tokens is not None
             assert link.step_numbers is not None
-            tokens, numbers = link.step_tokens, link.step_numbers
+            tokens = link.step_tokens.to(device=logits.device, dtype=dtype)
+            numbers = link.step_numbers.to(device=logits.device, dtype=dtype)
         else:
-            local_counts = _count_targets(labels, tables.position_of_id, self.spec)
-            local_tokens, local_numbers = local_counts.unbind()
-            if num_items_in_batch is None:
-                tokens, numbers = local_tokens.clamp_min(1), local_numbers.clamp_min(1)
-            else:
-                # Token-share weighting: this micro-batch's NTL mean counts as much as its share
-                # of the target tokens (exact when it is the only micro-batch).
-                tokens = torch.as_tensor(num_items_in_batch, device=logits.device)
-                numbers = tokens * local_numbers.clamp_min(1) / local_tokens.clamp_min(1)
-                self._warn_if_inexact(local_tokens, tokens)
-        # Denominators in the loss's compute dtype (float64 only for float64 logits, which not
-        # every device has): counts up to 2**24 tokens per step are exact in float32.
-        dtype = torch.promote_types(logits.dtype, torch.float32)
-        tokens = tokens.to(device=logits.device, dtype=dtype)
-        numbers = numbers.to(device=logits.device, dtype=dtype)
+            local_counts = count_targets(labels, tables.position_of_id, self.spec)
+            tokens, numbers = token_share_denominators(local_counts, num_items_in_batch, dtype)
+            if num_items_in_batch is not None:
+                self._warn_if_inexact(local_counts[0], tokens)
         out = self._terms(logits, labels, tables, tokens, numbers, head)
         if link is not None and in_step:
             terms = torch.stack([out.ce, out.ntl])
@@ -572,7 +509,7 @@ class NTLossForTrainer:
             device = trainer.args.device
             counts = torch.stack(
                 [
-                    _count_targets(x, vocab.tables(x.device).position_of_id, spec).to(device)
+                    count_targets(x, vocab.tables(x.device).position_of_id, spec).to(device)
                     for x in labels
                 ]
             ).sum(dim=0)  # (2,): [|T|, |P|] over the step's micro-batches

@@ -1,0 +1,95 @@
+"""The loss both Hugging Face routes compute (the Trainer adapter, :mod:`numtok.hf.trainer`, and
+the patched forward, :mod:`numtok.hf.patch`): ``Σ ce / tokens + ntl_weight · Σ ntl / numbers``,
+from the logits or logits-free, and the counts and denominators it is divided by."""
+
+from __future__ import annotations
+
+import torch
+
+from numtok._ntl_maths import LossSpec
+from numtok._shift import shift_left
+from numtok.fused import CEWithNTLOutput, cross_entropy_with_ntl_from_tables
+from numtok.hf._head import BypassedHead
+from numtok.linear import linear_cross_entropy_with_ntl_from_tables
+from numtok.vocab import NumberTables
+
+__all__ = ["ce_plus_ntl", "count_targets", "denominator_dtype", "token_share_denominators"]
+
+
+def ce_plus_ntl(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    tables: NumberTables,
+    tokens: torch.Tensor,
+    numbers: torch.Tensor,
+    head: BypassedHead | None = None,
+    *,
+    spec: LossSpec,
+    head_spec: LossSpec,
+    ntl_weight: float,
+    impl: str,
+) -> CEWithNTLOutput:
+    """``Σ ce / tokens + ntl_weight · Σ ntl / numbers`` over logits (B, T, V) and labels (B, T),
+    through the fused path, with ``.ce = Σ ce / tokens`` and ``.ntl = Σ ntl / numbers``. With a
+    bypassed ``head``, ``logits`` are the hidden states (B, T, H) and the logits
+    ``hidden @ head.weight.T + head.bias`` are never built (the logits-free path, with the
+    settings ``head_spec``: ``spec`` and the model's soft cap).
+
+    ``cross_entropy_with_ntl`` divides both sums by one ``num_items_in_batch``; NTL gets its own
+    denominator by weighing every position by ``tokens / numbers`` (a constant, so NTL's
+    ``loss_weights`` scale its sum): ``Σ (tokens/numbers)·ntl / tokens = Σ ntl / numbers``.
+    """
+    ratio = (tokens / numbers).expand(labels.shape)  # (B, T), a view of one scalar
+    if head is None:
+        return cross_entropy_with_ntl_from_tables(
+            logits, labels, tables, spec, ntl_weight, ratio, tokens, impl=impl
+        )
+    bias = None if head.bias is None else head.bias.to(head.dtype)
+    return linear_cross_entropy_with_ntl_from_tables(
+        logits.to(head.dtype),
+        head.weight.to(head.dtype),
+        labels,
+        tables,
+        head_spec,
+        ntl_weight,
+        ratio,
+        tokens,
+        bias=bias,
+        impl=impl,
+    )
+
+
+def count_targets(
+    labels: torch.Tensor, position_of_id: torch.Tensor, spec: LossSpec
+) -> torch.Tensor:
+    """``[|T|, |P|]`` (2,) int64 for labels (...): the positions with a label, and those whose
+    label is a number token, after the causal shift when ``spec.shift``. Ids outside the
+    vocabulary count as targets that are not numbers (the loss itself rejects them)."""
+    if spec.shift:
+        labels = shift_left(labels, spec.ignore_index)
+    is_target = labels != spec.ignore_index
+    in_range = is_target & (labels >= 0) & (labels < position_of_id.numel())
+    is_number = in_range & (position_of_id[torch.where(in_range, labels, 0)] >= 0)
+    return torch.stack([is_target.sum(), is_number.sum()])
+
+
+def denominator_dtype(logits: torch.Tensor) -> torch.dtype:
+    """The dtype of the denominators: the loss's compute dtype (float64 only for float64
+    logits, which not every device has); counts up to 2**24 tokens per step are exact in
+    float32."""
+    return torch.promote_types(logits.dtype, torch.float32)
+
+
+def token_share_denominators(
+    local_counts: torch.Tensor, num_items_in_batch: torch.Tensor | int | None, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(tokens, numbers)`` for one micro-batch whose counts are ``local_counts`` ``[|T|, |P|]``:
+    its own counts without ``num_items_in_batch``; with it, ``num_items_in_batch`` and the
+    token-share weighting ``num_items_in_batch · |P| / |T|``, so that this micro-batch's NTL mean
+    counts as much as its share of the step's target tokens (exact when it is the only
+    micro-batch)."""
+    local_tokens, local_numbers = local_counts.to(dtype).unbind()
+    if num_items_in_batch is None:
+        return local_tokens.clamp_min(1), local_numbers.clamp_min(1)
+    tokens = torch.as_tensor(num_items_in_batch, device=local_counts.device).to(dtype)
+    return tokens, tokens * local_numbers.clamp_min(1) / local_tokens.clamp_min(1)

@@ -1,0 +1,216 @@
+"""numtok inside a causal LM's own forward: ``patch_model(model, tokenizer)`` makes
+``model(input_ids=..., labels=labels)`` return ``outputs.loss = CE + ntl_weight · NTL``, so that
+any training loop that calls the model and back-propagates ``outputs.loss`` trains with NTL: the
+Hugging Face Trainer without a ``compute_loss_func``, accelerate or torchrun loops, Lightning,
+Axolotl, LLaMA-Factory. Not TRL's ``SFTTrainer`` from 1.16 on: without a ``compute_loss_func``
+it computes its own loss from a fused LM head (``fused_lm_head=True``) and never reads
+``outputs.loss``; there :meth:`~numtok.hf.NTLossForTrainer.attach` is the route.
+
+The loss follows the model's own conventions: the causal shift (the logits at ``t`` predict the
+label at ``t + 1``), ``ignore_index = -100`` and ``num_items_in_batch`` when a trainer passes it:
+``Σ ce / num_items_in_batch`` as transformers computes its cross-entropy (exact under gradient
+accumulation), and NTL's mean over the call's number positions weighted by the call's share of
+the step's target tokens, ``Σ ntl / |P| · |T| / num_items_in_batch`` (as
+:class:`~numtok.hf.NTLossForTrainer` without ``attach()``): exact for one micro-batch, and for
+several only where their number shares are equal; ``attach()`` counts the step's number
+positions for the exact mean.
+
+With ``logits_free=True`` (the default) a forward that records gradients computes the loss from
+the final hidden states and the output layer's weight inside the forward
+(:func:`numtok.linear.linear_cross_entropy_with_ntl`, through the bypass of
+:mod:`numtok.hf._head`): the (B, T, V) logits never exist, and ``outputs.logits`` is None, as
+Liger-Kernel's skipped logits. The output layer's weight is read while the model's forward runs,
+where FSDP2 (``fully_shard``) holds it gathered. Evaluation, ``generate()`` and every forward
+under ``torch.no_grad()`` compute the logits as usual (and the loss from them when labels are
+given). A soft cap on the logits (Gemma 2) is applied by the loss.
+
+Nothing here imports ``transformers``: the model is read by duck typing (``forward``,
+``get_output_embeddings()``, ``config``), its outputs as a ``ModelOutput`` (a dict with
+``logits``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from numtok._ntl_maths import Kind, LossSpec
+from numtok._validation import check_bool, check_ntl_weight
+from numtok.fused import CEWithNTLOutput
+from numtok.hf._head import OutputLayerBypass, check_bypass_is_exact, output_layer_of
+from numtok.hf._loss import (
+    ce_plus_ntl,
+    count_targets,
+    denominator_dtype,
+    token_share_denominators,
+)
+from numtok.kernels.dispatch import check_impl
+from numtok.vocab import NumberVocab
+
+__all__ = ["last_loss_terms", "patch_model", "unpatch_model"]
+
+# The patch's state lives on the model under this attribute.
+_PATCH = "_numtok_patch"
+
+
+@dataclass
+class _Patch:
+    """What a patched forward needs: the model's own forward (bound), the vocabulary and the
+    settings (``head_spec``: those of the logits-free loss, with the model's soft cap), the
+    bypass of the output layer (None with ``logits_free=False``), and the last terms."""
+
+    forward: Any
+    vocab: NumberVocab
+    spec: LossSpec
+    head_spec: LossSpec
+    ntl_weight: float
+    impl: str
+    bypass: OutputLayerBypass | None
+    last: CEWithNTLOutput | None = None
+
+
+def _vocab_for(model: Any, vocab_or_tokenizer: Any, columns: int) -> NumberVocab:
+    """The NumberVocab of the model's ``columns`` logits: built from a tokenizer for that size,
+    or checked when given."""
+    if not isinstance(vocab_or_tokenizer, NumberVocab):
+        return NumberVocab.from_tokenizer(vocab_or_tokenizer, vocab_size=columns)
+    if vocab_or_tokenizer.vocab_size != columns:
+        raise ValueError(
+            f"{type(model).__name__} produces {columns} logits per position but the NumberVocab "
+            f"was built for vocab_size={vocab_or_tokenizer.vocab_size}: build it with "
+            f"NumberVocab.from_tokenizer(tokenizer, vocab_size={columns})"
+        )
+    return vocab_or_tokenizer
+
+
+def patch_model(
+    model: Any,
+    vocab_or_tokenizer: NumberVocab | Any,
+    *,
+    ntl_weight: float = 0.3,
+    kind: Kind = "was",
+    reweigh: bool = False,
+    squash_factor: float | None = None,
+    logits_free: bool = True,
+    impl: str = "auto",
+) -> Any:
+    """Make ``model(..., labels=labels)`` return ``outputs.loss = CE + ntl_weight · NTL``.
+
+    ``CE + ntl_weight · NTL`` is :func:`numtok.cross_entropy_with_ntl` of the model's logits
+    (B, T, V) and ``labels`` (B, T) with ``shift=True`` and ``ignore_index=-100`` (the causal
+    LM's convention); with ``num_items_in_batch`` (the Trainer passes it) CE's sum is divided by
+    it and NTL's mean weighted by the call's share of it (see the module docstring; for NTL's
+    exact mean over a step of several micro-batches use
+    :meth:`~numtok.hf.NTLossForTrainer.attach`). Calls without ``labels`` are the model's own.
+    The model is patched in place (its instance's ``forward``) and returned;
+    :func:`unpatch_model` restores it; :func:`last_loss_terms` gives the CE and NTL terms of the
+    last call with labels, for logging.
+
+    Args:
+        model: a causal LM of transformers (``AutoModelForCausalLM``), or any module with a
+            ``forward`` returning a ``ModelOutput`` with ``logits`` and an output layer
+            (``get_output_embeddings()``, an ``nn.Linear``). Patch it before wrapping it
+            (``fully_shard``, DDP, ``accelerator.prepare``).
+        vocab_or_tokenizer: a :class:`~numtok.NumberVocab` of the model's number of logits, or
+            a tokenizer to build one from (for the output layer's size).
+        ntl_weight, kind, reweigh, squash_factor: as in :func:`numtok.cross_entropy_with_ntl`.
+        logits_free: in forwards that record gradients, compute the loss from the final hidden
+            states and the output layer's weight (the logits never exist; ``outputs.logits`` is
+            None). Checked on the model first (see :func:`numtok.hf._head.check_bypass_is_exact`).
+        impl: the backend of the row passes, as in :func:`numtok.cross_entropy_with_ntl`.
+
+    Raises:
+        ValueError: the model is not a causal LM (no output layer, an encoder-decoder) or is
+            patched already; a NumberVocab of another size than the model's logits; with
+            ``logits_free=True``, a model whose logits are not its output layer's product
+            (:mod:`numtok.hf._head`).
+    """
+    name = type(model).__name__
+    if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+        raise ValueError(
+            f"patch_model computes a causal LM's loss (labels shifted by one position), and "
+            f"{name} is an encoder-decoder: use NTLossForTrainer(..., shift=False) with it"
+        )
+    if _PATCH in vars(model):
+        raise ValueError(f"this {name} is patched already; call unpatch_model(model) first")
+    head = output_layer_of(model)
+    vocab = _vocab_for(model, vocab_or_tokenizer, head.weight.shape[0])
+    spec = LossSpec.build(
+        vocab,
+        kind=kind,
+        reweigh=reweigh,
+        squash_factor=squash_factor,
+        ignore_index=-100,
+        reduction="mean",
+        shift=True,
+    )
+    weight = check_ntl_weight(ntl_weight)
+    backend = check_impl(impl)
+    bypass = None
+    head_spec = spec
+    if check_bool("logits_free", logits_free):
+        softcap = check_bypass_is_exact(model, head, lambda outputs: outputs["logits"])
+        bypass = OutputLayerBypass(model, head, softcap)
+        head_spec = dataclasses.replace(spec, logit_softcap=softcap)
+    patch = _Patch(model.forward, vocab, spec, head_spec, weight, backend, bypass)
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        return _patched_forward(patch, *args, **kwargs)
+
+    vars(model)[_PATCH] = patch
+    vars(model)["forward"] = forward
+    return model
+
+
+def unpatch_model(model: Any) -> Any:
+    """Undo :func:`patch_model`: the model's own forward again. Returns the model."""
+    if _PATCH not in vars(model):
+        raise ValueError(f"this {type(model).__name__} is not patched (patch_model)")
+    del vars(model)[_PATCH]
+    del vars(model)["forward"]
+    return model
+
+
+def last_loss_terms(model: Any) -> CEWithNTLOutput | None:
+    """``(loss, ce, ntl)`` (detached) of the patched model's last forward with labels, or None
+    before the first: the terms to log beside the loss (``loss = ce + ntl_weight · ntl``)."""
+    patch = vars(model).get(_PATCH)
+    if patch is None:
+        raise ValueError(f"this {type(model).__name__} is not patched (patch_model)")
+    return patch.last  # type: ignore[no-any-return]
+
+
+def _patched_forward(patch: _Patch, *args: Any, **kwargs: Any) -> Any:
+    labels = kwargs.pop("labels", None)
+    num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+    if labels is None:
+        return patch.forward(*args, **kwargs)
+    bypass = patch.bypass if torch.is_grad_enabled() else None
+    if bypass is None:
+        outputs = patch.forward(*args, **kwargs)
+        head = None
+    else:
+        with bypass.during_training_step():
+            outputs = patch.forward(*args, **kwargs)
+        head = bypass.take()
+    if not isinstance(outputs, dict) or "logits" not in outputs:
+        raise ValueError(
+            f"patch_model reads the model's outputs as a ModelOutput with logits, got "
+            f"{type(outputs).__name__}: call the model with return_dict=True"
+        )
+    logits = outputs["logits"]
+    tables = patch.vocab.tables(logits.device)
+    counts = count_targets(labels, tables.position_of_id, patch.spec)
+    tokens, numbers = token_share_denominators(
+        counts, num_items_in_batch, denominator_dtype(logits)
+    )
+    out = ce_plus_ntl(
+        logits, labels, tables, tokens, numbers, head, spec=patch.spec,
+        head_spec=patch.head_spec, ntl_weight=patch.ntl_weight, impl=patch.impl,
+    )  # fmt: skip
+    patch.last = CEWithNTLOutput(loss=out.loss.detach(), ce=out.ce, ntl=out.ntl)
+    fields = {key: value for key, value in outputs.items() if key not in ("loss", "logits")}
+    return type(outputs)(loss=out.loss, logits=logits if head is None else None, **fields)

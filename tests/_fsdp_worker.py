@@ -1,0 +1,78 @@
+"""One process of the FSDP2/DDP test (``test_hf_fsdp.py``), launched by torchrun on CPU (gloo).
+
+Each process builds the tiny Llama (untied and tied), patches it (``patch_model``, logits-free)
+before wrapping it, shards it with FSDP2 (``fully_shard`` on every decoder layer and on the root)
+or wraps it in DDP, runs one forward and backward of the whole batch (the same on every process)
+and saves the loss and every parameter's full gradient to ``<out>/rank<r>.pt``.
+
+Usage: ``torchrun --nproc_per_node 2 tests/_fsdp_worker.py OUT_DIR NTL_WEIGHT``
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+from torch.nn.parallel import DistributedDataParallel
+
+from numtok.hf import patch_model
+
+from _hf_tiny import build_dataset, build_model, build_tokenizer, collate
+
+
+def build(tokenizer: Any, tied: bool) -> Any:
+    model = build_model(tokenizer)
+    if tied:
+        model.config.tie_word_embeddings = True
+        model.tie_weights()
+    return model
+
+
+def run(wrapper: str, tied: bool, ntl_weight: float) -> dict[str, Any]:
+    tokenizer = build_tokenizer()
+    model = patch_model(build(tokenizer, tied), tokenizer, ntl_weight=ntl_weight)
+    if wrapper == "fsdp2":
+        for layer in model.model.layers:
+            fully_shard(layer)
+        fully_shard(model)
+    else:
+        model = DistributedDataParallel(model)
+    batch = collate(build_dataset(tokenizer), tokenizer.pad_token_id)
+    outputs = model(**batch)
+    outputs.loss.backward()
+    module = model.module if wrapper == "ddp" else model
+    sharded = [hasattr(p.grad, "full_tensor") for p in module.parameters() if p.grad is not None]
+    gradients = {
+        name: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).detach().clone()
+        for name, p in module.named_parameters()
+        if p.grad is not None
+    }
+    return {
+        "loss": outputs.loss.detach(),
+        "logits": outputs.logits,
+        "gradients": gradients,
+        "sharded": all(sharded),
+    }
+
+
+def main() -> None:
+    out_dir = Path(sys.argv[1])
+    ntl_weight = float(sys.argv[2])
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    results: dict[str, Any] = {
+        f"{wrapper}-{'tied' if tied else 'untied'}": run(wrapper, tied, ntl_weight)
+        for wrapper in ("fsdp2", "ddp")
+        for tied in (False, True)
+    }
+    results["world_size"] = dist.get_world_size()
+    torch.save(results, out_dir / f"rank{dist.get_rank()}.pt")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
