@@ -1,10 +1,13 @@
 """One Hugging Face Trainer step (forward, backward, gradient clipping, AdamW step) of a tiny
-random Llama with a Llama-3-sized vocabulary, CE + 0.3·NTL through ``NTLossForTrainer``, with the
-logits (``logits_free=False``) and without them (``logits_free=True``): time and peak memory.
+random Llama with a Llama-3-sized vocabulary: CE + 0.3·NTL through ``NTLossForTrainer`` with the
+logits (``logits`` mode, the base of the ratios) and without them (``logits_free``), through the
+patched model (``patched``: ``patch_model``, logits-free, no ``compute_loss_func``), and the same
+model unpatched (``unpatched``: its own cross-entropy, no NTL): time and peak memory.
 
     python benchmarks/bench_trainer_step.py            # V = 128,256, sequence 512, batch 4
     python benchmarks/bench_trainer_step.py --quick    # V = 8,192, sequence 128: a smoke run
     python benchmarks/bench_trainer_step.py --preset 1b --device cuda   # a 1B-shaped Llama
+    python benchmarks/bench_trainer_step.py --modes unpatched,patched    # ratios to unpatched
 
 ``--preset 1b`` (a GPU's): Llama-3.2-1B's shape, random weights in bfloat16 (hidden 2048, MLP
 8192, 16 layers, 32 heads, 8 KV heads, tied embeddings, V = 128,256: 1.24B parameters),
@@ -44,13 +47,20 @@ import torch
 from bench_common import proc_status, provenance, quantiles, reset_peak_memory
 
 from numtok import NumberVocab
-from numtok.hf import NTLossForTrainer
+from numtok.hf import NTLossForTrainer, patch_model
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FIRST_DIGIT_ID = 100
 NUMBER_FRACTION = 0.10
 NTL_WEIGHT = 0.3
-MODES = {"logits": False, "logits_free": True}
+#: How each mode gets its loss: NTLossForTrainer attached (with or without the logits), the model
+#: patched (patch_model, logits-free, no compute_loss_func), or the model's own cross-entropy.
+MODES = {
+    "logits": "NTLossForTrainer(logits_free=False).attach",
+    "logits_free": "NTLossForTrainer(logits_free=True).attach",
+    "patched": "patch_model(model), no compute_loss_func",
+    "unpatched": "the model's own cross-entropy, no NTL",
+}
 
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -165,21 +175,26 @@ def build_trainer(mode: str, size: dict[str, Any], steps: int, clock: StepClock)
     vocab = NumberVocab.from_values(
         {FIRST_DIGIT_ID + d: str(d) for d in range(10)}, vocab_size=size["vocab_size"]
     )
-    NTLossForTrainer(vocab, ntl_weight=NTL_WEIGHT, logits_free=MODES[mode]).attach(trainer)
+    if mode in ("logits", "logits_free"):
+        NTLossForTrainer(vocab, ntl_weight=NTL_WEIGHT, logits_free=mode == "logits_free").attach(
+            trainer
+        )
+    elif mode == "patched":
+        patch_model(trainer.model, vocab, ntl_weight=NTL_WEIGHT)
     return trainer
 
 
 def time_modes(
-    size: dict[str, Any], rounds: int, steps: int, device: torch.device
+    size: dict[str, Any], rounds: int, steps: int, device: torch.device, modes: list[str]
 ) -> tuple[dict[str, list[float]], dict[str, dict[str, int]]]:
     """Per-step seconds of every mode, the first step of each train() call left out; on CUDA
     also each mode's memory (:func:`probe_memory`'s fields) from its first round."""
     on_gpu = device.type == "cuda"
-    clocks = {mode: StepClock(device, measure_memory=on_gpu) for mode in MODES}
-    trainers = {mode: build_trainer(mode, size, steps, clocks[mode]) for mode in MODES}
-    samples: dict[str, list[float]] = {mode: [] for mode in MODES}
+    clocks = {mode: StepClock(device, measure_memory=on_gpu) for mode in modes}
+    trainers = {mode: build_trainer(mode, size, steps, clocks[mode]) for mode in modes}
+    samples: dict[str, list[float]] = {mode: [] for mode in modes}
     for round_index in range(rounds):
-        order = list(MODES) if round_index % 2 == 0 else list(reversed(MODES))
+        order = list(modes) if round_index % 2 == 0 else list(reversed(modes))
         for mode in order:
             clocks[mode].seconds.clear()
             trainers[mode].train()
@@ -217,7 +232,7 @@ def measure_memory(mode: str, preset: str, threads: int) -> dict[str, int]:
 
 def summary(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| mode | step ms median (p20-p80) | time × logits | step peak MiB | peak × logits "
+        "| mode | step ms median (p20-p80) | time × base | step peak MiB | peak × base "
         "| process peak MiB |",
         "|---|---|---|---|---|---|",
     ]
@@ -240,6 +255,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="optimizer steps per train() call")
     parser.add_argument("--no-memory", action="store_true", help="skip the memory processes")
     parser.add_argument("--out", type=Path, help="JSONL file (default: results/...; none --quick)")
+    parser.add_argument(
+        "--modes",
+        type=lambda text: text.split(","),
+        default=list(MODES),
+        help=f"comma-separated, among {', '.join(MODES)} (default all; the first is the base)",
+    )
     parser.add_argument("--probe-memory", choices=list(MODES), help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -259,12 +280,16 @@ def main() -> None:
         "threads": args.threads,
         "preset": preset,
     }
-    samples, memory = time_modes(size, args.rounds, args.steps, device)
+    modes = args.modes
+    if unknown := set(modes) - set(MODES):
+        parser.error(f"--modes: unknown {sorted(unknown)}; choose among {list(MODES)}")
+    samples, memory = time_modes(size, args.rounds, args.steps, device, modes)
     if not (args.no_memory or memory):
-        memory = {mode: measure_memory(mode, preset, args.threads) for mode in MODES}
-    baseline = quantiles(samples["logits"])[1]
+        memory = {mode: measure_memory(mode, preset, args.threads) for mode in modes}
+    base = modes[0]
+    baseline = quantiles(samples[base])[1]
     rows = []
-    for mode in MODES:
+    for mode in modes:
         p20, median, p80 = quantiles(samples[mode])
         row: dict[str, Any] = {
             **meta,
@@ -276,13 +301,14 @@ def main() -> None:
             "median_ms": round(median, 1),
             "p20_ms": round(p20, 1),
             "p80_ms": round(p80, 1),
+            "base": base,
             "time_ratio": round(median / baseline, 3),
         }
         if mode in memory:
             row["step_peak_mib"] = round(memory[mode]["step_peak_bytes"] / 2**20, 1)
             row["process_peak_mib"] = round(memory[mode]["process_peak_bytes"] / 2**20, 1)
             row["step_peak_ratio"] = round(
-                memory[mode]["step_peak_bytes"] / memory["logits"]["step_peak_bytes"], 3
+                memory[mode]["step_peak_bytes"] / memory[base]["step_peak_bytes"], 3
             )
         rows.append(row)
     table = summary(rows)

@@ -79,7 +79,8 @@ echo "gpu.sh: Trainer step of a 1B-shaped Llama"
 preset=1b
 [[ -n "$QUICK" ]] && preset=quick
 trainer_status=$(step 70 trainer "$PY" benchmarks/bench_trainer_step.py --preset "$preset" \
-    --device "$DEVICE" --rounds 3 --steps 3 --out "$results/$name-trainer-step.jsonl")
+    --device "$DEVICE" --modes logits,logits_free --rounds 3 --steps 3 \
+    --out "$results/$name-trainer-step.jsonl")
 echo "gpu.sh: torch.compile benchmark"
 budget=$((470 - (SECONDS - start)))  # whatever is left of about 7.8 minutes, at least one
 compile_status=$(step $((budget > 60 ? budget : 60)) compiled "$PY" benchmarks/bench_loss.py $QUICK --device "$DEVICE" \

@@ -136,7 +136,8 @@ def test_a_trainer_trains_a_patched_model_without_compute_loss_func(
             patch_model(model, tokenizer, ntl_weight=NTL_WEIGHT)
         trainer = Trainer(
             model=model,
-            args=training_args(tmp_path / str(patched)),
+            # The Trainer's default: it keeps the columns the model's forward names.
+            args=training_args(tmp_path / str(patched), remove_unused_columns=True),
             train_dataset=build_dataset(tokenizer),
             data_collator=lambda features: collate(features, tokenizer.pad_token_id),
             callbacks=[recorder],
@@ -150,6 +151,43 @@ def test_a_trainer_trains_a_patched_model_without_compute_loss_func(
     (reference, reference_log), (patched, log) = train(False), train(True)
     assert max_relative_difference(patched, reference) < TOLERANCE
     assert log["loss"] == pytest.approx(reference_log["loss"], rel=TOLERANCE)
+
+
+def test_under_gradient_accumulation_ce_is_exact_and_ntl_is_weighted_by_token_share(
+    tokenizer: Any, tmp_path: Path
+) -> None:
+    """4 micro-batches of 2 against one batch of 8 through the Trainer: with ntl_weight=0 the
+    patched model's gradients are the full batch's (CE divides by the step's num_items_in_batch);
+    with NTL each micro-batch's mean is weighted by its token share, which differs from NTL's
+    mean over the step's number positions (what attach() computes) by the measured amount."""
+
+    def step(patched: bool, ntl_weight: float, micro_batch: int) -> dict[str, torch.Tensor]:
+        recorder = gradient_recorder()
+        model = build_model(tokenizer)
+        args = training_args(
+            tmp_path / f"{patched}{ntl_weight}{micro_batch}",
+            per_device_train_batch_size=micro_batch,
+            gradient_accumulation_steps=8 // micro_batch,
+        )
+        data = build_dataset(tokenizer)
+        trainer = Trainer(
+            model=patch_model(model, tokenizer, ntl_weight=ntl_weight) if patched else model,
+            args=args,
+            train_dataset=data,
+            data_collator=lambda features: collate(features, tokenizer.pad_token_id),
+            callbacks=[recorder],
+        )
+        if not patched:
+            NTLossForTrainer(tokenizer, ntl_weight=ntl_weight).attach(trainer)
+        trainer.train()
+        return recorder.gradients[0]
+
+    exact_ce = step(False, 0.0, 8)
+    assert max_relative_difference(step(True, 0.0, 2), exact_ce) < TOLERANCE
+    exact = step(False, NTL_WEIGHT, 8)
+    assert max_relative_difference(step(True, NTL_WEIGHT, 8), exact) < TOLERANCE
+    token_share = max_relative_difference(step(True, NTL_WEIGHT, 2), exact)
+    assert 1e-2 < token_share < 0.2  # 0.12 of the largest gradient entry (0.41 for 2 x 4)
 
 
 def test_bad_input_says_what_to_change(tokenizer: Any) -> None:

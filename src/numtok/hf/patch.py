@@ -32,6 +32,7 @@ Nothing here imports ``transformers``: the model is read by duck typing (``forwa
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,7 +127,8 @@ def patch_model(
         ValueError: the model is not a causal LM (no output layer, an encoder-decoder) or is
             patched already; a NumberVocab of another size than the model's logits; with
             ``logits_free=True``, a model whose logits are not its output layer's product
-            (:mod:`numtok.hf._head`).
+            (:mod:`numtok.hf._head`), and, when called, an output layer sharded inside the
+            forward (tensor parallelism). DeepSpeed ZeRO-3 and FSDP1 are untested.
     """
     name = type(model).__name__
     if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
@@ -157,6 +159,9 @@ def patch_model(
         head_spec = dataclasses.replace(spec, logit_softcap=softcap)
     patch = _Patch(model.forward, vocab, spec, head_spec, weight, backend, bypass)
 
+    # The model's own signature (functools.wraps): the Trainer reads it to keep the dataset's
+    # columns (remove_unused_columns) and to pass num_items_in_batch, generate() to check kwargs.
+    @functools.wraps(patch.forward)
     def forward(*args: Any, **kwargs: Any) -> Any:
         return _patched_forward(patch, *args, **kwargs)
 
@@ -196,6 +201,12 @@ def _patched_forward(patch: _Patch, *args: Any, **kwargs: Any) -> Any:
         with bypass.during_training_step():
             outputs = patch.forward(*args, **kwargs)
         head = bypass.take()
+        if head is not None and type(head.weight).__name__ == "DTensor":
+            raise ValueError(
+                "the output layer's weight is still a DTensor inside the model's forward (tensor "
+                "parallelism shards it there, where FSDP2 gathers it): patch_model's logits-free "
+                "loss needs the whole weight; use patch_model(..., logits_free=False)"
+            )
     if not isinstance(outputs, dict) or "logits" not in outputs:
         raise ValueError(
             f"patch_model reads the model's outputs as a ModelOutput with logits, got "

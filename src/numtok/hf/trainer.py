@@ -462,7 +462,9 @@ class NTLossForTrainer:
         if sharded:
             raise ValueError(
                 f"logits_free=True reads the output layer's weight outside the model's forward, "
-                f"where {sharded[0]} keeps it sharded: use logits_free=False with {sharded[0]}"
+                f"where {sharded[0]} keeps it sharded: use logits_free=False with {sharded[0]}, "
+                "or numtok.hf.patch_model(model, ...) before the trainer wraps the model (the "
+                "loss inside the model's forward, where FSDP2 gathers the weight)"
             )
         model = trainer.model
         head = output_layer_of(model)
