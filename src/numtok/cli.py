@@ -6,6 +6,11 @@ greedily and by the mean and median of the model's number distribution) when the
 found, else the arithmetic comparison on DeepMind's Mathematics data, which needs no files
 (``--task`` chooses either). ``numtok repro --preset NAME`` runs the longer presets; ``numtok
 list`` shows the presets and tasks. Rerunning a command resumes its run folder.
+
+``numtok vocab PATH`` checks a tokenizer before training: what
+:meth:`numtok.NumberVocab.describe` finds in a local tokenizer folder or ``tokenizer.json``
+(number tokens by digit length, minus signs and decimal points, what was skipped and why); it
+exits with status 1 when some of the digits 0-9 have no token of their own.
 """
 
 from __future__ import annotations
@@ -114,7 +119,8 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="numtok", description="Number Token Loss experiments: arithmetic and regression"
+        prog="numtok",
+        description="Number Token Loss experiments (arithmetic, regression) and tokenizer checks",
     )
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser(
@@ -129,7 +135,54 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_run_flags(repro)
     commands.add_parser("list", help="show the presets and tasks")
+    vocab = commands.add_parser(
+        "vocab", help="what NTL sees in a tokenizer: its number tokens, and what was skipped"
+    )
+    vocab.add_argument("path", type=Path, help="a local tokenizer folder or a tokenizer.json")
+    vocab.add_argument(
+        "--vocab-size",
+        type=int,
+        help="the model's number of logits when its output layer is padded beyond the tokenizer",
+    )
     return parser
+
+
+def _load_tokenizer(path: Path) -> Any:
+    """A Hugging Face tokenizer from a local folder (``from_pretrained``, no download) or a
+    ``tokenizer.json`` file."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    if not path.exists():
+        raise ValueError(f"{path} does not exist: give a tokenizer folder or a tokenizer.json")
+    if path.is_file():
+        return PreTrainedTokenizerFast(tokenizer_file=os.fspath(path))  # type: ignore[no-untyped-call]
+    return AutoTokenizer.from_pretrained(os.fspath(path), local_files_only=True)
+
+
+def _vocab(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """``numtok vocab PATH``: print the audit; status 1 when digits are missing."""
+    import warnings
+
+    from numtok.vocab import NumberVocab
+
+    try:
+        require_extra("hf", "numtok vocab")
+        tokenizer = _load_tokenizer(args.path)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the missing digits are this command's own error
+            vocab = NumberVocab.from_tokenizer(tokenizer, vocab_size=args.vocab_size)
+    except (ValueError, TypeError, OSError, ModuleNotFoundError) as error:
+        parser.exit(2, f"numtok: error: {error}\n")
+    print(vocab.describe())
+    missing = vocab.missing_digits()
+    if missing:
+        parser.exit(
+            1,
+            f"numtok: error: {args.path} has no single-digit token for {', '.join(missing)}: "
+            "NTL can neither reward nor penalise those digits; train with another tokenizer or "
+            "add the digits as tokens (and resize the model's embeddings)\n",
+        )
+    return 0
 
 
 def _experiments(parser: argparse.ArgumentParser) -> ModuleType:
@@ -233,6 +286,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     parser = _parser()
     args = parser.parse_args(arguments)
+    if args.command == "vocab":
+        return _vocab(args, parser)
     harness = _experiments(parser)
     if args.command == "list":
         _list(harness)
