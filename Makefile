@@ -28,9 +28,10 @@ $(DEMO_STAMP): pyproject.toml Makefile
 test: $(STAMP)
 	$(PY) -m pytest -q
 
-# The rJokes comparison (CE, CE + 3·NTL-WAS, CE + 3·NTL-MSE, a regression head; 3 seeds) when its
-# data is found ($$NUMTOK_RJOKES_DIR, or ../shared/data/rjokes beside the checkout), else the
-# arithmetic one; `make demo DEMO_ARGS="--device cuda"` on a GPU. Rerunning resumes its run folder.
+# The rJokes comparison (CE, CE + 3·NTL-WAS, CE + 3·NTL-MSE, a regression head; 3 seeds) with its
+# data ($$NUMTOK_RJOKES_DIR, ../shared/data/rjokes beside the checkout, or downloaded into the
+# cache, checksums pinned), else the arithmetic one; `make demo DEMO_ARGS="--device cuda"` on a
+# GPU. Rerunning resumes its run folder.
 demo: $(DEMO_STAMP)
 	$(VENV)/bin/numtok demo $(DEMO_ARGS)
 

@@ -99,7 +99,8 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         "--data-dir",
         type=Path,
         help="rjokes: the rJokes data/ folder (dev.tsv.gz and test.tsv.gz; default "
-        "$NUMTOK_RJOKES_DIR or ../shared/data/rjokes beside the checkout)",
+        "$NUMTOK_RJOKES_DIR, ../shared/data/rjokes beside the checkout, else downloaded into "
+        "$NUMTOK_CACHE/rjokes, checksums pinned)",
     )
     parser.add_argument("--device", help="cpu (default), cuda, cuda:N or mps")
     parser.add_argument("--threads", type=int, help="torch threads per worker process (default 1)")
@@ -125,8 +126,8 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser(
         "demo",
-        help="the rJokes regression comparison (CE, NTL, a regression head) when its data is "
-        "found, else CE vs NTL on a + b arithmetic; under 15 min on 2 CPU cores",
+        help="the rJokes regression comparison (CE, NTL, a regression head) with its data "
+        "(found or downloaded), else CE vs NTL on a + b arithmetic; under 15 min on 2 CPU cores",
     )
     _add_run_flags(demo)
     repro = commands.add_parser("repro", help="a longer preset or --task rjokes (numtok list)")
@@ -223,8 +224,11 @@ def _demo_preset(args: argparse.Namespace, harness: ModuleType) -> str:
     if args.data_dir is not None:
         return str(harness.DEFAULT_RJOKES_PRESET)
     try:
-        harness.find_data_dir(args.data_dir)
-    except ValueError as missing:
+        if harness.default_data_dir() is None:
+            _fetch_rjokes(args, harness)
+        else:
+            harness.find_data_dir(args.data_dir)
+    except (ValueError, harness.DownloadError) as missing:
         print(
             f"numtok demo: running the arithmetic comparison, since {missing} (numtok demo "
             f"--task {RJOKES} asks for the rJokes comparison)",
@@ -232,6 +236,16 @@ def _demo_preset(args: argparse.Namespace, harness: ModuleType) -> str:
         )
         return "demo"
     return str(harness.DEFAULT_RJOKES_PRESET)
+
+
+def _fetch_rjokes(args: argparse.Namespace, harness: ModuleType) -> None:
+    """Where no rJokes folder is given or configured: the files downloaded into the cache (or
+    found there), their folder set as ``args.data_dir``; ``DownloadError`` when that fails."""
+    args.data_dir = harness.fetch_rjokes(show_progress=not args.no_progress)
+    print(
+        f"numtok: the rJokes data from {args.data_dir} (downloaded there once, checksums checked)",
+        file=sys.stderr,
+    )
 
 
 def _build_config(args: argparse.Namespace, preset_name: str, harness: ModuleType) -> Any:
@@ -300,9 +314,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if workers < 1:
             raise ValueError(f"--workers must be at least 1, got {workers}")
         run_dir = args.out or Path("runs") / f"{preset_name}-{config.fingerprint()}"
+        nowhere = args.data_dir is None and harness.default_data_dir() is None
+        if isinstance(config, harness.RJokesConfig) and nowhere:
+            _fetch_rjokes(args, harness)
         harness.check_prerequisites(config, args.data_dir)
         harness.prepare_run_dir(config, run_dir)
-    except (ValueError, TypeError, ModuleNotFoundError) as error:
+    except (ValueError, TypeError, ModuleNotFoundError, harness.DownloadError) as error:
         parser.exit(2, f"numtok: error: {_with_flag_hint(str(error))}\n")
 
     try:

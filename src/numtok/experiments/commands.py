@@ -16,7 +16,8 @@ from numtok.experiments.presets import (
 )
 from numtok.experiments.report import format_table, overhead_lines
 from numtok.experiments.rjokes.config import RJokesConfig
-from numtok.experiments.rjokes.data import find_data_dir
+from numtok.experiments.rjokes.data import default_data_dir, find_data_dir
+from numtok.experiments.rjokes.download import DownloadError, fetch_rjokes
 from numtok.experiments.rjokes.report import summary_table, verdict_lines
 from numtok.experiments.rjokes.runner import run_rjokes
 from numtok.experiments.run_folder import prepare_run_dir
@@ -27,9 +28,12 @@ __all__ = [
     "DEFAULT_RJOKES_PRESET",
     "PRESETS",
     "TASKS",
+    "DownloadError",
     "RJokesConfig",
     "check_prerequisites",
     "check_preset",
+    "default_data_dir",
+    "fetch_rjokes",
     "find_data_dir",
     "prepare_run_dir",
     "run_and_summarise",
