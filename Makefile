@@ -7,8 +7,9 @@ TORCH := torch==2.13.0
 STAMP := $(VENV)/.installed
 # `make demo` needs only the demo extra: a fresh clone runs it without installing the test tools.
 DEMO_STAMP := $(VENV)/.demo-installed
+DOCS_STAMP := $(VENV)/.docs-installed
 
-.PHONY: test lint demo bench clean
+.PHONY: test lint docs demo bench clean
 
 define install
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +25,10 @@ $(STAMP): pyproject.toml Makefile
 $(DEMO_STAMP): pyproject.toml Makefile
 	$(call install,demo)
 	touch $(DEMO_STAMP)
+
+$(DOCS_STAMP): pyproject.toml Makefile
+	$(call install,docs)
+	touch $(DOCS_STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
@@ -41,6 +46,11 @@ lint: $(STAMP)
 	$(PY) -m mypy
 	$(VENV)/bin/lint-imports --no-cache
 
+# The documentation site into site/ (mkdocs.yml); --strict: any warning, a broken link or a
+# docstring the API reference cannot read, fails the build.
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 # CE + NTL speed and memory against F.cross_entropy and ntloss, fused (logits given) and linear
 # (hidden states given), float32 and bfloat16, at 1 thread and at all cores (results in
 # benchmarks/results/). On two cores: logits suite 24 min, float32 linear case 35 min; the bfloat16
@@ -50,4 +60,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_loss.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site

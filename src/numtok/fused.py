@@ -582,9 +582,14 @@ def cross_entropy_with_ntl(
         labels: (...) integer token ids in [0, V) or ``ignore_index``.
         vocab: the :class:`~numtok.NumberVocab` of the tokenizer.
         ntl_weight: the factor ``w >= 0`` of the NTL term (the paper uses 0.3).
-        kind, reweigh, squash_factor, loss_weights, ignore_index, reduction,
-        num_items_in_batch, shift: as in :func:`~numtok.number_token_loss`; ``ignore_index``,
-            ``reduction``, ``num_items_in_batch`` and ``shift`` apply to both terms.
+        kind: as in :func:`~numtok.number_token_loss`.
+        reweigh: as in :func:`~numtok.number_token_loss`.
+        squash_factor: as in :func:`~numtok.number_token_loss`.
+        loss_weights: as in :func:`~numtok.number_token_loss`.
+        ignore_index: as in :func:`~numtok.number_token_loss`, for both terms.
+        reduction: as in :func:`~numtok.number_token_loss`, for both terms.
+        num_items_in_batch: as in :func:`~numtok.number_token_loss`, for both terms.
+        shift: as in :func:`~numtok.number_token_loss`, for both terms.
         inplace_backward: write the logits' gradient into the logits' memory (see above).
         logit_softcap: ``c > 0`` to compute both terms of ``c·tanh(logits/c)`` instead of the
             logits (Gemma 2's ``final_logit_softcapping``), with the cap's slope in the

@@ -209,10 +209,17 @@ def linear_cross_entropy_with_ntl(
             (``chunk_size·V / M`` columns). Default: H tokens, so that the logits buffer is as
             large as the weight; at least 256 (the matrix products stay compute-bound) and at
             most all of them.
-        ntl_weight, kind, reweigh, squash_factor, loss_weights, ignore_index, reduction,
-        num_items_in_batch, shift, logit_softcap: as in
-            :func:`~numtok.fused.cross_entropy_with_ntl` (the soft cap applies to
-            ``hidden @ weight.T + bias``).
+        ntl_weight: as in :func:`~numtok.cross_entropy_with_ntl`.
+        kind: as in :func:`~numtok.cross_entropy_with_ntl`.
+        reweigh: as in :func:`~numtok.cross_entropy_with_ntl`.
+        squash_factor: as in :func:`~numtok.cross_entropy_with_ntl`.
+        loss_weights: as in :func:`~numtok.cross_entropy_with_ntl`.
+        ignore_index: as in :func:`~numtok.cross_entropy_with_ntl`.
+        reduction: as in :func:`~numtok.cross_entropy_with_ntl`.
+        num_items_in_batch: as in :func:`~numtok.cross_entropy_with_ntl`.
+        shift: as in :func:`~numtok.cross_entropy_with_ntl`.
+        logit_softcap: as in :func:`~numtok.cross_entropy_with_ntl`, applied to
+            ``hidden @ weight.T + bias``.
         impl: ``"auto"``, ``"torch"`` or ``"triton"``: the backend of the row pass (see above).
 
     Returns:

@@ -316,10 +316,13 @@ class NumberVocab:
         Args:
             values: ``{token_id: value_or_digit_string}``, at least one entry.
             vocab_size: the number of logits the model produces.
-            minus_ids, decimal_point_ids, word_start_ids: the tokens that join number tokens into
-                whole numbers (see the class docstring). Minus and decimal-point ids must not be
-                number tokens nor each other; word starts must be number tokens or minus ids.
-                Without them, whole numbers are runs of number tokens.
+            minus_ids: the minus-sign tokens that may begin a whole number (see the class
+                docstring); not number tokens, nor decimal points. Without them, whole numbers are
+                runs of number tokens.
+            decimal_point_ids: the decimal-point tokens between the digit runs of a number; not
+                number tokens, nor minus signs.
+            word_start_ids: the number or minus tokens that begin a word (``Ġ12``, ``▁7``), so
+                begin a new number after another.
         """
         if not isinstance(values, Mapping):
             raise TypeError(

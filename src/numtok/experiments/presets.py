@@ -122,7 +122,7 @@ PRESETS: dict[str, Preset] = {
 DEFAULT_RJOKES_PRESET = "rjokes"
 #: The preset ``numtok repro`` runs when none is named: the smallest budget we measured at which
 #: the models have learned to add (~30 % exact on easy questions) and arm differences exceed the
-#: seed spread on every split, more often than chance (README "Does NTL help", 2026-11-30).
+#: seed spread on every split, more often than chance (docs/arithmetic.md, 2026-11-30).
 DEFAULT_REPRO_PRESET = "add_or_sub-6k"
 
 

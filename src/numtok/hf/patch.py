@@ -117,7 +117,10 @@ def patch_model(
             (``fully_shard``, DDP, ``accelerator.prepare``).
         vocab_or_tokenizer: a :class:`~numtok.NumberVocab` of the model's number of logits, or
             a tokenizer to build one from (for the output layer's size).
-        ntl_weight, kind, reweigh, squash_factor: as in :func:`numtok.cross_entropy_with_ntl`.
+        ntl_weight: as in :func:`numtok.cross_entropy_with_ntl`.
+        kind: as in :func:`numtok.cross_entropy_with_ntl`.
+        reweigh: as in :func:`numtok.cross_entropy_with_ntl`.
+        squash_factor: as in :func:`numtok.cross_entropy_with_ntl`.
         logits_free: in forwards that record gradients, compute the loss from the final hidden
             states and the output layer's weight (the logits never exist; ``outputs.logits`` is
             None). Checked on the model first (see :func:`numtok.hf._head.check_bypass_is_exact`).

@@ -189,7 +189,10 @@ class NTLossForTrainer:
         vocab_or_tokenizer: a :class:`~numtok.NumberVocab`, or a Hugging Face tokenizer from which
             one is built with ``NumberVocab.from_tokenizer(tokenizer, vocab_size=vocab_size)``.
         ntl_weight: the factor of NTL (the paper's λ, 0.3).
-        kind, reweigh, squash_factor, ignore_index: as in :func:`numtok.number_token_loss`.
+        kind: as in :func:`numtok.number_token_loss`.
+        reweigh: as in :func:`numtok.number_token_loss`.
+        squash_factor: as in :func:`numtok.number_token_loss`.
+        ignore_index: as in :func:`numtok.number_token_loss`.
         shift: compare the logits at ``t`` with the label at ``t + 1``: right for causal LMs, whose
             labels are their inputs (the Trainer's convention). Encoder-decoder models feed
             right-shifted labels to the decoder and need ``shift=False``.

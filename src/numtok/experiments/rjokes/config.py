@@ -36,7 +36,7 @@ class RJokesConfig(TrainingConfig):
     task: str = "rjokes"
     arms: tuple[str, ...] = ("ce", "was", "mse", "head")
     # λ = 3 gave the lowest greedy RMSE of both NTL arms on the validation split among 0.3, 1
-    # and 3 (500 steps, 3 seeds; README "Where NTL pays off").
+    # and 3 (500 steps, 3 seeds; docs/rjokes.md).
     ntl_weight: float = 3.0
     steps: int = 500
     warmup_steps: int = 50
