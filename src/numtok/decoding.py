@@ -9,11 +9,17 @@ logits stay float64); the logits are never upcast as a whole.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import torch
 
+from numtok._causal_lm_scorers import (
+    CachedScorer,
+    CacheUnsupportedError,
+    WholeSequenceScorer,
+)
 from numtok._logsumexp import selected_rows_logsumexp
 from numtok._number_logits import compute_dtype, number_logits_at
 from numtok._validation import check_logits
@@ -130,50 +136,6 @@ class NumberPredictions(NamedTuple):
 READOUTS = ("expected", "median", "mode")
 
 
-class _CausalLMScorer:
-    """A Hugging Face causal LM as a :class:`~numtok.readout.NextTokenScorer`: every sequence
-    (prompt + continuation) is scored whole, right-padded, in batches, and the logits at its
-    last token are kept. Right padding never shifts a real token's position, so this is exact
-    for models with absolute and with rotary positions alike."""
-
-    def __init__(
-        self, model: Any, prompts: list[list[int]], *, pad_id: int, batch_size: int
-    ) -> None:
-        self.model = model
-        self.sequences = prompts
-        self.pad_id = pad_id
-        self.batch_size = batch_size
-        self.device = next(model.parameters()).device
-
-    def start(self) -> torch.Tensor:
-        return self._last_logits()
-
-    def extend(self, parents: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        self.sequences = [
-            [*self.sequences[parent], token]
-            for parent, token in zip(parents.tolist(), tokens.tolist(), strict=True)
-        ]
-        return self._last_logits()
-
-    def _last_logits(self) -> torch.Tensor:
-        rows = []
-        for start in range(0, len(self.sequences), self.batch_size):
-            chunk = self.sequences[start : start + self.batch_size]
-            lengths = torch.tensor([len(s) for s in chunk])
-            input_ids = torch.full((len(chunk), int(lengths.max())), self.pad_id)
-            for row, sequence in enumerate(chunk):
-                input_ids[row, : len(sequence)] = torch.tensor(sequence)
-            attention_mask = torch.arange(input_ids.shape[1]) < lengths[:, None]
-            output = self.model(
-                input_ids=input_ids.to(self.device),
-                attention_mask=attention_mask.long().to(self.device),
-            )
-            logits = output.logits if hasattr(output, "logits") else output[0]  # (B, T, V)
-            last = logits[torch.arange(len(chunk)), (lengths - 1).to(logits.device)]  # (B, V)
-            rows.append(last.float() if last.dtype != torch.float64 else last)
-        return torch.cat(rows)
-
-
 def _token_ids(tokenizer: Any, prompts: Sequence[Any], vocab_given: bool) -> list[list[int]]:
     if isinstance(prompts, (str, torch.Tensor)) or not isinstance(prompts, Sequence):
         raise TypeError(
@@ -221,7 +183,7 @@ def predict_numbers(
     readout: str = "expected",
     max_digits: int = 2,
     min_probability: float = 0.0,
-    batch_size: int = 8,
+    batch_size: int | None = None,
 ) -> NumberPredictions:
     """The number a causal LM would answer each prompt with, read out of its distribution.
 
@@ -237,28 +199,42 @@ def predict_numbers(
 
     The prompt should end where the number starts (e.g. ``"Score: "``, or after a chat
     template's assistant header); ``1 - m`` says how much of the model's mass went elsewhere
-    (words, a sign, longer numbers).
+    (words, a sign, longer numbers). One call computes the whole distribution, so every
+    readout comes with it (``mean``, ``median``, ``mode``); ``readout`` only picks ``number``.
+
+    Cost: each prompt is run once and its key/value cache kept; then each level of the tree of
+    number prefixes is one batched forward of one token per live prefix (about
+    ``1.1 · 10**max_digits`` one-token steps per prompt in all, ``10**max_digits`` of them in
+    the last level), attending to the prompt's cache. Models whose cache is not a transformers
+    ``DynamicCache`` of full-attention layers (sliding-window or hybrid attention, state-space
+    models) are scored the slow way instead, with a warning: every continuation from the
+    prompt's first token, right-padded.
 
     Args:
-        model: a Hugging Face causal LM (any module whose call with ``input_ids`` and
-            ``attention_mask`` returns logits (B, T, V)); it is put in eval mode while scoring.
+        model: a Hugging Face causal LM (any module whose call with ``input_ids`` returns
+            logits (B, T, V) and, with ``use_cache=True``, its key/value cache; without the
+            cache, ``attention_mask`` is passed too); it is put in eval mode while scoring.
         tokenizer_or_vocab: its tokenizer (text prompts; the NumberVocab is built from it with
             the model's output size) or a :class:`~numtok.NumberVocab` (token-id prompts).
         prompts: strings, or lists of token ids.
         readout: ``"expected"``, ``"median"`` or ``"mode"``: which summary is ``number``.
         max_digits: the longest number enumerated, 1 to 4; the model scores about
-            ``1.1 · 10**max_digits`` sequences per prompt (each the prompt plus the digits).
+            ``1.1 · 10**max_digits`` continuations per prompt.
         min_probability: prefixes less likely than this are not extended (faster); ``pruned``
             bounds the probability this loses.
-        batch_size: sequences per forward pass.
+        batch_size: prefixes (or, the slow way, whole sequences) per forward pass; None
+            (default): with the cache, as many as keep a forward's key/value cache under
+            1 GiB, the slow way 8.
 
     Returns:
         :class:`NumberPredictions`.
     """
     if readout not in READOUTS:
         raise ValueError(f"readout must be one of {list(READOUTS)}, got {readout!r}")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    if batch_size is not None and (
+        isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
+    ):
+        raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}")
     check_max_digits(max_digits)
     if not callable(model):
         raise TypeError(f"model must be a callable causal LM, got {type(model).__name__}")
@@ -269,16 +245,28 @@ def predict_numbers(
         vocab = NumberVocab.from_tokenizer(tokenizer_or_vocab, vocab_size=_output_size(model))
     ids = _token_ids(tokenizer_or_vocab, prompts, vocab_given)
     pad_id = getattr(tokenizer_or_vocab, "pad_token_id", None)
-    scorer = _CausalLMScorer(
-        model, ids, pad_id=pad_id if isinstance(pad_id, int) else 0, batch_size=batch_size
-    )
+    pad_id = pad_id if isinstance(pad_id, int) else 0
     was_training = bool(getattr(model, "training", False))
     if hasattr(model, "eval"):
         model.eval()
     try:
-        distribution = number_distribution(
-            scorer, vocab, max_digits=max_digits, min_probability=min_probability
-        )
+        try:
+            distribution = number_distribution(
+                CachedScorer(model, ids, pad_id=pad_id, batch_size=batch_size),
+                vocab,
+                max_digits=max_digits,
+                min_probability=min_probability,
+            )
+        except CacheUnsupportedError as reason:
+            warnings.warn(
+                f"predict_numbers: {reason}; every continuation is scored from the prompt's "
+                "first token instead (exact, much slower)",
+                stacklevel=2,
+            )
+            whole = WholeSequenceScorer(model, ids, pad_id=pad_id, batch_size=batch_size)
+            distribution = number_distribution(
+                whole, vocab, max_digits=max_digits, min_probability=min_probability
+            )
     finally:
         if hasattr(model, "train"):
             model.train(was_training)

@@ -1,0 +1,157 @@
+"""predict_numbers' key/value-cached scorer on tiny Llama, GPT-2 and Qwen2 models, against the
+brute-force enumeration of ``test_readout`` with each sequence scored whole by the model: digit,
+multi-digit and word-start tokens, 1-3 digits, prompts of different lengths, any batch size,
+pruning; and the fall-back to whole-sequence scoring for models whose cache it cannot rebuild."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from numtok import NumberVocab
+from numtok._causal_lm_scorers import WholeSequenceScorer
+from numtok.decoding import predict_numbers
+from numtok.readout import number_distribution
+
+from test_readout import brute_force, mixed_vocab
+
+# mixed_vocab(): ids 0-14 are number tokens (digits, "12", "007", "45", word starts "▁3" and
+# "▁12"); 15 and 16 are text.
+VOCAB_SIZE = 17
+PROMPTS = [[15, 16, 15], [16], [15, 3, 16, 16, 15, 16, 15]]
+FALLBACK = "scored from the prompt's first token instead"
+
+
+def tiny_config(kind: str) -> Any:
+    import transformers
+
+    shape = {
+        "vocab_size": VOCAB_SIZE,
+        "hidden_size": 16,
+        "intermediate_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "max_position_embeddings": 64,
+    }
+    if kind == "llama":
+        return transformers.LlamaForCausalLM, transformers.LlamaConfig(**shape)
+    if kind == "qwen2":
+        return transformers.Qwen2ForCausalLM, transformers.Qwen2Config(**shape)
+    if kind == "mistral-sliding":
+        return transformers.MistralForCausalLM, transformers.MistralConfig(
+            sliding_window=4, **shape
+        )
+    config = transformers.GPT2Config(
+        vocab_size=VOCAB_SIZE, n_positions=64, n_embd=16, n_layer=2, n_head=2
+    )
+    return transformers.GPT2LMHeadModel, config
+
+
+def tiny_model(kind: str, seed: int = 5) -> Any:
+    """Weights 4× the initialisation, so that next-token distributions are far from flat."""
+    model_class, config = tiny_config(kind)
+    torch.manual_seed(seed)
+    model = model_class(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.mul_(4.0)
+    return model
+
+
+def model_logits(model: Any) -> Any:
+    @torch.no_grad()
+    def logits(sequence: tuple[int, ...]) -> torch.Tensor:
+        output = model(input_ids=torch.tensor([sequence]))
+        logits = output.logits if hasattr(output, "logits") else output[0]
+        return logits[0, -1].double()
+
+    return logits
+
+
+def expected_table(model: Any, vocab: NumberVocab, prompt: list[int], digits: int) -> torch.Tensor:
+    table = torch.zeros(10**digits, dtype=torch.float64)
+    for value, probability in brute_force(
+        tuple(prompt), vocab, model_logits(model), digits
+    ).items():
+        table[value] = probability
+    return table
+
+
+@pytest.mark.parametrize(
+    ("kind", "digits"),
+    [("llama", 1), ("llama", 2), ("llama", 3), ("gpt2", 2), ("qwen2", 2)],
+)
+def test_cached_scorer_matches_brute_force(kind: str, digits: int) -> None:
+    model = tiny_model(kind)
+    vocab = mixed_vocab()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=f".*{FALLBACK}")
+        result = predict_numbers(model, vocab, PROMPTS, max_digits=digits)
+    for row, prompt in enumerate(PROMPTS):
+        expected = expected_table(model, vocab, prompt, digits)
+        torch.testing.assert_close(result.probabilities[row], expected, rtol=1e-5, atol=1e-9)
+    assert bool((result.mass > 0.01).all()), "the test needs models that write numbers"
+    assert bool((result.pruned == 0).all())
+
+
+@pytest.mark.parametrize("batch_size", [1, 3, 1000])
+def test_any_batch_size_gives_the_same_table(batch_size: int) -> None:
+    model = tiny_model("gpt2", seed=6)
+    vocab = mixed_vocab()
+    default = predict_numbers(model, vocab, PROMPTS, max_digits=2)
+    split = predict_numbers(model, vocab, PROMPTS, max_digits=2, batch_size=batch_size)
+    torch.testing.assert_close(split.probabilities, default.probabilities, rtol=1e-5, atol=1e-9)
+
+
+def test_pruning_matches_the_whole_sequence_scorer() -> None:
+    model = tiny_model("llama", seed=7)
+    vocab = mixed_vocab()
+    cached = predict_numbers(model, vocab, PROMPTS, max_digits=3, min_probability=1e-3)
+    whole = number_distribution(
+        WholeSequenceScorer(model, PROMPTS, pad_id=0, batch_size=None),
+        vocab,
+        max_digits=3,
+        min_probability=1e-3,
+    )
+    torch.testing.assert_close(cached.probabilities, whole.probabilities, rtol=1e-5, atol=1e-9)
+    torch.testing.assert_close(cached.pruned, whole.pruned, rtol=1e-5, atol=1e-9)
+    assert bool((cached.pruned > 0).all()), "the threshold must prune something"
+
+
+class TupleLogits(torch.nn.Module):
+    """A model without a key/value cache: ``forward(input_ids, attention_mask)`` -> (logits,)."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor]:
+        return (self.model(input_ids=input_ids, attention_mask=attention_mask).logits,)
+
+
+@pytest.mark.parametrize(
+    ("build", "reason"),
+    [
+        (lambda: tiny_model("mistral-sliding"), "DynamicSlidingWindowLayer"),
+        (lambda: TupleLogits(tiny_model("llama")), "does not take attention_mask and position_ids"),
+    ],
+    ids=["sliding-window", "no-cache"],
+)
+def test_models_the_cache_cannot_serve_fall_back_with_one_warning(build: Any, reason: str) -> None:
+    model = build()
+    vocab = mixed_vocab()
+    with pytest.warns(UserWarning, match=FALLBACK) as caught:
+        result = predict_numbers(model, vocab, PROMPTS, max_digits=2)
+    assert len([w for w in caught if FALLBACK in str(w.message)]) == 1
+    assert reason in str(next(w.message for w in caught if FALLBACK in str(w.message)))
+    for row, prompt in enumerate(PROMPTS):
+        expected = expected_table(model, vocab, prompt, 2)
+        torch.testing.assert_close(result.probabilities[row], expected, rtol=1e-5, atol=1e-9)
