@@ -124,6 +124,41 @@ def test_pruning_matches_the_whole_sequence_scorer() -> None:
     assert bool((cached.pruned > 0).all()), "the threshold must prune something"
 
 
+class WithoutLogitsToKeep(torch.nn.Module):
+    """A cached causal LM whose forward cannot restrict its logits to some positions."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        cache: Any = None,
+        use_cache: bool = False,
+    ) -> Any:
+        return self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            use_cache=use_cache,
+        )
+
+
+def test_a_model_that_computes_every_position_s_logits_is_served_too() -> None:
+    model = WithoutLogitsToKeep(tiny_model("llama", seed=8))
+    vocab = mixed_vocab()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=f".*{FALLBACK}")
+        result = predict_numbers(model, vocab, PROMPTS, max_digits=2)
+    for row, prompt in enumerate(PROMPTS):
+        expected = expected_table(model, vocab, prompt, 2)
+        torch.testing.assert_close(result.probabilities[row], expected, rtol=1e-5, atol=1e-9)
+
+
 class TupleLogits(torch.nn.Module):
     """A model without a key/value cache: ``forward(input_ids, attention_mask)`` -> (logits,)."""
 

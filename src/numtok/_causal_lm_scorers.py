@@ -201,11 +201,20 @@ class CachedScorer:
         for row, prompt in enumerate(self.prompts):
             input_ids[row, : len(prompt)] = torch.tensor(prompt)
         step = self.batch_size or WHOLE_SEQUENCE_BATCH
+        # transformers' causal LMs compute the output layer only at the positions asked for:
+        # here each prompt's last one (a long prompt's (L, V) logits would be most of the memory).
+        keeps_positions = "logits_to_keep" in inspect.signature(self.model.forward).parameters
         rows, caches = [], []
         for begin in range(0, len(self.prompts), step):
             chunk = slice(begin, begin + step)
+            last = self.prompt_lengths[chunk] - 1
+            kept, column = (
+                torch.unique(last, return_inverse=True) if keeps_positions else (last, last)
+            )
             logits, cache = self._forward(
-                input_ids=input_ids[chunk], attention_mask=self.prompt_mask[chunk]
+                input_ids=input_ids[chunk],
+                attention_mask=self.prompt_mask[chunk],
+                **({"logits_to_keep": kept} if keeps_positions else {}),
             )
             pairs = _keys_values(cache)
             if pairs[0][0].shape[2] != longest:
@@ -214,8 +223,8 @@ class CachedScorer:
                     f"{longest} tokens"
                 )
             self.cache_type = type(cache)
-            last = (self.prompt_lengths[chunk] - 1).to(logits.device)
-            rows.append(logits[torch.arange(len(last), device=logits.device), last])  # (B, V)
+            column = column.to(logits.device)
+            rows.append(logits[torch.arange(len(column), device=logits.device), column])  # (B, V)
             caches.append(pairs)
         self.prompt_cache = [
             (torch.cat([c[layer][0] for c in caches]), torch.cat([c[layer][1] for c in caches]))
