@@ -201,6 +201,28 @@ def test_direct_call_is_cross_entropy_plus_ntl(tokenizer: Any) -> None:
     torch.testing.assert_close(loss_fn((logits,), labels), loss_fn(logits, labels))
 
 
+def test_the_exactness_check_reads_the_device_on_the_first_training_call_only(
+    tokenizer: Any,
+) -> None:
+    """The check compares num_items_in_batch with the micro-batch's own count, a read-back from
+    the device; once per loss object, on the first call with a gradient, so that training on a
+    GPU does not wait for it every step."""
+    batch = collate(build_dataset(tokenizer), tokenizer.pad_token_id)
+    labels = batch["labels"]
+    logits = torch.randn(*labels.shape, len(tokenizer), dtype=torch.float64)
+    targets = int((labels[:, 1:] != -100).sum())
+    loss_fn = NTLossForTrainer(NumberVocab.from_tokenizer(tokenizer), ntl_weight=0.3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        with torch.no_grad():  # evaluation: not checked, and the check stays ahead
+            loss_fn(logits, labels, num_items_in_batch=torch.tensor(4 * targets))
+        loss_fn(logits, labels, num_items_in_batch=torch.tensor(targets))  # exact: checked
+        loss_fn(logits, labels, num_items_in_batch=torch.tensor(4 * targets))  # not again
+    fresh = NTLossForTrainer(NumberVocab.from_tokenizer(tokenizer), ntl_weight=0.3)
+    with pytest.warns(UserWarning, match="num_items_in_batch counts more tokens"):
+        fresh(logits, labels, num_items_in_batch=torch.tensor(4 * targets))
+
+
 # ---------------------------------------------------------------------------------- logging
 
 

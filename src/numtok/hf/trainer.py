@@ -265,7 +265,7 @@ class NTLossForTrainer:
         self._terms = self._loss_terms(compile=bool(compile))
         self._link: _Link | None = None
         self._bypass: OutputLayerBypass | None = None
-        self._warned_inexact = False
+        self._exactness_checked = False
 
     def _loss_terms(
         self, *, compile: bool, **compile_options: Any
@@ -365,10 +365,13 @@ class NTLossForTrainer:
         )
 
     def _warn_if_inexact(self, local_tokens: torch.Tensor, tokens: torch.Tensor) -> None:
-        if self._warned_inexact or not torch.is_grad_enabled():
+        # Checked on the first training micro-batch only: the comparison reads a boolean back
+        # from the device, which on a GPU would stall every step. Accumulation and several
+        # processes already show in the first micro-batch of the first step.
+        if self._exactness_checked or not torch.is_grad_enabled():
             return
+        self._exactness_checked = True
         if bool(local_tokens.to(tokens.device) != tokens):
-            self._warned_inexact = True
             warnings.warn(
                 "num_items_in_batch counts more tokens than this micro-batch holds (gradient "
                 "accumulation or several processes): NTL's mean over number positions is "
