@@ -1,9 +1,12 @@
 """One process of the FSDP2/DDP test (``test_hf_fsdp.py``), launched by torchrun on CPU (gloo).
 
-Each process builds the tiny Llama (untied and tied), patches it (``patch_model``, logits-free)
-before wrapping it, shards it with FSDP2 (``fully_shard`` on every decoder layer and on the root)
-or wraps it in DDP, runs one forward and backward of the whole batch (the same on every process)
-and saves the loss and every parameter's full gradient to ``<out>/rank<r>.pt``.
+Each process builds the tiny Llama (untied and tied) and patches it before wrapping it: with
+``patch_model`` (logits-free), or by attaching ``NTLossForTrainer(logits_free=True)`` to a
+Trainer of it. It shards the model with FSDP2 (``fully_shard`` on every decoder layer and on the
+root, what accelerate's ``fsdp_version: 2`` does, which refuses a CPU) or wraps it in DDP, runs
+one forward and backward of the whole batch (the same on every process; for the attached loss
+through ``trainer.compute_loss``, as a training step calls it) and saves the loss and every
+parameter's full gradient to ``<out>/rank<r>.pt``.
 
 Usage: ``torchrun --nproc_per_node 2 tests/_fsdp_worker.py OUT_DIR NTL_WEIGHT``
 """
@@ -19,9 +22,9 @@ import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
-from numtok.hf import patch_model
+from numtok.hf import NTLossForTrainer, patch_model
 
-from _hf_tiny import build_dataset, build_model, build_tokenizer, collate
+from _hf_tiny import build_dataset, build_model, build_tokenizer, collate, training_args
 
 
 def build(tokenizer: Any, tied: bool) -> Any:
@@ -32,18 +35,34 @@ def build(tokenizer: Any, tied: bool) -> Any:
     return model
 
 
-def run(wrapper: str, tied: bool, ntl_weight: float) -> dict[str, Any]:
+def run(out_dir: Path, wrapper: str, tied: bool, ntl_weight: float) -> dict[str, Any]:
+    """``wrapper``: "fsdp2" or "ddp" (``patch_model``), "attached-fsdp2" (the Trainer's loss)."""
+    from transformers import Trainer
+
     tokenizer = build_tokenizer()
-    model = patch_model(build(tokenizer, tied), tokenizer, ntl_weight=ntl_weight)
-    if wrapper == "fsdp2":
+    batch = collate(build_dataset(tokenizer), tokenizer.pad_token_id)
+    trainer = None
+    if wrapper == "attached-fsdp2":
+        trainer = Trainer(
+            model=build(tokenizer, tied),
+            args=training_args(out_dir / "trainer", ddp_backend="gloo"),
+        )
+        NTLossForTrainer(tokenizer, ntl_weight=ntl_weight, logits_free=True).attach(trainer)
+        model = trainer.model
+    else:
+        model = patch_model(build(tokenizer, tied), tokenizer, ntl_weight=ntl_weight)
+    if wrapper.endswith("fsdp2"):
         for layer in model.model.layers:
             fully_shard(layer)
         fully_shard(model)
     else:
         model = DistributedDataParallel(model)
-    batch = collate(build_dataset(tokenizer), tokenizer.pad_token_id)
-    outputs = model(**batch)
-    outputs.loss.backward()
+    if trainer is None:
+        outputs = model(**batch)
+        loss = outputs.loss
+    else:
+        loss, outputs = trainer.compute_loss(model, dict(batch), return_outputs=True)
+    loss.backward()
     module = model.module if wrapper == "ddp" else model
     sharded = [hasattr(p.grad, "full_tensor") for p in module.parameters() if p.grad is not None]
     gradients = {
@@ -52,7 +71,7 @@ def run(wrapper: str, tied: bool, ntl_weight: float) -> dict[str, Any]:
         if p.grad is not None
     }
     return {
-        "loss": outputs.loss.detach(),
+        "loss": loss.detach(),
         "logits": outputs.logits,
         "gradients": gradients,
         "sharded": all(sharded),
@@ -65,8 +84,8 @@ def main() -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     results: dict[str, Any] = {
-        f"{wrapper}-{'tied' if tied else 'untied'}": run(wrapper, tied, ntl_weight)
-        for wrapper in ("fsdp2", "ddp")
+        f"{wrapper}-{'tied' if tied else 'untied'}": run(out_dir, wrapper, tied, ntl_weight)
+        for wrapper in ("fsdp2", "ddp", "attached-fsdp2")
         for tied in (False, True)
     }
     results["world_size"] = dist.get_world_size()

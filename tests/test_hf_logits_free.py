@@ -15,7 +15,7 @@ import transformers
 from transformers import Trainer
 from transformers.modeling_outputs import CausalLMOutput
 
-from numtok.hf import NTLossForTrainer
+from numtok.hf import NTLossForTrainer, patch_model, unpatch_model
 from numtok.hf._head import check_bypass_is_exact
 
 from _hf_tiny import (
@@ -273,11 +273,10 @@ def test_an_output_layer_that_is_not_linear_is_refused(tokenizer: Any, tmp_path:
 @pytest.mark.parametrize(
     ("change", "name"),
     [
-        ({"is_fsdp_enabled": True}, "FSDP"),
         ({"get_tp_size": lambda: 2}, "tensor parallelism"),
         ("zero3", "DeepSpeed ZeRO-3"),
     ],
-    ids=["fsdp", "tensor-parallel", "zero3"],
+    ids=["tensor-parallel", "zero3"],
 )
 def test_sharded_output_layers_are_refused(
     tokenizer: Any, tmp_path: Path, change: Any, name: str
@@ -289,6 +288,72 @@ def test_sharded_output_layers_are_refused(
     vars(trainer).update(change)
     with pytest.raises(ValueError, match=f"where {name} keeps it sharded"):
         NTLossForTrainer(tokenizer, logits_free=True).attach(trainer)
+    assert "forward" not in vars(trainer.model)  # refused before the model was patched
+
+
+def test_fsdp_is_accepted_the_loss_being_computed_inside_the_forward(
+    tokenizer: Any, tmp_path: Path
+) -> None:
+    """FSDP gathers the output layer's weight during the model's forward, where the attached
+    loss reads it (the two-process FSDP2 test is in test_hf_fsdp.py)."""
+    trainer = trainer_for(tokenizer, build_model(tokenizer), tmp_path)
+    vars(trainer)["is_fsdp_enabled"] = True
+    NTLossForTrainer(tokenizer, logits_free=True).attach(trainer)
+    assert "forward" in vars(trainer.model)
+
+
+def test_the_training_forward_computes_the_loss_and_returns_no_logits(
+    tokenizer: Any, tmp_path: Path
+) -> None:
+    trainer = trainer_for(tokenizer, build_model(tokenizer), tmp_path)
+    NTLossForTrainer(tokenizer, ntl_weight=NTL_WEIGHT, logits_free=True).attach(trainer)
+    batch = collate(build_dataset(tokenizer), tokenizer.pad_token_id)
+    trainer.model.train()
+    loss, outputs = trainer.compute_loss(trainer.model, dict(batch), return_outputs=True)
+    assert outputs.logits is None and outputs.loss is loss and loss.requires_grad
+    reference = NTLossForTrainer(tokenizer, ntl_weight=NTL_WEIGHT)
+    with torch.no_grad():
+        logits = trainer.model(**{k: v for k, v in batch.items() if k != "labels"}).logits
+    torch.testing.assert_close(loss.detach(), reference(logits, batch["labels"]))
+
+
+def test_a_forward_replaced_after_attach_falls_back_to_the_logits_with_a_warning(
+    tokenizer: Any, tmp_path: Path
+) -> None:
+    """Something that replaces the model's forward after attach() (Liger's kernels do, when
+    training starts) leaves the loss to the logits: the same gradients, and one warning."""
+    reference, reference_log, _ = one_step(
+        tokenizer, build_model(tokenizer), tmp_path, logits_free=False
+    )
+    model = build_model(tokenizer)
+    trainer = trainer_for(tokenizer, model, tmp_path, recorder := gradient_recorder())
+    NTLossForTrainer(tokenizer, ntl_weight=NTL_WEIGHT, logits_free=True).attach(trainer)
+    vars(model)["forward"] = type(model).forward.__get__(model)
+    with pytest.warns(UserWarning, match="did not compute the loss in its forward") as caught:
+        trainer.train()
+    assert sum("did not compute the loss" in str(w.message) for w in caught) == 1
+    assert max_relative_difference(recorder.gradients[0], reference) < TOLERANCE
+    assert trainer.state.log_history[0]["ntl"] == pytest.approx(reference_log["ntl"], rel=1e-5)
+
+
+@pytest.mark.parametrize("first", ["patch_model", "attach"])
+def test_one_model_gets_one_loss_in_its_forward(tokenizer: Any, tmp_path: Path, first: str) -> None:
+    model = build_model(tokenizer)
+    trainer = trainer_for(tokenizer, model, tmp_path)
+    loss_fn = NTLossForTrainer(tokenizer, logits_free=True)
+    if first == "patch_model":
+        patch_model(model, tokenizer)
+        with pytest.raises(ValueError, match=r"patched already .*by patch_model"):
+            loss_fn.attach(trainer)
+    else:
+        loss_fn.attach(trainer)
+        with pytest.raises(ValueError, match=r"patched already .*by NTLossForTrainer"):
+            patch_model(model, tokenizer)
+        with pytest.raises(
+            ValueError,
+            match=r"not patched \(patch_model\); its forward was patched by NTLossForTrainer",
+        ):
+            unpatch_model(model)
 
 
 def test_logits_free_must_be_a_bool(tokenizer: Any) -> None:

@@ -1,6 +1,6 @@
-"""Logits-free training for the Hugging Face adapter: during a training step, the causal LM's
-output layer hands its input through instead of computing the (B, T, V) logits, and the loss
-computes CE + NTL from those hidden states and the layer's weight
+"""Logits-free training for the Hugging Face routes: in a forward that computes the loss, the
+causal LM's output layer hands its input through instead of computing the (B, T, V) logits, and
+the loss computes CE + NTL from those hidden states and the layer's weight
 (:func:`numtok.linear.linear_cross_entropy_with_ntl`), never holding the logits.
 
 Every causal LM in transformers computes ``logits = P(lm_head(h))`` with ``lm_head =
@@ -15,8 +15,9 @@ and applied by the loss instead (its ``logit_softcap``). :func:`check_bypass_is_
 all this on the model itself before training (two forwards of four tokens) and refuses a model
 where it does not hold, naming the configuration setting responsible when it knows one.
 
-The bypass is installed on the layer's instance for the duration of a training step only, and
-only acts on calls that record gradients: evaluation, ``generate()`` and any forward under
+The bypass is installed on the layer's instance for the duration of one forward of the model
+that computes the loss (:mod:`numtok.hf._in_forward`) only, and only acts on calls that record
+gradients: evaluation, ``generate()`` and any forward under
 ``torch.no_grad()`` still get the logits. Nothing here imports ``transformers``.
 """
 
@@ -162,7 +163,7 @@ class OutputLayerBypass:
         self._passed: list[BypassedHead] = []
 
     @contextlib.contextmanager
-    def during_training_step(self) -> Iterator[None]:
+    def during_forward(self) -> Iterator[None]:
         """Within this context the layer returns its input on calls that record gradients, and
         the model's soft cap is off."""
         head = self.head

@@ -32,16 +32,23 @@ Nothing here imports ``transformers``: the model is read by duck typing (``forwa
 from __future__ import annotations
 
 import dataclasses
-import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-
-import torch
 
 from numtok._ntl_maths import Kind, LossSpec
 from numtok._validation import check_bool, check_ntl_weight
 from numtok.fused import CEWithNTLOutput
 from numtok.hf._head import OutputLayerBypass, check_bypass_is_exact, output_layer_of
+from numtok.hf._in_forward import (
+    check_not_patched,
+    install_forward,
+    owner_of,
+    remove_forward,
+    route_of,
+    run_forward,
+    with_loss,
+)
 from numtok.hf._loss import (
     ce_plus_ntl,
     count_targets,
@@ -53,17 +60,13 @@ from numtok.vocab import NumberVocab
 
 __all__ = ["last_loss_terms", "patch_model", "unpatch_model"]
 
-# The patch's state lives on the model under this attribute.
-_PATCH = "_numtok_patch"
-
 
 @dataclass
 class _Patch:
-    """What a patched forward needs: the model's own forward (bound), the vocabulary and the
-    settings (``head_spec``: those of the logits-free loss, with the model's soft cap), the
-    bypass of the output layer (None with ``logits_free=False``), and the last terms."""
+    """What a patched forward needs: the vocabulary and the settings (``head_spec``: those of
+    the logits-free loss, with the model's soft cap), the bypass of the output layer (None with
+    ``logits_free=False``), and the last terms."""
 
-    forward: Any
     vocab: NumberVocab
     spec: LossSpec
     head_spec: LossSpec
@@ -139,8 +142,7 @@ def patch_model(
             f"patch_model computes a causal LM's loss (labels shifted by one position), and "
             f"{name} is an encoder-decoder: use NTLossForTrainer(..., shift=False) with it"
         )
-    if _PATCH in vars(model):
-        raise ValueError(f"this {name} is patched already; call unpatch_model(model) first")
+    check_not_patched(model)
     head = output_layer_of(model)
     vocab = _vocab_for(model, vocab_or_tokenizer, head.weight.shape[0])
     spec = LossSpec.build(
@@ -160,62 +162,52 @@ def patch_model(
         softcap = check_bypass_is_exact(model, head, lambda outputs: outputs["logits"])
         bypass = OutputLayerBypass(model, head, softcap)
         head_spec = dataclasses.replace(spec, logit_softcap=softcap)
-    patch = _Patch(model.forward, vocab, spec, head_spec, weight, backend, bypass)
+    patch = _Patch(vocab, spec, head_spec, weight, backend, bypass)
 
-    # The model's own signature (functools.wraps): the Trainer reads it to keep the dataset's
-    # columns (remove_unused_columns) and to pass num_items_in_batch, generate() to check kwargs.
-    @functools.wraps(patch.forward)
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        return _patched_forward(patch, *args, **kwargs)
+    def make_forward(own_forward: Callable[..., Any]) -> Callable[..., Any]:
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            return _patched_forward(patch, own_forward, *args, **kwargs)
 
-    vars(model)[_PATCH] = patch
-    vars(model)["forward"] = forward
+        return forward
+
+    install_forward(model, patch, "patch_model", make_forward)
     return model
+
+
+def _patch_of(model: Any) -> _Patch:
+    patch = owner_of(model)
+    if not isinstance(patch, _Patch):
+        by = route_of(model)
+        raise ValueError(
+            f"this {type(model).__name__} is not patched (patch_model)"
+            + ("" if by is None else f"; its forward was patched by {by}")
+        )
+    return patch
 
 
 def unpatch_model(model: Any) -> Any:
     """Undo :func:`patch_model`: the model's own forward again. Returns the model."""
-    if _PATCH not in vars(model):
-        raise ValueError(f"this {type(model).__name__} is not patched (patch_model)")
-    del vars(model)[_PATCH]
-    del vars(model)["forward"]
+    _patch_of(model)
+    remove_forward(model)
     return model
 
 
 def last_loss_terms(model: Any) -> CEWithNTLOutput | None:
     """``(loss, ce, ntl)`` (detached) of the patched model's last forward with labels, or None
     before the first: the terms to log beside the loss (``loss = ce + ntl_weight · ntl``)."""
-    patch = vars(model).get(_PATCH)
-    if patch is None:
-        raise ValueError(f"this {type(model).__name__} is not patched (patch_model)")
-    return patch.last  # type: ignore[no-any-return]
+    return _patch_of(model).last
 
 
-def _patched_forward(patch: _Patch, *args: Any, **kwargs: Any) -> Any:
+def _patched_forward(
+    patch: _Patch, own_forward: Callable[..., Any], *args: Any, **kwargs: Any
+) -> Any:
     labels = kwargs.pop("labels", None)
     num_items_in_batch = kwargs.pop("num_items_in_batch", None)
     if labels is None:
-        return patch.forward(*args, **kwargs)
-    bypass = patch.bypass if torch.is_grad_enabled() else None
-    if bypass is None:
-        outputs = patch.forward(*args, **kwargs)
-        head = None
-    else:
-        with bypass.during_training_step():
-            outputs = patch.forward(*args, **kwargs)
-        head = bypass.take()
-        if head is not None and type(head.weight).__name__ == "DTensor":
-            raise ValueError(
-                "the output layer's weight is still a DTensor inside the model's forward (tensor "
-                "parallelism shards it there, where FSDP2 gathers it): patch_model's logits-free "
-                "loss needs the whole weight; use patch_model(..., logits_free=False)"
-            )
-    if not isinstance(outputs, dict) or "logits" not in outputs:
-        raise ValueError(
-            f"patch_model reads the model's outputs as a ModelOutput with logits, got "
-            f"{type(outputs).__name__}: call the model with return_dict=True"
-        )
-    logits = outputs["logits"]
+        return own_forward(*args, **kwargs)
+    outputs, logits, head = run_forward(
+        own_forward, patch.bypass, patch.vocab.vocab_size, args, kwargs
+    )
     tables = patch.vocab.tables(logits.device)
     counts = count_targets(labels, tables.position_of_id, patch.spec)
     tokens, numbers = token_share_denominators(
@@ -226,5 +218,4 @@ def _patched_forward(patch: _Patch, *args: Any, **kwargs: Any) -> Any:
         head_spec=patch.head_spec, ntl_weight=patch.ntl_weight, impl=patch.impl,
     )  # fmt: skip
     patch.last = CEWithNTLOutput(loss=out.loss.detach(), ce=out.ce, ntl=out.ntl)
-    fields = {key: value for key, value in outputs.items() if key not in ("loss", "logits")}
-    return type(outputs)(loss=out.loss, logits=logits if head is None else None, **fields)
+    return with_loss(outputs, out.loss, head)

@@ -9,15 +9,18 @@ One line on an existing trainer::
 or, without the exact accumulation and the CE/NTL logs (see below),
 ``Trainer(..., compute_loss_func=NTLossForTrainer(tokenizer))``.
 
-**Logits-free training.** ``NTLossForTrainer(tokenizer, logits_free=True).attach(trainer)``: during
-each training step the model's output layer (``get_output_embeddings()``) hands its input
-through, the model returns the final hidden states (B, T, H) where it returned the logits, and
-the loss computes CE + NTL from them and the layer's weight with
-:func:`numtok.linear.linear_cross_entropy_with_ntl`, never holding the (B, T, V) logits or their
-gradient. Same value, gradients, exactness and logs as from the logits; evaluation and
-``generate()`` still compute logits; a soft cap on the logits (Gemma 2's
+**Logits-free training.** ``NTLossForTrainer(tokenizer, logits_free=True).attach(trainer)``: the
+loss is computed inside the model's own forward, the mechanism of :func:`numtok.hf.patch_model`
+(:mod:`numtok.hf._in_forward`). In each training call of ``compute_loss`` the model's forward gets
+the batch's labels, its output layer (``get_output_embeddings()``) hands its input through, and
+CE + NTL are computed from the final hidden states (B, T, H) and the layer's weight with
+:func:`numtok.linear.linear_cross_entropy_with_ntl` while the forward runs — where FSDP holds the
+weight gathered — never holding the (B, T, V) logits or their gradient; the model returns no
+logits and this loss returns that value. Same value, gradients, exactness and logs as from the
+logits; evaluation and ``generate()`` still compute logits; a soft cap on the logits (Gemma 2's
 ``final_logit_softcapping``) is applied by the loss. What it checks and refuses (a logit scale with
-an output bias, FSDP, ...) is in :mod:`numtok.hf._head` and :meth:`NTLossForTrainer.attach`.
+an output bias, DeepSpeed ZeRO-3, ...) is in :mod:`numtok.hf._head` and
+:meth:`NTLossForTrainer.attach`.
 
 **What is minimised.** Over the positions of one optimizer step (all micro-batches of the
 accumulation, on all processes), with ``T`` the positions that have a label (not ``ignore_index``)
@@ -74,10 +77,12 @@ from numtok._ntl_maths import Kind, LossSpec
 from numtok._validation import check_bool, check_ntl_weight
 from numtok.fused import CEWithNTLOutput
 from numtok.hf._head import (
+    BypassedHead,
     OutputLayerBypass,
     check_bypass_is_exact,
     output_layer_of,
 )
+from numtok.hf._in_forward import check_not_patched, install_forward, run_forward, with_loss
 from numtok.hf._loss import (
     ce_plus_ntl,
     count_targets,
@@ -139,17 +144,48 @@ def _deepspeed_stage(trainer: Any) -> int | None:
     return None if plugin is None else int(getattr(plugin, "zero_stage", 0) or 0)
 
 
-def _bypass_during_training_steps(trainer: Any, bypass: OutputLayerBypass) -> None:
-    """Wrap ``trainer.training_step`` (on the instance) so that the output layer is bypassed
-    during training steps, and only then."""
-    training_step = trainer.training_step
+@dataclass
+class _StepInForward:
+    """The micro-batch whose ``compute_loss`` is running: its labels (B, T) and the trainer's
+    ``num_items_in_batch``, handed to the model's forward, which leaves the loss here."""
 
-    @functools.wraps(training_step)
-    def logits_free_training_step(*args: Any, **kwargs: Any) -> Any:
-        with bypass.during_training_step():
-            return training_step(*args, **kwargs)
+    labels: torch.Tensor
+    num_items_in_batch: torch.Tensor | int | None
+    loss: torch.Tensor | None = None
 
-    trainer.training_step = logits_free_training_step
+
+@dataclass
+class _LossInForward:
+    """The logits-free route of :meth:`NTLossForTrainer.attach`: the bypass of the model's
+    output layer, and the training micro-batch being computed (None outside ``compute_loss``)."""
+
+    bypass: OutputLayerBypass
+    step: _StepInForward | None = None
+    warned: bool = False
+
+
+def _labels_to_the_forward(trainer: Any, in_forward: _LossInForward) -> None:
+    """Wrap ``trainer.compute_loss`` (on the instance) so that, in calls that record gradients,
+    the model's forward gets the batch's labels, which the trainer keeps from it when it has a
+    ``compute_loss_func`` (it calls ``model(**inputs)`` without them, then the loss)."""
+    compute_loss = trainer.compute_loss
+    signature = inspect.signature(compute_loss)
+    inputs_name = list(signature.parameters)[1]  # (model, inputs, ...)
+
+    @functools.wraps(compute_loss)
+    def compute_loss_in_forward(*args: Any, **kwargs: Any) -> Any:
+        arguments = signature.bind(*args, **kwargs).arguments
+        inputs = arguments.get(inputs_name)
+        labels = inputs.get("labels") if isinstance(inputs, Mapping) else None
+        if not isinstance(labels, torch.Tensor) or not torch.is_grad_enabled():
+            return compute_loss(*args, **kwargs)
+        in_forward.step = _StepInForward(labels, arguments.get("num_items_in_batch"))
+        try:
+            return compute_loss(*args, **kwargs)
+        finally:
+            in_forward.step = None
+
+    trainer.compute_loss = compute_loss_in_forward
 
 
 @dataclass
@@ -264,7 +300,7 @@ class NTLossForTrainer:
         self._head_spec = self.spec  # the logits-free loss's settings (attach adds a soft cap)
         self._terms = self._loss_terms(compile=bool(compile))
         self._link: _Link | None = None
-        self._bypass: OutputLayerBypass | None = None
+        self._in_forward: _LossInForward | None = None
         self._exactness_checked = False
 
     def _loss_terms(
@@ -299,9 +335,49 @@ class NTLossForTrainer:
         num_items_in_batch: torch.Tensor | int | None = None,
     ) -> torch.Tensor:
         """The loss of one micro-batch; ``outputs.logits`` (B, T, V), ``labels`` (B, T). In a
-        logits-free training step, ``outputs.logits`` holds the hidden states (B, T, H)."""
-        logits = _logits_of(outputs)
-        head = self._bypass.take() if self._bypass is not None else None
+        logits-free training step the model's forward computed it already (from the final
+        hidden states and the output layer's weight) and ``outputs.logits`` is None."""
+        in_forward = self._in_forward
+        step = None if in_forward is None else in_forward.step
+        if step is not None and step.loss is not None and labels is step.labels:
+            return step.loss
+        if in_forward is not None and step is not None and not in_forward.warned:
+            in_forward.warned = True
+            warnings.warn(
+                "logits_free=True: the model the trainer called did not compute the loss in its "
+                "forward (its forward was replaced after attach(), e.g. by "
+                "use_liger_kernel): the loss is computed from the logits",
+                stacklevel=2,
+            )
+        return self._loss(outputs, _logits_of(outputs), labels, num_items_in_batch)
+
+    def _forward_computing_the_loss(
+        self, own_forward: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> Any:
+        """The attached model's forward: the model's own, which in the trainer's training calls
+        (see :func:`_labels_to_the_forward`) computes the loss logits-free while it runs."""
+        in_forward = self._in_forward
+        assert in_forward is not None
+        step = in_forward.step
+        if step is None or step.loss is not None or not torch.is_grad_enabled():
+            return own_forward(*args, **kwargs)
+        outputs, hidden, head = run_forward(
+            own_forward, in_forward.bypass, self.vocab.vocab_size, args, kwargs
+        )
+        step.loss = self._loss(outputs, hidden, step.labels, step.num_items_in_batch, head)
+        return with_loss(outputs, step.loss, head)
+
+    def _loss(
+        self,
+        outputs: Any,
+        logits: torch.Tensor,
+        labels: torch.Tensor | None,
+        num_items_in_batch: torch.Tensor | int | None,
+        head: BypassedHead | None = None,
+    ) -> torch.Tensor:
+        """``Σ ce / |T| + ntl_weight · Σ ntl / |P|`` of the logits (B, T, V), or of the hidden
+        states (B, T, H) and the bypassed ``head``, with the step's counts where they are known,
+        recorded for the logs."""
         if labels is None:
             raise ValueError(
                 "labels are missing: the batch has no 'labels' entry. Use a data collator that "
@@ -389,9 +465,13 @@ class NTLossForTrainer:
         ``Seq2SeqTrainer``). It sets ``trainer.compute_loss_func`` to this loss when it is unset
         and wraps three of the trainer's methods on the instance: ``get_batch_samples`` (counts
         the step's target and number positions), ``log`` (adds ``ce`` and ``ntl``) and
-        ``evaluation_loop`` (adds ``eval_ce`` and ``eval_ntl``); with ``logits_free=True`` also
-        ``training_step``, during which the output layer is bypassed (see
-        :mod:`numtok.hf._head`).
+        ``evaluation_loop`` (adds ``eval_ce`` and ``eval_ntl``). With ``logits_free=True`` it
+        also patches the model's forward (on the instance, before the trainer wraps the model)
+        and wraps ``compute_loss``, which hands the batch's labels to it: in training calls the
+        model's forward computes the loss from its final hidden states and the output layer's
+        weight while it runs (the mechanism of :func:`numtok.hf.patch_model`, see
+        :mod:`numtok.hf._in_forward`), where FSDP holds the weight gathered, and returns no
+        logits; this loss returns that value.
 
         Raises:
             ValueError: the trainer has another ``compute_loss_func``; this loss is already
@@ -400,11 +480,12 @@ class NTLossForTrainer:
                 GPUs in one process; use DDP through torchrun or accelerate). With
                 ``logits_free=True``: a model whose logits are not its output layer's product,
                 soft-capped or not (a logit scale together with a bias), an output layer that is
-                not a plain ``nn.Linear``, FSDP, DeepSpeed
-                ZeRO-3 or tensor parallelism (the layer's weight is sharded outside the forward).
+                not a plain ``nn.Linear``, a model patched by ``patch_model`` already, DeepSpeed
+                ZeRO-3 or tensor parallelism (the layer's weight is sharded inside the model's
+                forward too). FSDP2 is tested (two processes); FSDP1 is not.
         """
         methods = ("get_batch_samples", "log", "evaluation_loop")
-        for method in (*methods, "training_step") if self.logits_free else methods:
+        for method in (*methods, "compute_loss") if self.logits_free else methods:
             if not callable(getattr(trainer, method, None)):
                 raise TypeError(
                     f"trainer must be a transformers.Trainer (it has no {method}() method), "
@@ -450,8 +531,16 @@ class NTLossForTrainer:
         )
         self._wrap(trainer, link)
         if bypass is not None:
-            self._bypass = bypass
-            _bypass_during_training_steps(trainer, bypass)
+            self._in_forward = in_forward = _LossInForward(bypass)
+            install_forward(
+                trainer.model,
+                self,
+                "NTLossForTrainer(logits_free=True).attach",
+                lambda own_forward: functools.partial(
+                    self._forward_computing_the_loss, own_forward
+                ),
+            )
+            _labels_to_the_forward(trainer, in_forward)
         return trainer
 
     def _output_layer_bypass(self, trainer: Any) -> OutputLayerBypass:
@@ -459,7 +548,6 @@ class NTLossForTrainer:
         sharded = [
             name
             for name, on in (
-                ("FSDP", getattr(trainer, "is_fsdp_enabled", False)),
                 ("DeepSpeed ZeRO-3", _deepspeed_stage(trainer) == 3),
                 ("tensor parallelism", _size(trainer, "get_tp_size") > 1),
             )
@@ -467,12 +555,12 @@ class NTLossForTrainer:
         ]
         if sharded:
             raise ValueError(
-                f"logits_free=True reads the output layer's weight outside the model's forward, "
-                f"where {sharded[0]} keeps it sharded: use logits_free=False with {sharded[0]}, "
-                "or numtok.hf.patch_model(model, ...) before the trainer wraps the model (the "
-                "loss inside the model's forward, where FSDP2 gathers the weight)"
+                f"logits_free=True computes the loss inside the model's forward from the output "
+                f"layer's weight, where {sharded[0]} keeps it sharded (ZeRO-3 gathers it only "
+                f"within the layer's own call): use logits_free=False with {sharded[0]}"
             )
         model = trainer.model
+        check_not_patched(model)
         head = output_layer_of(model)
         softcap = check_bypass_is_exact(model, head, _logits_of)
         return OutputLayerBypass(model, head, softcap)
