@@ -9,6 +9,7 @@ from numtok.decoding import (
 )
 from numtok.fused import CEWithNTLOutput, cross_entropy_with_ntl
 from numtok.hf import NTLossForTrainer
+from numtok.kinds import DEL, DIST2, SMMD
 from numtok.label_smoothing import GaussianLabelSmoothingLoss, gaussian_label_smoothing_ce
 from numtok.linear import linear_cross_entropy_with_ntl
 from numtok.losses import number_token_loss
@@ -21,6 +22,9 @@ from numtok.text_numbers import last_number, parse_number
 from numtok.vocab import NumberVocab
 
 __all__ = [
+    "DEL",
+    "DIST2",
+    "SMMD",
     "CEWithNTLOutput",
     "ExpectedNumbers",
     "GaussianLabelSmoothingLoss",

@@ -16,7 +16,9 @@ At a position whose label ``y`` is a number token, with ``z`` its N number-token
   ``P_L · f(ŷ_L, ỹ) + (1 - P_L) · D_f`` with ``ŷ_L`` the expected value within the label's
   length ``L``, ``P_L`` that length's share of the number mass (``P_L = 1`` with single-digit
   tokens only) and ``D_f`` the largest value of ``f`` over the value range;
-* ``reweigh``: ``ℓ · m + 1.01 · D · (1 - m)`` with ``m`` the full-vocabulary number mass.
+* ``reweigh``: ``ℓ · m + 1.01 · D · (1 - m)`` with ``m`` the full-vocabulary number mass;
+* ``"del"``, ``"smmd"``, ``"dist2"`` (or their settings objects): the losses of
+  :mod:`numtok.kinds`, DEL and DIST2 times the place weights of :mod:`numtok._place_weights`.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from numtok._place_weights import del_place_weights, run_place_weights
 from numtok._validation import (
     check_bool,
     check_elementwise_callable,
@@ -35,12 +38,15 @@ from numtok._validation import (
     check_reduction,
     check_squash_factor,
 )
+from numtok.kinds import DEL, DIST2, SMMD, KindSettings, kind_losses, settings_for, uses_places
+from numtok.kinds import NAMES as OTHER_KINDS
 from numtok.vocab import NumberTables, NumberVocab, check_number_vocab
 
 PointwiseLoss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-#: ``"was"``, ``"mse"``, ``"mae"``, ``"huber"``, ``"number"`` (number level) or a
-#: callable ``f(prediction, target)`` returning an elementwise loss.
-Kind = str | PointwiseLoss
+#: ``"was"``, ``"mse"``, ``"mae"``, ``"huber"``, ``"del"``, ``"smmd"``, ``"dist2"``, ``"number"``
+#: (number level), a callable ``f(prediction, target)`` returning an elementwise loss, or the
+#: settings of one of numtok.kinds (``DEL(...)``, ``SMMD(...)``, ``DIST2(...)``).
+Kind = str | PointwiseLoss | DEL | SMMD | DIST2
 
 _POINTWISE: dict[str, PointwiseLoss] = {
     "mse": lambda prediction, target: (prediction - target).square(),
@@ -72,6 +78,9 @@ class LossSpec:
 
     ``logit_softcap`` (the fused and logits-free paths only): the logits ``x`` enter both losses
     as ``c·tanh(x/c)`` (Gemma 2's ``final_logit_softcapping``), None for ``x`` itself.
+    ``settings``: those of a kind of :mod:`numtok.kinds` (None for NTL's kinds);
+    ``group_lengths`` the digit length of each scale group, and, for the kinds with place
+    weights, the vocabulary's decimal-point and word-start ids.
 
     :meth:`build` checks the settings once (in a function call or a module's ``__init__``) and
     raises a ``ValueError``/``TypeError`` naming the bad argument. ``kind="number"`` is refused
@@ -92,6 +101,10 @@ class LossSpec:
     min_nonzero_distance: float
     max_cost: float
     logit_softcap: float | None = None
+    settings: KindSettings | None = None
+    group_lengths: tuple[int, ...] = (1,)
+    decimal_point_ids: tuple[int, ...] = ()
+    word_start_ids: tuple[int, ...] = ()
 
     @classmethod
     def build(
@@ -108,7 +121,24 @@ class LossSpec:
     ) -> LossSpec:
         check_number_vocab(vocab)
         pointwise: PointwiseLoss | None
-        if callable(kind):
+        settings = settings_for(kind)
+        if settings is not None:
+            pointwise, kind_name = None, settings.name
+            for name, value, off in (
+                ("reweigh", reweigh, False),
+                ("squash_factor", squash_factor, None),
+            ):
+                if value is not off:
+                    raise ValueError(
+                        f"{name} applies to NTL's kinds, got {name}={value!r} with "
+                        f"kind={kind_name!r}"
+                        + (
+                            " (SMMD's own is SMMD(squash_factor=...))"
+                            if kind_name == "smmd"
+                            else ""
+                        )
+                    )
+        elif callable(kind):
             check_elementwise_callable("kind", kind)
             pointwise, kind_name = kind, getattr(kind, "__name__", "callable")
         elif kind in _KINDS:
@@ -120,7 +150,8 @@ class LossSpec:
             )
         else:
             raise ValueError(
-                f"kind must be one of {(*_KINDS, NUMBER_LEVEL)} or a callable, got {kind!r}"
+                f"kind must be one of {(*_KINDS, *OTHER_KINDS, NUMBER_LEVEL)}, a settings object "
+                f"of numtok.kinds (DEL, SMMD, DIST2) or a callable, got {kind!r}"
             )
         squash = check_squash_factor(squash_factor)
         if squash is not None and pointwise is not None:
@@ -128,7 +159,9 @@ class LossSpec:
                 f"squash_factor applies to kind='was' only, got squash_factor={squash_factor!r} "
                 f"with kind={kind_name!r}"
             )
-        if pointwise is None:
+        if settings is not None:
+            max_cost = 0.0  # read by reweigh only, which these kinds refuse
+        elif pointwise is None:
             farthest = torch.tensor(vocab.max_distance, dtype=torch.float64)
             max_cost = float(
                 _squashed(farthest, squash, vocab.min_nonzero_distance, vocab.max_distance)
@@ -151,6 +184,10 @@ class LossSpec:
             min_nonzero_distance=vocab.min_nonzero_distance,
             max_cost=max_cost,
             logit_softcap=check_logit_softcap(logit_softcap),
+            settings=settings,
+            group_lengths=tuple(vocab.group_lengths),
+            decimal_point_ids=vocab.decimal_point_ids if uses_places(settings) else (),
+            word_start_ids=vocab.word_start_ids if uses_places(settings) else (),
         )
 
     @property
@@ -236,10 +273,26 @@ def number_positions(
 
 
 def position_losses(
-    number_logits: torch.Tensor, position: torch.Tensor, tables: NumberTables, spec: LossSpec
+    number_logits: torch.Tensor,
+    position: torch.Tensor,
+    tables: NumberTables,
+    spec: LossSpec,
+    place: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """NTL per position before reweighing and weights, (M,), from the finite number logits
-    (M, N) in the compute dtype and each label's index among the number tokens (M,)."""
+    (M, N) in the compute dtype, each label's index among the number tokens (M,) and, for the
+    kinds with place weights, those of the labels (M,) (:func:`place_weights`)."""
+    if spec.settings is not None:
+        scaled = tables.scaled_values.to(number_logits.dtype)
+        return kind_losses(
+            spec.settings,
+            number_logits,
+            position,
+            values=token_values(tables, spec).to(number_logits.dtype),
+            scaled_values=scaled,
+            groups=tables.groups,
+            place=place,
+        )
     values = tables.scaled_values.to(number_logits.dtype)  # (N,)
     target = values[position]  # (M,)
     same_group = (
@@ -254,6 +307,50 @@ def position_losses(
     if spec.pointwise is None:
         return _wasserstein(probs, target, values, same_group, spec)
     return _expected_value_loss(number_logits, probs, target, values, same_group, spec)
+
+
+def _token_lengths(tables: NumberTables, spec: LossSpec) -> torch.Tensor:
+    """(N,) long, the digit length of each number token."""
+    lengths = torch.tensor(spec.group_lengths, dtype=torch.long, device=tables.groups.device)
+    return lengths[tables.groups]
+
+
+def token_values(tables: NumberTables, spec: LossSpec) -> torch.Tensor:
+    """(N,) float64, what each number token is worth (``"007"`` 7), from its scaled value:
+    multi-digit tokens are integers, so the product is rounded back to one."""
+    lengths = _token_lengths(tables, spec)
+    values = tables.scaled_values * torch.pow(10.0, (lengths - 1).to(tables.scaled_values.dtype))
+    return torch.where(lengths > 1, values.round(), values)
+
+
+def place_weights(
+    labels: torch.Tensor, tables: NumberTables, spec: LossSpec, dtype: torch.dtype
+) -> torch.Tensor | None:
+    """The place weights (labels' shape, ``dtype``) of the kinds that use them (DEL, DIST2; see
+    :mod:`numtok._place_weights`), None for the others. ``labels`` (..., T), already shifted:
+    numbers are read along the last dimension."""
+    settings = spec.settings
+    if not uses_places(settings):
+        return None
+    rows = labels.reshape(-1, labels.shape[-1]) if labels.dim() else labels.reshape(1, 1)
+    device = rows.device
+    known = rows != spec.ignore_index
+    safe = torch.where(known, rows, 0)
+    position = tables.position_of_id[safe]
+    is_number = known & (position >= 0)
+    digits = torch.where(is_number, _token_lengths(tables, spec)[position.clamp_min(0)], 0)
+
+    def among(ids: tuple[int, ...]) -> torch.Tensor:
+        return known & torch.isin(safe, torch.tensor(ids, dtype=torch.long, device=device))
+
+    starts_word = among(spec.word_start_ids)
+    if isinstance(settings, DEL):
+        weights = del_place_weights(
+            is_number, among(spec.decimal_point_ids), digits, starts_word, dtype
+        )
+    else:
+        weights = run_place_weights(is_number, digits, starts_word).to(dtype)
+    return weights.reshape(labels.shape)
 
 
 def reweighed(loss: torch.Tensor, log_number_mass: torch.Tensor, spec: LossSpec) -> torch.Tensor:

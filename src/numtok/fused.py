@@ -37,6 +37,7 @@ from numtok._ntl_maths import (
     Kind,
     LossSpec,
     number_positions,
+    place_weights,
     position_losses,
     reweighed,
     reweighed_derivatives,
@@ -100,6 +101,7 @@ class _Rows(NamedTuple):
     is_number: torch.Tensor  # the label is a number token: counted by NTL
     position: torch.Tensor  # the label's index among the N number tokens, 0 where not a number
     ntl_weights: torch.Tensor  # loss_weights at number positions, 0 elsewhere (compute dtype)
+    place: torch.Tensor  # the place weights of DEL and DIST2 (compute dtype), 1 for other kinds
 
     def take(self, index: slice | torch.Tensor) -> _Rows:
         """The same facts for the positions ``index`` (a chunk of rows)."""
@@ -123,12 +125,16 @@ def prepare_rows(
     ntl_weights = is_number.to(dtype)
     if loss_weights is not None:
         ntl_weights = ntl_weights * loss_weights.reshape(-1).to(dtype)
+    place = place_weights(labels, tables, spec, dtype)
     rows = _Rows(
         target_ids=torch.where(is_target, flat_labels, 0),
         is_target=is_target,
         is_number=is_number,
         position=position,
         ntl_weights=ntl_weights,
+        place=ntl_weights.new_ones(()).expand_as(ntl_weights)
+        if place is None
+        else place.reshape(-1),
     )
     return rows, labels.shape
 
@@ -191,7 +197,7 @@ def combine_terms(
     :func:`~numtok.number_token_loss`; differentiable with ordinary autograd. Autograd through
     this function yields exactly the per-row coefficients that :func:`loss_and_row_gradients`
     computes directly."""
-    base = position_losses(number_logits, rows.position, tables, spec)  # (M,)
+    base = position_losses(number_logits, rows.position, tables, spec, rows.place)  # (M,)
     number_lse = torch.logsumexp(number_logits, dim=-1) if spec.reweigh else None
     ce, ntl = _row_losses(lse, target_logit, base, number_lse, rows, spec)
     ce, ntl = reduce_terms(ce, ntl, rows, spec, num_items, shape)
@@ -267,7 +273,7 @@ def _number_terms(
     coefficient = ntl_weight * scales.ntl * rows.ntl_weights  # (m,), 0 off number positions
 
     def base_of(z: torch.Tensor) -> torch.Tensor:
-        return position_losses(z, rows.position, tables, spec)
+        return position_losses(z, rows.position, tables, spec, rows.place)
 
     with torch.enable_grad():
         leaf = number_logits.detach().requires_grad_()

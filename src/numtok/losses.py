@@ -20,6 +20,11 @@ the softmax over those tokens, and the loss is ``P_L · f(ŷ_L, ỹ) + (1 - P_L)
 With single-digit number tokens only, ``P_L = 1`` and both flavours are exactly the plain
 definitions above.
 
+``kind="del" | "smmd" | "dist2"`` (or ``numtok.DEL(...)``, ``SMMD(...)``, ``DIST2(...)``) are the
+number losses published since NTL — the digit entropy loss, smooth MMD alignment and the KL
+divergence to a distance-smoothed target — defined (also for multi-digit tokens) in
+:mod:`numtok.kinds`; DEL and DIST2 weigh each position by its label's place in the number.
+
 ``kind="number"`` is the number-level loss of :mod:`numtok.number_level` (whole numbers assembled
 with their place values, sign and decimals, compared by smape), read with the same
 :class:`NumberVocab`.
@@ -36,6 +41,7 @@ from numtok._ntl_maths import (
     LossSpec,
     check_number_level_squash,
     number_positions,
+    place_weights,
     position_losses,
     reweighed,
 )
@@ -78,7 +84,10 @@ def number_token_loss_from_tables(
     is_number, position = number_positions(flat_labels, tables, spec)
 
     number_logits = number_logits_at(logits, None, tables.ids, dtype)  # (M, N), finite
-    loss = position_losses(number_logits, position, tables, spec)
+    place = place_weights(labels, tables, spec, dtype)  # DEL, DIST2: (...); None otherwise
+    loss = position_losses(
+        number_logits, position, tables, spec, None if place is None else place.reshape(-1)
+    )
 
     if spec.reweigh:
         # The full-vocabulary number mass m = exp(lse(number logits) - lse(all logits)) at the
@@ -118,6 +127,7 @@ def number_token_loss(
 
     * ``kind="was"``: ``ℓ = Σ_j p_j · d(v_j, y)``, ``d = |v_j - y|`` (or its squashed form);
     * ``kind="mse"|"mae"|"huber"|callable``: ``ℓ = f(Σ_j p_j v_j, y)``;
+    * ``kind="del"|"smmd"|"dist2"`` or their settings: the losses of :mod:`numtok.kinds`;
     * ``kind="number"``: :func:`numtok.number_level.number_level_loss` (smape) on whole numbers.
 
     Every other position (text labels, ``ignore_index``) contributes exactly 0.
@@ -129,7 +139,10 @@ def number_token_loss(
         labels: (...) integer token ids in [0, V) or ``ignore_index``.
         vocab: the :class:`NumberVocab` of the tokenizer.
         kind: ``"was"`` (NTL-WAS), ``"mse"``, ``"mae"``, ``"huber"`` (delta 1), ``"number"``
-            (number level) or a callable ``f(prediction, target) -> elementwise loss`` (NTL-Lp).
+            (number level), a callable ``f(prediction, target) -> elementwise loss`` (NTL-Lp),
+            or ``"del"``, ``"smmd"``, ``"dist2"`` with their authors' settings, or
+            ``DEL(...)``, ``SMMD(...)``, ``DIST2(...)`` with others (:mod:`numtok.kinds`; they
+            take neither ``reweigh`` nor ``squash_factor``).
         reweigh: multiply by the full-vocabulary number mass ``m`` at the position and add
             ``1.01 · D · (1 - m)`` (ntloss's definition; ``D`` the largest cost), which penalises
             putting mass on text where a number is due. Off by default, as in the paper.
