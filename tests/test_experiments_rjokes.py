@@ -271,7 +271,9 @@ def test_run_writes_rows_report_and_plot(smoke_run: tuple[Path, Any]) -> None:
     keys = {"arm", "readout", "seed", "split", "rmse", "mae", "pearson", "spearman", "accuracy"}
     assert all(keys | {"unparseable"} <= set(row) and row["split"] == "test" for row in rows)
     kinds = {c["kind"] for c in stored["comparisons"]}
-    assert kinds == {"ntl_vs_ce", "readout_vs_greedy", "vs_head"}
+    assert kinds == {"ntl_vs_ce", "vs_was", "readout_vs_greedy", "vs_head"}
+    against_was = [c for c in stored["comparisons"] if c["kind"] == "vs_was"]
+    assert {(c["arm"], c["baseline_arm"]) for c in against_was} == {("mse", "was")}
     head = next(c for c in stored["comparisons"] if c["kind"] == "vs_head")
     differences = [
         a - b
@@ -321,7 +323,7 @@ def test_command_line(data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixt
         (["--task", "rjokes", "--data-dir", str(tmp_path)], "lacks train.tsv(.gz)"),
         (["--preset", "demo", "--task", "rjokes"], "does not fit the preset 'demo'"),
         (["--task", "rjokes", "--evaluate-on", "valid"], "invalid choice: 'valid'"),
-        (["--task", "rjokes", "--arms", "ce,dist2"], "arms must be chosen from"),
+        (["--task", "rjokes", "--arms", "ce,ntl"], "arms must be chosen from"),
     ):
         with pytest.raises(SystemExit) as exit_info:
             main(["repro", *flags, "--out", str(tmp_path / "refused")])

@@ -24,7 +24,7 @@ from numtok.experiments.batches import TrainingSet
 from numtok.experiments.config import ExperimentConfig
 from numtok.experiments.data import MathData, load_data
 from numtok.experiments.loop import learning_rate_at
-from numtok.experiments.objectives import GLS_SIGMA
+from numtok.experiments.objectives import GLS_SIGMA, NUMBER_LOSS_ARMS
 from numtok.experiments.presets import PRESETS
 from numtok.experiments.run_folder import arm_directory
 from numtok.experiments.runner import run_experiment
@@ -69,7 +69,7 @@ def test_learning_rate_warms_up_then_decays_to_zero() -> None:
     assert rates[-1] < 1e-5
 
 
-@pytest.mark.parametrize("arm", ["ce", "was", "mse", "gls"])
+@pytest.mark.parametrize("arm", ["ce", "was", "mse", "gls", "number", "del", "smmd", "dist2"])
 def test_train_step_minimises_the_arm_loss(arm: str, data: MathData) -> None:
     tokenizer = CharTokenizer()
     vocab = tokenizer.number_vocab()
@@ -83,7 +83,7 @@ def test_train_step_minimises_the_arm_loss(arm: str, data: MathData) -> None:
     loss, ce, ntl_value = train_step(model, optimizer, objective, batch, config, 1e-3)
     assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     torch.testing.assert_close(ce, F.cross_entropy(logits.flatten(0, 1), labels.flatten()))
-    if arm in ("was", "mse"):
+    if arm in NUMBER_LOSS_ARMS:
         expected_ntl = number_token_loss(logits, labels, vocab, kind=arm)
         assert ntl_value is not None
         torch.testing.assert_close(ntl_value, expected_ntl)
@@ -184,11 +184,42 @@ def test_config_is_validated_before_any_work() -> None:
         SMOKE.with_overrides(device="gpu")
     with pytest.raises(ValueError, match="arms must include 'ce'"):
         SMOKE.with_overrides(arms=("was",))
-    with pytest.raises(ValueError, match=r"unknown: \['dist2'\]"):
-        SMOKE.with_overrides(arms=("ce", "dist2"))
+    with pytest.raises(ValueError, match=r"unknown: \['ntl'\]"):
+        SMOKE.with_overrides(arms=("ce", "ntl"))
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match=r"torch\.cuda\.is_available\(\) is False"):
             SMOKE.with_overrides(device="cuda")
     assert ExperimentConfig.from_dict(SMOKE.to_dict()) == SMOKE
     assert SMOKE.fingerprint() == ExperimentConfig.from_dict(SMOKE.to_dict()).fingerprint()
     assert SMOKE.fingerprint() != SMOKE.with_overrides(steps=41).fingerprint()
+
+
+def test_single_arms_take_their_own_weight() -> None:
+    config = SMOKE.with_overrides(arms=("ce", "was", "del"), arm_weights=(("del", 2.5),))
+    assert (config.weight_of("was"), config.weight_of("del")) == (SMOKE.ntl_weight, 2.5)
+    assert config.weights_text() == f"λ: was {SMOKE.ntl_weight:g}, del 2.5"
+    assert ExperimentConfig.from_dict(config.to_dict()) == config
+    assert config.fingerprint() != config.with_overrides(arm_weights=(("del", 3.0),)).fingerprint()
+    # Without single weights the settings are written as before, so old runs keep their folder.
+    assert "arm_weights" not in SMOKE.to_dict()
+    _, _, objective = build_arm(config, 0, "del", CharTokenizer())
+    assert objective.ntl_weight == 2.5
+    with pytest.raises(
+        ValueError, match=r"arm_weights must be \(arm, λ\) pairs .* \('cat', 1\.0\)"
+    ):
+        SMOKE.with_overrides(arm_weights=(("cat", 1.0),))
+    with pytest.raises(ValueError, match="the λ of was must be a finite number >= 0"):
+        SMOKE.with_overrides(arm_weights=(("was", -1.0),))
+    with pytest.raises(ValueError, match="names an arm twice"):
+        SMOKE.with_overrides(arm_weights=(("was", 1.0), ("was", 2.0)))
+
+
+def test_the_arm_weights_flag_reads_pairs() -> None:
+    import argparse
+
+    from numtok.cli import _arm_weights
+
+    assert _arm_weights("was=3, del=0.5") == (("was", 3.0), ("del", 0.5))
+    for bad in ("was", "was=x", "was:3"):
+        with pytest.raises(argparse.ArgumentTypeError, match="expected arm=λ pairs"):
+            _arm_weights(bad)

@@ -35,6 +35,7 @@ _FLAGS = {
     "seeds": "--seeds",
     "arms": "--arms",
     "ntl_weight": "--ntl-weight",
+    "arm_weights": "--arm-weights",
     "steps": "--steps",
     "batch_size": "--batch-size",
     "train_questions": "--train-questions",
@@ -68,6 +69,23 @@ def _arms(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
+def _arm_weights(text: str) -> tuple[tuple[str, float], ...]:
+    """``"was=3,del=1"`` is ``(("was", 3.0), ("del", 1.0))``."""
+    pairs = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        arm, sign, value = part.partition("=")
+        try:
+            weight = float(value) if sign else None
+        except ValueError:
+            weight = None
+        if weight is None:
+            raise argparse.ArgumentTypeError(
+                f"expected arm=λ pairs separated by commas (was=3,del=1), got {text!r}"
+            )
+        pairs.append((arm.strip(), weight))
+    return tuple(pairs)
+
+
 def _add_run_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--task", help=f"'{RJOKES}' (regression) or a Mathematics task (numtok list shows them)"
@@ -76,10 +94,16 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--arms",
         type=_arms,
-        help="comma-separated arms: ce (required), was, mse, gls (Gaussian label smoothing); "
-        "rjokes also head (a regression head)",
+        help="comma-separated arms: ce (required), was, mse, number (CE + λ·NTL of each kind), "
+        "del, smmd, dist2 (CE + λ·that loss), gls (Gaussian label smoothing); rjokes also head "
+        "(a regression head)",
     )
     parser.add_argument("--ntl-weight", type=float, help="λ in CE + λ·NTL (default 0.3)")
+    parser.add_argument(
+        "--arm-weights",
+        type=_arm_weights,
+        help="λ of single arms where it differs from --ntl-weight, e.g. was=3,del=1",
+    )
     parser.add_argument("--steps", type=int, help="training steps per arm")
     parser.add_argument("--batch-size", type=int, help="examples per step")
     parser.add_argument(

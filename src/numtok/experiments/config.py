@@ -13,6 +13,7 @@ from numtok._validation import check_int, check_number
 from numtok.experiments.data import check_task
 from numtok.experiments.model import ModelConfig
 from numtok.experiments.objectives import ARMS as ARITHMETIC_ARMS
+from numtok.experiments.objectives import NUMBER_LOSS_ARMS
 
 __all__ = [
     "ExperimentConfig",
@@ -41,6 +42,8 @@ class TrainingConfig:
     seeds: tuple[int, ...] = (0, 1, 2)
     arms: tuple[str, ...] = ("ce", "was", "mse")
     ntl_weight: float = 0.3
+    #: ``((arm, λ), ...)``: the arms whose λ is not ``ntl_weight`` (each chosen on validation).
+    arm_weights: tuple[tuple[str, float], ...] = ()
     steps: int = 800
     batch_size: int = 64
     learning_rate: float = 1e-3
@@ -76,6 +79,15 @@ class TrainingConfig:
         check_non_negative_int("warmup_steps", self.warmup_steps)
         check_number("learning_rate", self.learning_rate, minimum=0.0, inclusive=False)
         check_number("ntl_weight", self.ntl_weight, minimum=0.0, inclusive=True)
+        for entry in self.arm_weights:
+            if not (isinstance(entry, tuple) and len(entry) == 2 and entry[0] in self.ARMS):
+                raise ValueError(
+                    f"arm_weights must be (arm, λ) pairs with arms from {list(self.ARMS)}, got "
+                    f"{entry!r} (e.g. --arm-weights was=3,del=1)"
+                )
+            check_number(f"the λ of {entry[0]}", entry[1], minimum=0.0, inclusive=True)
+        if len({arm for arm, _ in self.arm_weights}) != len(self.arm_weights):
+            raise ValueError(f"arm_weights names an arm twice: {list(self.arm_weights)}")
         check_number("weight_decay", self.weight_decay, minimum=0.0, inclusive=True)
         check_number("grad_clip", self.grad_clip, minimum=0.0, inclusive=False)
         if not self.seeds:
@@ -102,6 +114,18 @@ class TrainingConfig:
         )
         check_device(self.device)
 
+    def weight_of(self, arm: str) -> float:
+        """λ of ``arm``: its entry in ``arm_weights``, else ``ntl_weight``."""
+        return dict(self.arm_weights).get(arm, self.ntl_weight)
+
+    def weights_text(self) -> str:
+        """``λ = 3`` or ``λ: CE+NTL-WAS 3, CE+DEL 1`` for the arms with a number loss."""
+        if not self.arm_weights:
+            return f"λ = {self.ntl_weight:g}"
+        return "λ: " + ", ".join(
+            f"{arm} {self.weight_of(arm):g}" for arm in self.arms if arm in NUMBER_LOSS_ARMS
+        )
+
     def model_config(self, vocab_size: int) -> ModelConfig:
         return ModelConfig(
             vocab_size=vocab_size,
@@ -113,6 +137,10 @@ class TrainingConfig:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["seeds"], data["arms"] = list(self.seeds), list(self.arms)
+        # Left out when empty, so that the settings of runs from before it keep their fingerprint.
+        data["arm_weights"] = [list(entry) for entry in self.arm_weights]
+        if not self.arm_weights:
+            del data["arm_weights"]
         return data
 
     @classmethod
@@ -125,6 +153,8 @@ class TrainingConfig:
         for name in ("seeds", "arms"):
             if name in values:
                 values[name] = tuple(values[name])
+        if "arm_weights" in values:
+            values["arm_weights"] = tuple(tuple(entry) for entry in values["arm_weights"])
         return cls(**values)
 
     def with_overrides(self: _Config, **overrides: Any) -> _Config:

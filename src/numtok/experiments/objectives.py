@@ -3,6 +3,9 @@
 * ``ce``: cross-entropy on the answer tokens;
 * ``was`` / ``mse``: ``CE + λ·NTL`` with NTL-WAS or NTL-MSE (:class:`numtok.NumberTokenLoss`) on
   the answer digits;
+* ``number``: ``CE + λ·`` the number-level loss (``kind="number"``: whole numbers, smape);
+* ``del`` / ``smmd`` / ``dist2``: ``CE + λ·`` DEL, SMMD or DIST2 (:mod:`numtok.kinds`) with
+  their authors' settings;
 * ``gls``: cross-entropy with Gaussian-smoothed digit targets
   (:class:`numtok.label_smoothing.GaussianLabelSmoothingLoss`, σ = 1 digit) instead of CE, the
   paper's strongest baseline that is not NTL.
@@ -21,11 +24,22 @@ from numtok.label_smoothing import GaussianLabelSmoothingLoss
 from numtok.module import NumberTokenLoss
 from numtok.vocab import NumberVocab
 
-__all__ = ["ARMS", "ARM_LABELS", "GLS_SIGMA", "Objective"]
+__all__ = ["ARMS", "ARM_LABELS", "GLS_SIGMA", "NUMBER_LOSS_ARMS", "Objective"]
 
 #: The arms and how tables name them.
-ARM_LABELS = {"ce": "CE", "was": "CE+NTL-WAS", "mse": "CE+NTL-MSE", "gls": "GLS-CE"}
+ARM_LABELS = {
+    "ce": "CE",
+    "was": "CE+NTL-WAS",
+    "mse": "CE+NTL-MSE",
+    "gls": "GLS-CE",
+    "number": "CE+NTL-number",
+    "del": "CE+DEL",
+    "smmd": "CE+SMMD",
+    "dist2": "CE+DIST2",
+}
 ARMS = tuple(ARM_LABELS)
+#: The arms whose loss is CE + λ·(a number loss), with that loss's kind.
+NUMBER_LOSS_ARMS = ("was", "mse", "number", "del", "smmd", "dist2")
 #: Width of the Gaussian target of the ``gls`` arm, in digits.
 GLS_SIGMA = 1.0
 
@@ -40,7 +54,7 @@ class Objective(nn.Module):
             raise ValueError(f"arm must be one of {list(ARMS)}, got {arm!r}")
         self.arm = arm
         self.ntl_weight = ntl_weight
-        self.ntl = NumberTokenLoss(vocab, kind=arm) if arm in ("was", "mse") else None
+        self.ntl = NumberTokenLoss(vocab, kind=arm) if arm in NUMBER_LOSS_ARMS else None
         self.smoothing = (
             GaussianLabelSmoothingLoss(vocab, sigma=GLS_SIGMA) if arm == "gls" else None
         )

@@ -216,7 +216,7 @@ def _markdown(results: dict[str, Any]) -> str:
         f"{config.train_questions:,} generated questions (easy/medium/hard thirds), AdamW lr "
         f"{config.learning_rate:g}, {config.warmup_steps} warm-up steps then cosine; loss on "
         "answer tokens",
-        f"- arms: {', '.join(ARM_LABELS[a] for a in config.arms)}; λ = {config.ntl_weight:g}; "
+        f"- arms: {', '.join(ARM_LABELS[a] for a in config.arms)}; {config.weights_text()}; "
         f"seeds {list(config.seeds)} (each seed: same initial weights and batches for every arm)",
         f"- evaluation: greedy decoding, last number of the answer, {config.eval_questions} "
         "held-out questions per split",
@@ -330,7 +330,7 @@ def _plot(results: dict[str, Any], path: Path) -> None:
             axis.set_yscale("log")
         axis.legend()
     figure.suptitle(
-        f"{config.task}: {config.steps} steps, λ={config.ntl_weight:g}, {len(config.seeds)} seeds"
+        f"{config.task}: {config.steps} steps, {config.weights_text()}, {len(config.seeds)} seeds"
     )
     figure.tight_layout()
     figure.savefig(path, dpi=110)

@@ -44,7 +44,9 @@ def build_arm(
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay
     )
-    objective = Objective(arm, tokenizer.number_vocab(), ntl_weight=config.ntl_weight).to(device)
+    objective = Objective(arm, tokenizer.number_vocab(), ntl_weight=config.weight_of(arm)).to(
+        device
+    )
     return model, optimizer, objective
 
 

@@ -11,9 +11,9 @@ from numtok.readout import check_max_digits
 
 __all__ = ["EVALUATION_SPLITS", "RJOKES_ARMS", "RJokesConfig"]
 
-#: The arms, in report order: cross-entropy, CE + λ·NTL-WAS, CE + λ·NTL-MSE, a scalar regression
-#: head on the same trunk, and (optional) Gaussian-label-smoothed CE.
-RJOKES_ARMS = ("ce", "was", "mse", "head", "gls")
+#: The arms: cross-entropy, CE + λ·NTL-WAS, CE + λ·NTL-MSE, a scalar regression head on the same
+#: trunk, Gaussian-label-smoothed CE, and CE + λ·(the number-level loss, DEL, SMMD or DIST2).
+RJOKES_ARMS = ("ce", "was", "mse", "head", "gls", "number", "del", "smmd", "dist2")
 #: ``validation`` (held out of the training file) while choosing settings; ``test`` once.
 EVALUATION_SPLITS = ("validation", "test")
 

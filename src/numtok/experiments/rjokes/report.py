@@ -3,7 +3,8 @@
 ``results.json`` holds a flat table ``rows``, one row per (arm, readout, seed, split) with the
 metrics as keys, ready for a data frame; ``summary`` (mean ± std over seeds per arm and
 readout); ``comparisons``, paired differences seed by seed (:mod:`numtok.experiments.stats`) of
-three kinds: ``ntl_vs_ce`` (each other token arm against CE under the same readout),
+four kinds: ``ntl_vs_ce`` (each other token arm against CE under the same readout),
+``vs_was`` (each token arm but CE against NTL-WAS, when it runs),
 ``readout_vs_greedy`` (each distribution readout against greedy decoding within an arm) and
 ``vs_head`` (every token arm and readout against the regression head); and the constant
 predictions (training mean, median and mode) scored on the same jokes, for scale.
@@ -43,10 +44,20 @@ PUBLISHED = (
 )
 COMPARISON_TITLES = {
     "ntl_vs_ce": "Each arm against CE, same readout (arm − CE)",
+    "vs_was": "Each other number loss against NTL-WAS, same readout (arm − NTL-WAS)",
     "readout_vs_greedy": "Distribution readouts against greedy decoding (readout − greedy)",
     "vs_head": "Token arms against the regression head (arm − head)",
 }
-_COLOURS = {"ce": "tab:gray", "was": "tab:blue", "mse": "tab:orange", "gls": "tab:green"}
+_COLOURS = {
+    "ce": "tab:gray",
+    "was": "tab:blue",
+    "mse": "tab:orange",
+    "gls": "tab:green",
+    "number": "tab:purple",
+    "del": "tab:brown",
+    "smmd": "tab:pink",
+    "dist2": "tab:olive",
+}
 _EXAMPLES = 5
 
 
@@ -99,6 +110,13 @@ def _comparisons(
         if arm != "ce"
         for readout in TOKEN_READOUTS
     ]
+    if "was" in config.arms:
+        wanted += [
+            ("vs_was", arm, readout, "was", readout)
+            for arm in token_arms
+            if arm not in ("ce", "was")
+            for readout in TOKEN_READOUTS
+        ]
     wanted += [
         ("readout_vs_greedy", arm, readout, arm, "greedy")
         for arm in token_arms
@@ -270,7 +288,7 @@ def _settings_lines(results: dict[str, Any]) -> list[str]:
         f"- training: {config.steps} steps × batch {config.batch_size}, AdamW lr "
         f"{config.learning_rate:g}, {config.warmup_steps} warm-up steps then cosine; token arms: "
         "loss on the answer tokens; head: squared error on the standardised score",
-        f"- arms: {', '.join(LABELS[a] for a in config.arms)}; λ = {config.ntl_weight:g}; seeds "
+        f"- arms: {', '.join(LABELS[a] for a in config.arms)}; {config.weights_text()}; seeds "
         f"{list(config.seeds)} (each seed: same initial trunk and batches for every arm)",
         f"- readouts: greedy decoding (the paper's), and the mean (`expected`) and median of the "
         f"model's distribution over whole numbers of up to {config.max_digits} digits; {pruning}",
@@ -400,7 +418,7 @@ def _plot(results: dict[str, Any], path: Path) -> None:
         axis.set_xticks(range(len(pairs)), names, rotation=70, ha="right", fontsize=7)
         axis.set(title=f"{REGRESSION_METRICS[metric][0]} (mean ± std; dots: seeds)")
     figure.suptitle(
-        f"rJokes, {config.evaluate_on} split: {config.steps} steps, λ={config.ntl_weight:g}, "
+        f"rJokes, {config.evaluate_on} split: {config.steps} steps, {config.weights_text()}, "
         f"{len(config.seeds)} seeds"
     )
     figure.tight_layout()

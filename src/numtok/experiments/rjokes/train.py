@@ -119,7 +119,7 @@ def build_arm(
     )
     if arm == "head":
         return model, optimizer, None
-    objective = Objective(arm, tokenizer.number_vocab(), ntl_weight=config.ntl_weight)
+    objective = Objective(arm, tokenizer.number_vocab(), ntl_weight=config.weight_of(arm))
     return model, optimizer, objective.to(device)
 
 
