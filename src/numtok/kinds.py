@@ -9,28 +9,7 @@ them, ``v`` the tokens' values and ``ṽ`` the values on their digit length's sc
 On a digit tokenizer N = 10 and every formula below is the authors' (``shared`` definitions:
 ``number-losses.md``); the generalisation to multi-digit tokens is stated with each.
 
-* **DEL** (digit entropy loss, arXiv 2605.20369):
-  ``ℓ = w · Σ_c p_c · BCE_c / N`` with ``BCE_c = -[1{c=t}·log σ(z_c) + 1{c≠t}·log(1 - σ(z_c))]``
-  (σ the sigmoid of the raw logit) and ``w`` the label's place weight (:mod:`numtok._place_weights`:
-  ``2k`` for the integer digit at place ``k`` — units 1, tens 2 — and ``1.02^-(m+1)`` for the
-  ``m``-th decimal). The mean over number positions is then the authors' mean over the
-  (positions × 10 columns) matrix. Multi-digit tokens: the sum runs over all N number tokens and
-  a token's place is that of its last digit (``123|45``: 6 and 2).
-* **SMMD** (smooth MMD alignment, arXiv 2606.27731): ``r = p - onehot(t)``,
-  ``ℓ = max(0, rᵀKr + α·rᵀLr)`` (``mode="smmd"``; ``"mmd"`` keeps ``rᵀKr``, ``"smooth"``
-  ``α·rᵀLr``) with the kernel ``K_ij = mean_σ k(d̃_ij)`` clamped to [0, 1] (``"gaussian"``:
-  ``exp(-d̃²/(2σ²))``, ``"laplace"``: ``exp(-d̃/σ)``), ``d̃`` the distance ``|v_i - v_j|`` of the
-  tokens' integer values, its non-zero values mapped affinely onto ``[1, s]`` (the squash factor,
-  the identity on digits with ``s = 9``), the graph Laplacian ``L = diag(deg) - K``,
-  ``deg_i = Σ_j K_ij`` and ``α = 1 / (2·mean(deg))`` (``"auto"``) or a given value. Multi-digit
-  tokens: the numeric vocabulary is every number token of the NumberVocab with its value (the
-  authors' ``0…999`` single-token integers for a Llama-3-style tokenizer; tokens of equal value,
-  ``7`` and ``007``, are at distance 0).
-* **DIST2** (the distance-smoothed target of DEL's scripts): the soft target
-  ``q_j = softmax_j(-(ṽ_j - ṽ_t)² / τ)`` over the tokens of the label's digit length (the ten
-  digits), ``ℓ = u · Σ_j q_j·(log q_j - log p_j) / N`` (a KL divergence) with ``u`` the place
-  within the run of number tokens (units 1, tens 2, …; the decimal point ends a run). Mass on
-  number tokens of another length lowers ``p`` of the target's tokens and so costs too.
+Each settings class below states its formula: :class:`DEL`, :class:`SMMD`, :class:`DIST2`.
 
 DEL and DIST2 read the label sequence for the place weights (``place_weights=False``: ``w = 1``);
 none of the three takes ``reweigh`` or ``squash_factor`` (SMMD has its own).
@@ -64,7 +43,15 @@ def _check_flag(name: str, value: object) -> bool:
 
 @dataclass(frozen=True)
 class DEL:
-    """Settings of the digit entropy loss (``kind="del"``; see the module docstring).
+    """Settings of the digit entropy loss (``kind="del"``).
+
+    **DEL** (digit entropy loss, arXiv 2605.20369):
+    ``ℓ = w · Σ_c p_c · BCE_c / N`` with ``BCE_c = -[1{c=t}·log σ(z_c) + 1{c≠t}·log(1 - σ(z_c))]``
+    (σ the sigmoid of the raw logit) and ``w`` the label's place weight: ``2k`` for the integer
+    digit at place ``k`` (units 1, tens 2) and ``1.02^-(m+1)`` for the ``m``-th decimal, read
+    from the label sequence. The mean over number positions is then the authors' mean over the
+    (positions × 10 columns) matrix. Multi-digit tokens: the sum runs over all N number tokens and
+    a token's place is that of its last digit (``123|45``: 6 and 2).
 
     Args:
         place_weights: weigh each position by its label's place (``2k`` for integer digits,
@@ -80,8 +67,18 @@ class DEL:
 
 @dataclass(frozen=True)
 class SMMD:
-    """Settings of the smooth MMD alignment loss (``kind="smmd"``; see the module docstring),
-    with the authors' defaults.
+    """Settings of the smooth MMD alignment loss (``kind="smmd"``), with the authors' defaults.
+
+    **SMMD** (smooth MMD alignment, arXiv 2606.27731): ``r = p - onehot(t)``,
+    ``ℓ = max(0, rᵀKr + α·rᵀLr)`` (``mode="smmd"``; ``"mmd"`` keeps ``rᵀKr``, ``"smooth"``
+    ``α·rᵀLr``) with the kernel ``K_ij = mean_σ k(d̃_ij)`` clamped to [0, 1] (``"gaussian"``:
+    ``exp(-d̃²/(2σ²))``, ``"laplace"``: ``exp(-d̃/σ)``), ``d̃`` the distance ``|v_i - v_j|`` of the
+    tokens' integer values, its non-zero values mapped affinely onto ``[1, s]`` (the squash factor,
+    the identity on digits with ``s = 9``), the graph Laplacian ``L = diag(deg) - K``,
+    ``deg_i = Σ_j K_ij`` and ``α = 1 / (2·mean(deg))`` (``"auto"``) or a given value. Multi-digit
+    tokens: the numeric vocabulary is every number token of the NumberVocab with its value (the
+    authors' ``0…999`` single-token integers for a Llama-3-style tokenizer; tokens of equal value,
+    ``7`` and ``007``, are at distance 0).
 
     Args:
         kernel: ``"gaussian"`` or ``"laplace"``.
@@ -128,8 +125,13 @@ class SMMD:
 
 @dataclass(frozen=True)
 class DIST2:
-    """Settings of DIST2, the KL divergence to a distance-smoothed target (``kind="dist2"``;
-    see the module docstring).
+    """Settings of DIST2, the KL divergence to a distance-smoothed target (``kind="dist2"``).
+
+    **DIST2** (the distance-smoothed target of DEL's scripts): the soft target
+    ``q_j = softmax_j(-(ṽ_j - ṽ_t)² / τ)`` over the tokens of the label's digit length (the ten
+    digits), ``ℓ = u · Σ_j q_j·(log q_j - log p_j) / N`` (a KL divergence) with ``u`` the place
+    within the run of number tokens (units 1, tens 2, …; the decimal point ends a run). Mass on
+    number tokens of another length lowers ``p`` of the target's tokens and so costs too.
 
     Args:
         place_weights: weigh each position by its place in its run of number tokens (units 1,
