@@ -20,22 +20,13 @@ Positions whose label is not a number token get 0.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
+
+from numtok._shift import shift_left, shift_right
 
 __all__ = ["del_place_weights", "run_place_weights"]
 
 # DEL's decay of the decimals' weights, 1.02^-(m+1) for the m-th decimal.
 _DECIMAL_DECAY = 1.02
-
-
-def _before(mask: torch.Tensor) -> torch.Tensor:
-    """(R, T): the value at t - 1 (False at t = 0)."""
-    return F.pad(mask[:, :-1], (1, 0))
-
-
-def _after(mask: torch.Tensor) -> torch.Tensor:
-    """(R, T): the value at t + 1 (False at the last position)."""
-    return F.pad(mask[:, 1:], (0, 1))
 
 
 def _start_index(run_start: torch.Tensor) -> torch.Tensor:
@@ -60,14 +51,14 @@ def _after_in_run(
 ) -> torch.Tensor:
     """(R, T): the sum of ``values`` at the later positions of each position's run."""
     continues = in_run & ~run_start
-    run_end = in_run & ~_after(continues)
+    run_end = in_run & ~shift_left(continues, False)
     flipped = _through(values.flip(-1), run_end.flip(-1)).flip(-1)
     return flipped - values
 
 
 def _runs(members: torch.Tensor, starts_word: torch.Tensor) -> torch.Tensor:
     """(R, T) bool: the first position of each run of ``members``; a word start begins one."""
-    return members & (~_before(members) | starts_word)
+    return members & (~shift_right(members, False) | starts_word)
 
 
 def run_place_weights(

@@ -18,6 +18,11 @@ def shift_left(tensor: torch.Tensor, fill: float | int) -> torch.Tensor:
     return F.pad(tensor[..., 1:], (0, 1), value=fill)
 
 
+def shift_right(tensor: torch.Tensor, fill: float | int) -> torch.Tensor:
+    """``tensor[..., :-1]`` padded with ``fill`` at the start: position t holds what t-1 held."""
+    return F.pad(tensor[..., :-1], (1, 0), value=fill)
+
+
 def shift_labels(
     labels: torch.Tensor, loss_weights: torch.Tensor | None, ignore_index: int
 ) -> tuple[torch.Tensor, torch.Tensor | None]:

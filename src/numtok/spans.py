@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 
+from numtok._shift import shift_left, shift_right
 from numtok._validation import check_token_ids
 from numtok.vocab import NumberVocab, check_number_vocab
 
@@ -171,16 +171,6 @@ def _check_token_ids(token_ids: object, *, vocab_size: int, ignore_index: int) -
     return token_ids
 
 
-def _before(mask: torch.Tensor) -> torch.Tensor:
-    """(R, T): the value at t - 1 (False at t = 0)."""
-    return F.pad(mask[:, :-1], (1, 0))
-
-
-def _after(mask: torch.Tensor) -> torch.Tensor:
-    """(R, T): the value at t + 1 (False at the last position)."""
-    return F.pad(mask[:, 1:], (0, 1))
-
-
 def find_number_spans(
     token_ids: torch.Tensor, vocab: NumberVocab, *, ignore_index: int = -100
 ) -> NumberSpans:
@@ -227,25 +217,26 @@ def find_number_spans_from_tables(
     columns = torch.arange(ids.shape[1], device=device).expand_as(ids)
 
     # Runs of number tokens: a run starts at a number token that cannot continue the previous one.
-    run_start = number & ~(unmarked & _before(number))
+    run_start = number & ~(unmarked & shift_right(number, False))
     run_start_column = torch.cummax(torch.where(run_start, columns, -1), dim=1).values
 
     # Decimal points: candidates sit between a number and an unmarked number. In a chain
     # d.d.d.d (each run's start preceded by a candidate), every other candidate is joined,
     # counting from the chain's first: 1.2.3.4 -> 1.2 and 3.4, as a reader of text would.
-    candidate = point & _before(number) & _after(unmarked)
-    before_run = _before_long(run_start_column) - 1  # column before the run that ends at t - 1
+    candidate = point & shift_right(number, False) & shift_left(unmarked, False)
+    before_run = shift_right(run_start_column, -1) - 1  # column before the run that ends at t - 1
     linked = candidate & (before_run >= 0) & candidate.gather(1, before_run.clamp_min(0))
     count = torch.cumsum(candidate.long(), dim=1)
     chain_base = torch.cummax(torch.where(candidate & ~linked, count, 0), dim=1).values
     joined = candidate & ((count - chain_base) % 2 == 0)
-    fraction_start = _before(joined)
+    fraction_start = shift_right(joined, False)
     in_fraction = number & fraction_start.gather(1, run_start_column.clamp_min(0))
 
-    sign = _after(unmarked) & (
-        (token_class == _WORD_START_MINUS) | ((token_class == _MINUS) & ~_before(number | point))
+    sign = shift_left(unmarked, False) & (
+        (token_class == _WORD_START_MINUS)
+        | ((token_class == _MINUS) & ~shift_right(number | point, False))
     )
-    span_start = sign | (run_start & ~fraction_start & ~_before(sign))
+    span_start = sign | (run_start & ~fraction_start & ~shift_right(sign, False))
     in_span = sign | number | joined
 
     flat_start = span_start.reshape(-1)
@@ -299,11 +290,6 @@ def find_number_spans_from_tables(
     token_values = tables.values[tables.position_of_id[safe_ids.reshape(-1)[number_positions]]]
     values, exact = _exact_values(token_values, spans)
     return replace(spans, values=values, exact=exact)
-
-
-def _before_long(values: torch.Tensor) -> torch.Tensor:
-    """(R, T) long: the value at t - 1 (-1 at t = 0)."""
-    return F.pad(values[:, :-1], (1, 0), value=-1)
 
 
 def _cumsum_within(values: torch.Tensor, segment: torch.Tensor, num_segments: int) -> torch.Tensor:

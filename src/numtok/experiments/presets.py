@@ -37,6 +37,32 @@ _SMOKE: dict[str, Any] = {
     "checkpoint_every": 10,
 }
 
+#: The longer rJokes runs: 2000 steps, 5 seeds, 10,000 test jokes, exact readouts.
+_LONG_RJOKES: dict[str, Any] = {
+    "steps": 2000,
+    "warmup_steps": 100,
+    "seeds": (0, 1, 2, 3, 4),
+    "eval_jokes": 10_000,
+    "min_probability": 0.0,
+}
+#: The arms of the comparison of number losses (issue: every number loss in one engine).
+_EVERY_LOSS = ("ce", "was", "mse", "number", "gls", "del", "smmd", "head")
+#: λ of each number loss, chosen on the validation split by one rule fixed beforehand: the λ of
+#: the grid 0.3, 1, 3, 10 with the lowest greedy RMSE, mean over 3 seeds, 500 steps
+#: (docs/number-losses.md has the sweep).
+_CHOSEN_WEIGHTS: tuple[tuple[str, float], ...] = (
+    ("was", 10.0),
+    ("mse", 3.0),
+    ("number", 0.3),
+    ("del", 0.3),
+    ("smmd", 10.0),
+)
+
+
+def _weights_text() -> str:
+    return ", ".join(f"{arm} {weight:g}" for arm, weight in _CHOSEN_WEIGHTS)
+
+
 PRESETS: dict[str, Preset] = {
     preset.name: preset
     for preset in (
@@ -93,15 +119,23 @@ PRESETS: dict[str, Preset] = {
         ),
         Preset(
             "rjokes-long",
-            RJokesConfig(
-                steps=2000,
-                warmup_steps=100,
-                seeds=(0, 1, 2, 3, 4),
-                eval_jokes=10_000,
-                min_probability=0.0,
-            ),
+            RJokesConfig(**_LONG_RJOKES),
             "rJokes at 2000 steps, 5 seeds, 10,000 test jokes, exact readouts: ~90 min on 2 "
             "cores (estimate from the default preset's step and scoring times)",
+        ),
+        Preset(
+            "rjokes-losses",
+            RJokesConfig(arms=_EVERY_LOSS, arm_weights=_CHOSEN_WEIGHTS),
+            "every number loss on rJokes: CE, CE+λ·(NTL-WAS, NTL-MSE, NTL-number, DEL, SMMD), "
+            "GLS-CE and a regression head, each λ chosen on the validation split "
+            f"({_weights_text()}), 500 steps × 64, 3 seeds, 1000 test jokes: "
+            "≤30 min on 2 cores (needs the rJokes data)",
+        ),
+        Preset(
+            "rjokes-losses-long",
+            RJokesConfig(arms=_EVERY_LOSS, arm_weights=_CHOSEN_WEIGHTS, **_LONG_RJOKES),
+            "rjokes-losses at 2000 steps, 5 seeds, 10,000 test jokes, exact readouts (the same "
+            "λ, chosen at 500 steps): ~2 h on 2 cores (estimate)",
         ),
         Preset(
             "rjokes-smoke",
