@@ -160,7 +160,7 @@ def test_run_folder_with_other_settings_is_refused(
         (["--ntl-weight", "-0.3"], "ntl_weight must be a finite number >= 0, got -0.3"),
         (["--device", "tpu9"], "unknown device 'tpu9'"),
         (["--task", "arithmetic__add"], "arithmetic__add_sub_multiple"),
-        (["--arms", "ce,dist2"], "arms must be chosen from ['ce', 'was', 'mse', 'gls']"),
+        (["--arms", "ce,ntl"], "arms must be chosen from ['ce', 'was', 'mse', 'gls', 'number'"),
         (["--workers", "0"], "--workers must be at least 1"),
     ],
 )
