@@ -286,10 +286,10 @@ def test_settings_these_kinds_do_not_take_are_refused(
         (lambda: SMMD(kernel="cosine"), ValueError, "SMMD\\(kernel=...\\) must be 'gaussian'"),
         (lambda: SMMD(sigmas=[2.0]), TypeError, "non-empty tuple"),
         (lambda: SMMD(sigmas=(0.0,)), ValueError, "finite number > 0, got 0.0"),
-        (lambda: SMMD(squash_factor=1.0), ValueError, "must be > 1 or None"),
+        (lambda: SMMD(squash_factor=1.0), ValueError, "must be a finite number > 1, got 1.0"),
         (lambda: SMMD(mode="both"), ValueError, "'smmd', 'mmd' or 'smooth'"),
         (lambda: SMMD(alpha=-1), ValueError, "'auto' or a number >= 0"),
-        (lambda: DEL(place_weights=1), TypeError, "must be a bool, got int"),
+        (lambda: DEL(place_weights=1), TypeError, "must be a bool, got 1"),
         (lambda: DIST2(temperature=0), ValueError, "finite number > 0, got 0"),
     ],
 )

@@ -24,21 +24,9 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
+from numtok._validation import check_bool, check_number
+
 __all__ = ["DEL", "DIST2", "SMMD", "KindSettings", "kind_losses", "settings_for"]
-
-
-def _check_positive(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    return float(value)
-
-
-def _check_flag(name: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -62,7 +50,7 @@ class DEL:
     place_weights: bool = True
 
     def __post_init__(self) -> None:
-        _check_flag("DEL(place_weights=...)", self.place_weights)
+        check_bool("DEL(place_weights=...)", self.place_weights)
 
 
 @dataclass(frozen=True)
@@ -105,13 +93,12 @@ class SMMD:
                 f"SMMD(sigmas=...) must be a non-empty tuple of numbers, got {self.sigmas!r}"
             )
         for sigma in self.sigmas:
-            _check_positive("SMMD(sigmas=...) entries", sigma)
+            check_number("SMMD(sigmas=...) entries", sigma, minimum=0, inclusive=False)
         if self.squash_factor is not None:
-            squash = _check_positive("SMMD(squash_factor=...)", self.squash_factor)
-            if squash <= 1:
-                raise ValueError(
-                    f"SMMD(squash_factor=...) must be > 1 or None, got {self.squash_factor!r}"
-                )
+            check_number(
+                "SMMD(squash_factor=...)", self.squash_factor, minimum=1, inclusive=False,
+                or_none=True,
+            )  # fmt: skip
         if self.mode not in ("smmd", "mmd", "smooth"):
             raise ValueError(f"SMMD(mode=...) must be 'smmd', 'mmd' or 'smooth', got {self.mode!r}")
         if self.alpha != "auto" and (
@@ -144,8 +131,8 @@ class DIST2:
     temperature: float = 1.0
 
     def __post_init__(self) -> None:
-        _check_flag("DIST2(place_weights=...)", self.place_weights)
-        _check_positive("DIST2(temperature=...)", self.temperature)
+        check_bool("DIST2(place_weights=...)", self.place_weights)
+        check_number("DIST2(temperature=...)", self.temperature, minimum=0, inclusive=False)
 
 
 KindSettings = DEL | SMMD | DIST2
