@@ -23,6 +23,7 @@ At a position whose label ``y`` is a number token, with ``z`` its N number-token
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -309,10 +310,16 @@ def position_losses(
     return _expected_value_loss(number_logits, probs, target, values, same_group, spec)
 
 
+@functools.lru_cache(maxsize=64)
+def _ids_on(ids: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """``ids`` (a LossSpec's small table) as a long tensor on ``device``, built once: a new one
+    on every call would be a host-to-device copy per chunk of rows on a GPU."""
+    return torch.tensor(ids, dtype=torch.long, device=device)
+
+
 def _token_lengths(tables: NumberTables, spec: LossSpec) -> torch.Tensor:
     """(N,) long, the digit length of each number token."""
-    lengths = torch.tensor(spec.group_lengths, dtype=torch.long, device=tables.groups.device)
-    return lengths[tables.groups]
+    return _ids_on(spec.group_lengths, tables.groups.device)[tables.groups]
 
 
 def token_values(tables: NumberTables, spec: LossSpec) -> torch.Tensor:
@@ -341,7 +348,7 @@ def place_weights(
     digits = torch.where(is_number, _token_lengths(tables, spec)[position.clamp_min(0)], 0)
 
     def among(ids: tuple[int, ...]) -> torch.Tensor:
-        return known & torch.isin(safe, torch.tensor(ids, dtype=torch.long, device=device))
+        return known & torch.isin(safe, _ids_on(ids, device))
 
     starts_word = among(spec.word_start_ids)
     if isinstance(settings, DEL):

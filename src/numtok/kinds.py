@@ -183,12 +183,14 @@ def smmd_kernel(values: torch.Tensor, settings: SMMD) -> torch.Tensor:
             spread > 0, (settings.squash_factor - 1.0) / spread, torch.zeros_like(spread)
         )
         distance = torch.where(nonzero, 1.0 + (distance - nearest) * slope, distance)
-    sigmas = torch.tensor(settings.sigmas, dtype=values.dtype, device=values.device)
-    scaled = distance[None] / sigmas[:, None, None]  # (S, N, N)
-    each = (
-        torch.exp(-0.5 * scaled.square()) if settings.kernel == "gaussian" else torch.exp(-scaled)
-    )
-    return each.mean(dim=0).clamp(0.0, 1.0)
+    # One (N, N) kernel per bandwidth (plain floats: no tensor to copy to the device per call).
+    each = [
+        torch.exp(-0.5 * (distance / sigma).square())
+        if settings.kernel == "gaussian"
+        else torch.exp(-distance / sigma)
+        for sigma in settings.sigmas
+    ]
+    return (sum(each[1:], each[0]) / len(each)).clamp(0.0, 1.0)
 
 
 def _smmd(
