@@ -73,11 +73,7 @@ def reference_number_token_loss(
         max_cost = max(float(pointwise(lo, hi).abs()), float(pointwise(hi, lo).abs()))
 
     if shift:
-        labels = torch.cat([labels[..., 1:], torch.full_like(labels[..., :1], ignore_index)], -1)
-        if loss_weights is not None:
-            loss_weights = torch.cat(
-                [loss_weights[..., 1:], torch.zeros_like(loss_weights[..., :1])], -1
-            )
+        labels, loss_weights = shifted(labels, loss_weights, ignore_index)
     flat_logits = logits.reshape(-1, logits.shape[-1])
     flat_labels = labels.reshape(-1).tolist()
     flat_weights = (
@@ -111,9 +107,34 @@ def reference_number_token_loss(
             loss = loss * mass + 1.01 * max_cost * (1 - mass)
         per_position.append(loss * weight)
         weight_total += weight
+    return reduced(per_position, labels.shape, reduction, num_items_in_batch, weight_total)
+
+
+def shifted(
+    labels: torch.Tensor, loss_weights: torch.Tensor | None, ignore_index: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``shift=True``: position t takes the label (and weight) of t + 1; the last gets
+    ``ignore_index`` (weight 0)."""
+    labels = torch.cat([labels[..., 1:], torch.full_like(labels[..., :1], ignore_index)], -1)
+    if loss_weights is not None:
+        loss_weights = torch.cat(
+            [loss_weights[..., 1:], torch.zeros_like(loss_weights[..., :1])], -1
+        )
+    return labels, loss_weights
+
+
+def reduced(
+    per_position: list[torch.Tensor],
+    shape: torch.Size,
+    reduction: str,
+    num_items_in_batch: int | None,
+    weight_total: float,
+) -> torch.Tensor:
+    """The weighted per-position losses reduced like number_token_loss: ``"none"`` (the labels'
+    shape), ``"sum"``, or the sum over ``num_items_in_batch`` or the weights' total."""
     stacked = torch.stack(per_position)
     if reduction == "none":
-        return stacked.reshape(labels.shape)
+        return stacked.reshape(shape)
     if reduction == "sum":
         return stacked.sum()
     denominator = num_items_in_batch if num_items_in_batch is not None else weight_total

@@ -11,6 +11,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from reference import reduced, shifted
+
 
 def _place_weights_of_row(
     row: Sequence[int],
@@ -145,12 +147,7 @@ def kind_loss(
 ) -> torch.Tensor:
     """The loss over logits (..., V) and labels (...), reduced like number_token_loss."""
     if shift:
-        pad = torch.full_like(labels[..., :1], ignore_index)
-        labels = torch.cat([labels[..., 1:], pad], dim=-1)
-        if loss_weights is not None:
-            loss_weights = torch.cat(
-                [loss_weights[..., 1:], torch.zeros_like(loss_weights[..., :1])], dim=-1
-            )
+        labels, loss_weights = shifted(labels, loss_weights, ignore_index)
     number_ids = sorted(digits_of)
     name = type(settings).__name__.lower()
     places = place_weights(labels, digits_of, point_ids, word_start_ids, name)
@@ -158,12 +155,12 @@ def kind_loss(
     flat_labels = labels.reshape(-1).tolist()
     flat_places = places.reshape(-1).tolist()
     weights = (
-        torch.ones(len(flat_labels), dtype=torch.float64)
+        [1.0] * len(flat_labels)
         if loss_weights is None
-        else loss_weights.reshape(-1).double()
+        else loss_weights.reshape(-1).double().tolist()
     )
     terms = []
-    weight_sum = logits.new_zeros((), dtype=torch.float64)
+    weight_sum = 0.0
     for i, label in enumerate(flat_labels):
         if label == ignore_index or label not in digits_of:
             terms.append(flat_logits.new_zeros(()))
@@ -172,12 +169,4 @@ def kind_loss(
         loss = position_loss(settings, z, label, number_ids, digits_of, flat_places[i])
         terms.append(weights[i] * loss)
         weight_sum = weight_sum + weights[i]
-    per_position = torch.stack(terms)
-    if reduction == "none":
-        return per_position.reshape(labels.shape)
-    total = per_position.sum()
-    if reduction == "sum":
-        return total
-    if num_items_in_batch is not None:
-        return total / num_items_in_batch
-    return total / weight_sum if float(weight_sum) > 0 else total * 0.0
+    return reduced(terms, labels.shape, reduction, num_items_in_batch, weight_sum)
