@@ -13,7 +13,16 @@ import pytest
 pytest.importorskip("mathematics_dataset", reason="needs the demo extra: pip install numtok[demo]")
 
 from numtok.experiments.compat import load_mathematics_dataset
-from numtok.experiments.data import TASKS, _draw, cache_path, check_task, generate, load_data
+from numtok.experiments.config import ExperimentConfig
+from numtok.experiments.data import (
+    TASKS,
+    _draw,
+    cache_path,
+    check_evaluate_on,
+    check_task,
+    generate,
+    load_data,
+)
 
 Problem = collections.namedtuple("Problem", ["question", "answer"])
 
@@ -118,3 +127,55 @@ def test_unknown_task_lists_the_available_ones() -> None:
         check_task("arithmetic__add")
     for name in TASKS:
         assert name in str(error.value)
+
+
+def test_validation_split_is_its_own_held_out_draw_at_the_training_difficulties() -> None:
+    spec = TASKS[TASK]
+    test = generate(spec, seed=5, train_questions=300, eval_questions=30)
+    validation = generate(
+        spec, seed=5, train_questions=300, eval_questions=30, evaluate_on="validation"
+    )
+    assert list(validation.evaluation) == ["validation"] and validation.evaluate_on == "validation"
+    assert test.evaluate_on == "test"
+    questions = [q for q, _ in validation.evaluation["validation"]]
+    assert len(questions) == 30
+    assert not set(questions) & {q for q, _ in validation.train}  # never trained on
+    test_questions = {q for examples in test.evaluation.values() for q, _ in examples}
+    assert set(questions) != test_questions and len(set(questions) & test_questions) < 10
+    # thirds easy/medium/hard: the last third carries more digits than the first
+    lengths = [
+        len(a.replace("-", "").replace(".", "")) for _, a in validation.evaluation["validation"]
+    ]
+    assert np.mean(lengths[20:]) > np.mean(lengths[:10])
+    # the training questions come from the same streams as the test runs', held out differently
+    shared = set(validation.train) & set(test.train)
+    assert len(shared) >= 290
+
+
+def test_validation_data_is_cached_apart_from_the_test_data(tmp_path: Path) -> None:
+    counted: list[int] = []
+    sizes = {"train_questions": 40, "eval_questions": 6}
+    validation = load_data(
+        TASK, 1, cache_dir=tmp_path, evaluate_on="validation", progress=counted.append, **sizes
+    )
+    assert sum(counted) == 40 + 6
+    assert cache_path(tmp_path, TASK, 1, 40, 6, "validation").exists()
+    assert not cache_path(tmp_path, TASK, 1, 40, 6).exists()
+    test = load_data(TASK, 1, cache_dir=tmp_path, **sizes)
+    assert list(test.evaluation) == list(TASKS[TASK].splits)
+    again = load_data(TASK, 1, cache_dir=tmp_path, evaluate_on="validation", **sizes)
+    assert again == validation
+
+
+def test_evaluate_on_is_checked_and_kept_out_of_test_fingerprints() -> None:
+    with pytest.raises(ValueError, match="evaluate_on must be one of \\['test', 'validation'\\]"):
+        check_evaluate_on("dev")
+    with pytest.raises(ValueError, match="got 'dev'"):
+        ExperimentConfig(evaluate_on="dev")
+    default = ExperimentConfig()
+    assert "evaluate_on" not in default.to_dict() and default.splits == TASKS[TASK].splits
+    validation = ExperimentConfig(evaluate_on="validation")
+    assert validation.splits == ("validation",)
+    assert ExperimentConfig.from_dict(validation.to_dict()) == validation
+    assert validation.fingerprint() != default.fingerprint()
+    assert default.fingerprint() == ExperimentConfig.from_dict(default.to_dict()).fingerprint()

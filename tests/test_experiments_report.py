@@ -126,6 +126,17 @@ def test_run_writes_results_report_and_plot(smoke_run: tuple[Path, Path, dict[st
     assert table.count("CE+NTL-WAS") == len(splits)
 
 
+def test_validation_run_scores_only_the_validation_split(tmp_path: Path) -> None:
+    config = SMOKE.with_overrides(evaluate_on="validation", arms=("ce", "del"), seeds=(0,))
+    results = run_experiment(config, tmp_path / "run", cache_dir=tmp_path, show_progress=False)
+    assert results["splits"] == ["validation"]
+    assert set(results["summary"]) == {"validation"}
+    assert set(results["runs"][0]["metrics"]) == {"validation"}
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "on the validation split(s): validation" in report
+    assert "**validation (train difficulties, held out; for choosing settings)**" in report
+
+
 def test_run_caches_what_generate_makes(smoke_run: tuple[Path, Path, dict[str, Any]]) -> None:
     _, cache, _ = smoke_run
     sizes = {"train_questions": SMOKE.train_questions, "eval_questions": SMOKE.eval_questions}

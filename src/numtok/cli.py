@@ -113,8 +113,9 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--evaluate-on",
         choices=("validation", "test"),
-        help="rjokes: score the validation split (held out of the training file; for choosing "
-        "settings) or the test split (default)",
+        help="score the validation split (for choosing settings; rjokes: held out of the "
+        "training file, arithmetic: fresh questions at the training difficulties) or the test "
+        "splits (default)",
     )
     parser.add_argument(
         "--eval-jokes", type=int, help="rjokes: jokes of that split to score (0: all)"

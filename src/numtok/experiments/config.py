@@ -10,7 +10,7 @@ from typing import Any, ClassVar, TypeVar
 import torch
 
 from numtok._validation import check_int, check_number
-from numtok.experiments.data import check_task
+from numtok.experiments.data import check_evaluate_on, check_task, evaluation_splits
 from numtok.experiments.model import ModelConfig
 from numtok.experiments.objectives import ARMS as ARITHMETIC_ARMS
 from numtok.experiments.objectives import NUMBER_LOSS_ARMS
@@ -181,12 +181,28 @@ class ExperimentConfig(TrainingConfig):
     task: str = "arithmetic__add_or_sub"
     train_questions: int = 32_000
     eval_questions: int = 300
+    #: ``"test"``: the held-out test splits; ``"validation"``: the validation split, for choosing
+    #: settings (:mod:`numtok.experiments.data`).
+    evaluate_on: str = "test"
 
     def validate(self) -> None:
         check_task(self.task)
         super().validate()
         check_positive_int("train_questions", self.train_questions)
         check_positive_int("eval_questions", self.eval_questions)
+        check_evaluate_on(self.evaluate_on)
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        """The splits this run scores, in report order."""
+        return evaluation_splits(check_task(self.task), self.evaluate_on)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = super().to_dict()
+        # Left out for the test splits, so that runs from before it keep their fingerprint.
+        if self.evaluate_on == "test":
+            del data["evaluate_on"]
+        return data
 
 
 def check_device(device: object) -> torch.device:

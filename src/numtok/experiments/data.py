@@ -8,6 +8,11 @@ train-medium and train-hard difficulty) and held-out evaluation splits:
 * ``extrapolate``: its extrapolation module (larger numbers or longer expressions), where the task
   has one.
 
+Those are the test splits. For choosing settings there is instead one ``validation`` split
+(``evaluate_on="validation"``): fresh questions at the training difficulties (equal thirds), from
+streams of their own, so no test question decides a setting. Its training set is drawn from the
+same streams as the test runs', with the validation questions held out instead of the test ones.
+
 Every split is drawn from its own random stream, seeded from (task, seed, split), so a split does
 not change when another split's size does. Evaluation questions are generated first and any
 training question that equals one of them is redrawn: held-out questions are never trained on.
@@ -33,10 +38,13 @@ import numpy as np
 from numtok.experiments.compat import load_mathematics_dataset
 
 __all__ = [
+    "EVALUATE_ON",
     "TASKS",
     "MathData",
     "TaskSpec",
+    "check_evaluate_on",
     "check_task",
+    "evaluation_splits",
     "generate",
     "generate_evaluation",
     "generate_training",
@@ -57,6 +65,9 @@ _MAX_QUESTION_LENGTH = 160
 _MAX_ANSWER_LENGTH = 30
 _NUMBER = re.compile(r"-?\d+(\.\d+)?")
 _PROGRESS_EVERY = 500
+#: What a run can be scored on: the test splits, or the validation split for choosing settings.
+EVALUATE_ON = ("test", "validation")
+VALIDATION = "validation"
 
 
 @dataclass(frozen=True)
@@ -116,6 +127,21 @@ TASKS: dict[str, TaskSpec] = {
 }
 
 
+def check_evaluate_on(evaluate_on: object) -> str:
+    """``evaluate_on`` if it is one of :data:`EVALUATE_ON`; otherwise a ValueError."""
+    if evaluate_on not in EVALUATE_ON:
+        raise ValueError(
+            f"evaluate_on must be one of {list(EVALUATE_ON)}, got {evaluate_on!r} (e.g. "
+            "--evaluate-on validation to choose settings)"
+        )
+    return str(evaluate_on)
+
+
+def evaluation_splits(spec: TaskSpec, evaluate_on: str = "test") -> tuple[str, ...]:
+    """The splits a run scores, in report order: ``spec.splits``, or ``("validation",)``."""
+    return (VALIDATION,) if check_evaluate_on(evaluate_on) == VALIDATION else spec.splits
+
+
 def check_task(name: object) -> TaskSpec:
     """The :class:`TaskSpec` called ``name``; otherwise a ValueError listing the tasks."""
     if isinstance(name, str) and name in TASKS:
@@ -132,6 +158,10 @@ class MathData:
     seed: int
     train: list[Example]
     evaluation: dict[str, list[Example]]
+
+    @property
+    def evaluate_on(self) -> str:
+        return VALIDATION if VALIDATION in self.evaluation else "test"
 
 
 def _split_seed(task: str, seed: int, split: str) -> int:
@@ -210,9 +240,15 @@ def training_shares(train_questions: int) -> list[int]:
 
 
 def generate_evaluation(
-    spec: TaskSpec, seed: int, eval_questions: int, progress: Progress | None = None
+    spec: TaskSpec,
+    seed: int,
+    eval_questions: int,
+    progress: Progress | None = None,
+    *,
+    evaluate_on: str = "test",
 ) -> dict[str, list[Example]]:
-    """The held-out splits of one seed (see the module docstring), ``eval_questions`` each."""
+    """The held-out splits of one seed (see the module docstring), ``eval_questions`` each: the
+    test splits, or with ``evaluate_on="validation"`` the validation split."""
     arithmetic = load_mathematics_dataset()
     modules = {
         "easy": arithmetic.train(_entropy_level(0))[spec.module],
@@ -226,6 +262,19 @@ def generate_evaluation(
     def draw(stream: str, count: int) -> list[Example]:
         return _draw(modules[stream], count, _split_seed(spec.name, seed, stream), set(), progress)
 
+    if check_evaluate_on(evaluate_on) == VALIDATION:
+        levels = zip(("easy", "medium", "hard"), _shares(eval_questions, 3), strict=True)
+        drawn = (
+            _draw(
+                modules[level],
+                count,
+                _split_seed(spec.name, seed, f"{VALIDATION}-{level}"),
+                set(),
+                progress,
+            )
+            for level, count in levels
+        )
+        return {VALIDATION: [example for examples in drawn for example in examples]}
     medium, hard = _shares(eval_questions, 2)
     evaluation = {"easy": draw("easy", eval_questions)}
     evaluation["medium_hard"] = draw("medium", medium) + draw("hard", hard)
@@ -262,10 +311,11 @@ def generate(
     *,
     train_questions: int,
     eval_questions: int,
+    evaluate_on: str = "test",
     progress: Progress | None = None,
 ) -> MathData:
     """Generate one seed's data (no cache); ``progress(n)`` is called as questions are made."""
-    evaluation = generate_evaluation(spec, seed, eval_questions, progress)
+    evaluation = generate_evaluation(spec, seed, eval_questions, progress, evaluate_on=evaluate_on)
     held_out = held_out_questions(evaluation)
     train = [
         example
@@ -276,17 +326,29 @@ def generate(
 
 
 def cache_path(
-    cache_dir: Path, task: str, seed: int, train_questions: int, eval_questions: int
+    cache_dir: Path,
+    task: str,
+    seed: int,
+    train_questions: int,
+    eval_questions: int,
+    evaluate_on: str = "test",
 ) -> Path:
-    name = f"seed{seed}-train{train_questions}-eval{eval_questions}-v{_CACHE_VERSION}.json"
+    held_out = "eval" if check_evaluate_on(evaluate_on) == "test" else VALIDATION
+    name = f"seed{seed}-train{train_questions}-{held_out}{eval_questions}-v{_CACHE_VERSION}.json"
     return Path(cache_dir) / "mathematics" / task / name
 
 
 def read_cache(
-    task: str, seed: int, *, train_questions: int, eval_questions: int, cache_dir: Path
+    task: str,
+    seed: int,
+    *,
+    train_questions: int,
+    eval_questions: int,
+    cache_dir: Path,
+    evaluate_on: str = "test",
 ) -> MathData | None:
     """The cached data of one seed, or None when it was not generated yet."""
-    path = cache_path(cache_dir, task, seed, train_questions, eval_questions)
+    path = cache_path(cache_dir, task, seed, train_questions, eval_questions, evaluate_on)
     if not path.exists():
         return None
     stored = json.loads(path.read_text())
@@ -297,8 +359,10 @@ def read_cache(
 
 def write_cache(data: MathData, *, cache_dir: Path) -> None:
     """Store one seed's data (atomically: a killed process leaves no half-written file)."""
-    eval_questions = len(data.evaluation["easy"])
-    path = cache_path(cache_dir, data.task, data.seed, len(data.train), eval_questions)
+    first_split = next(iter(data.evaluation.values()))
+    path = cache_path(
+        cache_dir, data.task, data.seed, len(data.train), len(first_split), data.evaluate_on
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f"{path.name}.tmp{os.getpid()}")
     temporary.write_text(json.dumps({"train": data.train, "evaluation": data.evaluation}))
@@ -312,21 +376,24 @@ def load_data(
     train_questions: int,
     eval_questions: int,
     cache_dir: Path,
+    evaluate_on: str = "test",
     progress: Progress | None = None,
 ) -> MathData:
     """One seed's data, read from ``cache_dir`` or generated once and written there."""
     spec = check_task(task)
     sizes = {"train_questions": train_questions, "eval_questions": eval_questions}
-    cached = read_cache(task, seed, cache_dir=cache_dir, **sizes)
+    cached = read_cache(task, seed, cache_dir=cache_dir, evaluate_on=evaluate_on, **sizes)
     if cached is not None:
         if progress is not None:
-            progress(total_questions(spec, **sizes))
+            progress(total_questions(spec, evaluate_on=evaluate_on, **sizes))
         return cached
-    data = generate(spec, seed, progress=progress, **sizes)
+    data = generate(spec, seed, progress=progress, evaluate_on=evaluate_on, **sizes)
     write_cache(data, cache_dir=cache_dir)
     return data
 
 
-def total_questions(spec: TaskSpec, train_questions: int, eval_questions: int) -> int:
+def total_questions(
+    spec: TaskSpec, train_questions: int, eval_questions: int, evaluate_on: str = "test"
+) -> int:
     """How many questions :func:`load_data` reports through ``progress`` for one seed."""
-    return train_questions + len(spec.splits) * eval_questions
+    return train_questions + len(evaluation_splits(spec, evaluate_on)) * eval_questions

@@ -15,9 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from numtok.experiments.config import ExperimentConfig
-from numtok.experiments.data import TASKS
 from numtok.experiments.objectives import ARM_LABELS
-from numtok.experiments.report_format import json_safe, run_header, table
+from numtok.experiments.report_format import ARM_COLOURS, json_safe, run_header, table
 from numtok.experiments.stats import paired_comparison, summarise
 from numtok.experiments.tokenizer import CharTokenizer
 
@@ -40,6 +39,7 @@ SPLIT_LABELS = {
     "medium_hard": "medium+hard (train difficulty, held out)",
     "interpolate": "interpolation (test setting)",
     "extrapolate": "extrapolation (bigger numbers / longer)",
+    "validation": "validation (train difficulties, held out; for choosing settings)",
 }
 
 
@@ -51,7 +51,7 @@ def _summarise(
     config: ExperimentConfig, results: Sequence[dict[str, Any]]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     runs = _by_seed(results)
-    splits = TASKS[config.task].splits
+    splits = config.splits
     summary: dict[str, Any] = {}
     paired: dict[str, Any] = {}
     for split in splits:
@@ -138,7 +138,7 @@ def format_table(results: dict[str, Any], *, markdown: bool = False) -> str:
     config = ExperimentConfig.from_dict(results["config"])
     header = ["split", "arm", *(METRICS[m][0] for m in METRICS)]
     rows = []
-    for split in TASKS[config.task].splits:
+    for split in config.splits:
         for arm in config.arms:
             entry = results["summary"][split][arm]
             rows.append([split, ARM_LABELS[arm], *(_mean_std(m, entry[m]) for m in METRICS)])
@@ -149,7 +149,7 @@ def _differences_table(results: dict[str, Any]) -> str:
     config = ExperimentConfig.from_dict(results["config"])
     header = ["split", "arm − CE", *(METRICS[m][0] for m in TESTED)]
     rows = []
-    for split in TASKS[config.task].splits:
+    for split in config.splits:
         for arm in config.arms:
             if arm == "ce":
                 continue
@@ -219,7 +219,8 @@ def _markdown(results: dict[str, Any]) -> str:
         f"- arms: {', '.join(ARM_LABELS[a] for a in config.arms)}; {config.weights_text()}; "
         f"seeds {list(config.seeds)} (each seed: same initial weights and batches for every arm)",
         f"- evaluation: greedy decoding, last number of the answer, {config.eval_questions} "
-        "held-out questions per split",
+        f"held-out questions per split, on the {config.evaluate_on} split(s): "
+        f"{', '.join(config.splits)}",
         "",
         f"## Results (mean ± std over {len(config.seeds)} seeds)",
         "",
@@ -253,7 +254,7 @@ def _markdown(results: dict[str, Any]) -> str:
         f"## Examples (seed {config.seeds[0]})",
         "",
     ]
-    for split in TASKS[config.task].splits:
+    for split in config.splits:
         lines.append(f"**{SPLIT_LABELS[split]}**")
         lines.append("")
         lines.append(
@@ -277,9 +278,8 @@ def _plot(results: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     config = ExperimentConfig.from_dict(results["config"])
-    splits = TASKS[config.task].splits
+    splits = config.splits
     figure, axes = plt.subplots(2, 2, figsize=(12, 8.5))
-    colours = {"ce": "tab:gray", "was": "tab:blue", "mse": "tab:orange", "gls": "tab:green"}
 
     curves = axes[0, 0]
     for arm in config.arms:
@@ -289,8 +289,8 @@ def _plot(results: dict[str, Any], path: Path) -> None:
         mean = [statistics.fmean(values) for values in zip(*per_seed, strict=True)]
         low = [min(values) for values in zip(*per_seed, strict=True)]
         high = [max(values) for values in zip(*per_seed, strict=True)]
-        curves.plot(steps, mean, color=colours[arm], label=ARM_LABELS[arm])
-        curves.fill_between(steps, low, high, color=colours[arm], alpha=0.2)
+        curves.plot(steps, mean, color=ARM_COLOURS[arm], label=ARM_LABELS[arm])
+        curves.fill_between(steps, low, high, color=ARM_COLOURS[arm], alpha=0.2)
     curves.set(
         xlabel="step",
         ylabel="cross-entropy on answer tokens",
@@ -321,7 +321,7 @@ def _plot(results: dict[str, Any], path: Path) -> None:
                 width,
                 yerr=errors,
                 capsize=3,
-                color=colours[arm],
+                color=ARM_COLOURS[arm],
                 label=ARM_LABELS[arm],
             )
         axis.set_xticks(range(len(splits)), splits)
@@ -361,7 +361,7 @@ def write_report(
     results = json_safe(
         {
             **header,
-            "splits": list(TASKS[config.task].splits),
+            "splits": list(config.splits),
             "summary": summary,
             "paired_differences": paired,
             "verdict": verdict,

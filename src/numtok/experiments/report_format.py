@@ -16,7 +16,20 @@ import numtok
 from numtok.experiments.config import TrainingConfig
 from numtok.experiments.model import Transformer
 
-__all__ = ["hardware", "json_safe", "run_header", "table"]
+__all__ = ["ARM_COLOURS", "hardware", "json_safe", "run_header", "table"]
+
+#: One matplotlib colour per arm, the same in every task's plots.
+ARM_COLOURS = {
+    "ce": "tab:gray",
+    "was": "tab:blue",
+    "mse": "tab:orange",
+    "gls": "tab:green",
+    "number": "tab:purple",
+    "del": "tab:brown",
+    "smmd": "tab:pink",
+    "dist2": "tab:olive",
+    "head": "tab:red",
+}
 
 
 def hardware(device: str, threads: int) -> dict[str, Any]:

@@ -54,7 +54,13 @@ def default_cache_dir() -> Path:
 
 def _evaluation_job(config_dict: dict[str, Any], seed: int) -> dict[str, list[Example]]:
     config = ExperimentConfig.from_dict(config_dict)
-    return generate_evaluation(TASKS[config.task], seed, config.eval_questions, report_progress)
+    return generate_evaluation(
+        TASKS[config.task],
+        seed,
+        config.eval_questions,
+        report_progress,
+        evaluate_on=config.evaluate_on,
+    )
 
 
 def _training_job(
@@ -74,6 +80,7 @@ def _arm_job(
         train_questions=config.train_questions,
         eval_questions=config.eval_questions,
         cache_dir=Path(cache_dir),
+        evaluate_on=config.evaluate_on,
     )
     return train_arm(config, seed, arm, data, Path(run_dir), progress=report_progress)
 
@@ -85,14 +92,20 @@ def _generate_data(
     job per seed), then the training set (one job per seed and difficulty level)."""
     spec = TASKS[config.task]
     sizes = {"train_questions": config.train_questions, "eval_questions": config.eval_questions}
+    on = config.evaluate_on
     missing = [
-        s for s in config.seeds if read_cache(config.task, s, cache_dir=cache, **sizes) is None
+        s
+        for s in config.seeds
+        if read_cache(config.task, s, cache_dir=cache, evaluate_on=on, **sizes) is None
     ]
     if not missing:
         return
     config_dict = config.to_dict()
     with progress_bar(
-        show_progress, len(missing) * total_questions(spec, **sizes), "questions", "q"
+        show_progress,
+        len(missing) * total_questions(spec, evaluate_on=on, **sizes),
+        "questions",
+        "q",
     ) as bar:
         evaluations = executor.run([(_evaluation_job, (config_dict, s)) for s in missing], bar)
         shares = list(enumerate(training_shares(config.train_questions)))

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from numtok.experiments.objectives import ARM_LABELS
-from numtok.experiments.report_format import json_safe, run_header, table
+from numtok.experiments.report_format import ARM_COLOURS, json_safe, run_header, table
 from numtok.experiments.rjokes.config import RJokesConfig
 from numtok.experiments.rjokes.data import Joke
 from numtok.experiments.rjokes.evaluate import (
@@ -47,16 +47,6 @@ COMPARISON_TITLES = {
     "vs_was": "Each other number loss against NTL-WAS, same readout (arm − NTL-WAS)",
     "readout_vs_greedy": "Distribution readouts against greedy decoding (readout − greedy)",
     "vs_head": "Token arms against the regression head (arm − head)",
-}
-_COLOURS = {
-    "ce": "tab:gray",
-    "was": "tab:blue",
-    "mse": "tab:orange",
-    "gls": "tab:green",
-    "number": "tab:purple",
-    "del": "tab:brown",
-    "smmd": "tab:pink",
-    "dist2": "tab:olive",
 }
 _EXAMPLES = 5
 
@@ -395,9 +385,13 @@ def _plot(results: dict[str, Any], path: Path) -> None:
         top = max(int(s) for r in results["runs"] for t in r["by_score"].values() for s in t)
         axis.plot([0, top], [0, top], color="black", linewidth=0.8, linestyle=":")
         for arm in token_arms:
-            axis.plot(*by_score(arm, readout), marker="o", color=_COLOURS[arm], label=LABELS[arm])
+            axis.plot(
+                *by_score(arm, readout), marker="o", color=ARM_COLOURS[arm], label=LABELS[arm]
+            )
         if "head" in config.arms:
-            axis.plot(*by_score("head", "head"), marker="s", color="tab:red", label="head")
+            axis.plot(
+                *by_score("head", "head"), marker="s", color=ARM_COLOURS["head"], label="head"
+            )
         axis.set(
             title=f"{readout}: mean prediction per true score",
             xlabel="true score",
@@ -410,7 +404,7 @@ def _plot(results: dict[str, Any], path: Path) -> None:
     for axis, metric in zip(axes[1], ("rmse", "mae", "pearson"), strict=True):
         for index, (arm, readout) in enumerate(pairs):
             entry = results["summary"][arm][readout][metric]
-            colour = _COLOURS.get(arm, "tab:red")
+            colour = ARM_COLOURS[arm]
             if entry["mean"] is not None:
                 axis.bar(index, entry["mean"], yerr=entry["std"] or 0.0, color=colour, capsize=3)
             seeds = [v for v in entry["values"] if v is not None]
