@@ -412,10 +412,15 @@ run(chunks, torch.zeros(1, 4, 131072, dtype=torch.bfloat16), labels,
 run(digits, torch.zeros(1, 4, 32768, dtype=torch.bfloat16, requires_grad=True), labels,
     **{**base, "kind": "was", "logit_softcap": 30.0})
 run(digits, torch.zeros(1, 4, 32768, dtype=torch.float64), labels, **{**base, "kind": "mae"})
+run(digits, torch.zeros(1, 4, 32768, dtype=torch.bfloat16, requires_grad=True), labels,
+    **{**base, "kind": "del", "shift": True})
+run(chunks, torch.zeros(1, 4, 131072, requires_grad=True), labels,
+    **{**base, "kind": "smmd", "reduction": "none"})
+run(chunks, torch.zeros(1, 4, 131072, dtype=torch.bfloat16), labels, **{**base, "kind": "dist2"})
 triton_loss._ce_ntl_backward_op(
     torch.zeros(4, 32768, dtype=torch.bfloat16), labels.reshape(-1), None, *digits.tables(),
-    [0.3, 9.0, 9.0, 1.0, 0.0, 30.0], [0, 0, 1, 0, 1, 1, -100, 4, 2, 1], torch.zeros(4),
-    torch.ones(3), torch.ones(4))
+    [0.3, 9.0, 9.0, 1.0, 0.0, 30.0, 1.0], [0, 0, 1, 0, 1, 1, -100, 4, 2, 1], None, [],
+    torch.zeros(4), torch.ones(3), torch.ones(4))
 
 target = GPUTarget("cuda", 90, 32)
 def type_of(value):
@@ -436,7 +441,8 @@ for (name, _, _), (kernel, args, constexprs, num_warps) in sorted(launches.items
 
 @pytest.mark.slow  # about 15 s: each kernel variant through Triton's compiler and ptxas
 def test_kernels_compile_for_an_h100_class_gpu_without_one() -> None:
-    """Every kernel, in the variants that a bf16, float32 and float64 call, each kind, reweigh,
+    """Every kernel, in the variants that a bf16, float32 and float64 call, each kind (DEL, SMMD
+    with 1,110 number tokens, DIST2 among them), reweigh,
     squash, shift, weights, rows on chip and in blocks, and the compiled path's backward launch,
     compiles through Triton's full pipeline to a cubin for sm_90 (the H100/H200): what the
     interpreter cannot see (types, layouts, register allocation) is checked without a GPU."""

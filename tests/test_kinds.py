@@ -1,7 +1,8 @@
 """DEL, SMMD and DIST2 (numtok.kinds) against their float64 references (reference_kinds.py):
 values and gradients on a digit and a multi-digit vocabulary (word starts and a decimal point
 included), every reduction, loss weights and ``shift=True``; the place weights on the authors'
-examples; the fused and logits-free paths equal to the reference path; bad settings."""
+examples; the fused and logits-free paths equal to the reference path; bad settings. (The Triton
+kernels' tests of these kinds: test_kinds_triton.py.)"""
 
 from __future__ import annotations
 
@@ -21,7 +22,6 @@ from numtok import (
     number_token_loss,
 )
 from numtok._ntl_maths import LossSpec, place_weights
-from numtok.kernels.dispatch import triton_unsupported
 from numtok.kinds import smmd_kernel
 from numtok.linear import linear_cross_entropy_with_ntl
 
@@ -298,18 +298,6 @@ def test_bad_settings_name_themselves(build: Any, error: type[Exception], match:
         build()
 
 
-def test_the_triton_kernels_leave_these_kinds_to_the_torch_path() -> None:
-    vocab = make_vocab("digits")
-    spec = LossSpec.build(
-        vocab, kind="dist2", reweigh=False, squash_factor=None, ignore_index=-100,
-        reduction="mean", shift=False,
-    )  # fmt: skip
-    assert triton_unsupported(spec, weights_need_grad=False) == "kind='dist2' (numtok.kinds)"
-    logits, labels, _ = make_batch("digits")
-    with pytest.raises(ValueError, match=r"impl='triton' does not compute kind='dist2'"):
-        cross_entropy_with_ntl(logits, labels, vocab, kind="dist2", ntl_weight=1.0, impl="triton")
-
-
 def test_the_trainer_loss_takes_the_kinds() -> None:
     from numtok.hf import NTLossForTrainer
 
@@ -318,3 +306,24 @@ def test_the_trainer_loss_takes_the_kinds() -> None:
     loss_fn = NTLossForTrainer(vocab, kind="del", ntl_weight=0.5)
     expected = cross_entropy_with_ntl(logits, labels, vocab, kind="del", ntl_weight=0.5, shift=True)
     torch.testing.assert_close(loss_fn(logits, labels), expected.loss)
+
+
+@pytest.mark.parametrize("kind", ["del", "smmd", "dist2"])
+def test_torch_compile_of_the_torch_path_matches_eager(kind: str) -> None:
+    torch._dynamo.reset()
+    logits, labels, weights = make_batch("chunks", seed=12)
+    vocab = make_vocab("chunks")
+
+    def loss(x: torch.Tensor) -> torch.Tensor:
+        return cross_entropy_with_ntl(
+            x, labels, vocab, kind=kind, ntl_weight=0.7, shift=True, loss_weights=weights,
+            reduction="none", impl="torch",
+        ).loss  # fmt: skip
+
+    compiled = torch.compile(loss, backend="aot_eager", fullgraph=True)
+    eager_value, compiled_value = loss(logits), compiled(logits)
+    torch.testing.assert_close(compiled_value, eager_value, rtol=1e-12, atol=1e-14)
+    upstream = torch.rand(eager_value.shape, dtype=torch.float64) + 0.5
+    (eager_grad,) = torch.autograd.grad(eager_value, logits, upstream)
+    (compiled_grad,) = torch.autograd.grad(compiled_value, logits, upstream)
+    torch.testing.assert_close(compiled_grad, eager_grad, rtol=1e-12, atol=1e-14)

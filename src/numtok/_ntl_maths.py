@@ -24,6 +24,7 @@ At a position whose label ``y`` is a number token, with ``z`` its N number-token
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -39,7 +40,17 @@ from numtok._validation import (
     check_reduction,
     check_squash_factor,
 )
-from numtok.kinds import DEL, DIST2, SMMD, KindSettings, kind_losses, settings_for, uses_places
+from numtok.kinds import (
+    DEL,
+    DIST2,
+    SMMD,
+    KindSettings,
+    SMMDTables,
+    kind_losses,
+    settings_for,
+    smmd_tables,
+    uses_places,
+)
 from numtok.kinds import NAMES as OTHER_KINDS
 from numtok.vocab import NumberTables, NumberVocab, check_number_vocab
 
@@ -293,6 +304,9 @@ def position_losses(
             scaled_values=scaled,
             groups=tables.groups,
             place=place,
+            smmd=smmd_tables_for(tables, spec, number_logits.dtype)
+            if isinstance(spec.settings, SMMD)
+            else None,
         )
     values = tables.scaled_values.to(number_logits.dtype)  # (N,)
     target = values[position]  # (M,)
@@ -310,11 +324,46 @@ def position_losses(
     return _expected_value_loss(number_logits, probs, target, values, same_group, spec)
 
 
-@functools.lru_cache(maxsize=64)
+# SMMD's tables per vocabulary (its tables' scaled values, which live as long as the tables),
+# settings and dtype; a few entries (the (N, N) kernel of 1,110 tokens is 4.9 MB in float32).
+_SMMD_TABLES: dict[tuple[object, ...], tuple[weakref.ref[torch.Tensor], SMMDTables]] = {}
+_SMMD_TABLES_KEPT = 16
+
+
+def smmd_tables_for(tables: NumberTables, spec: LossSpec, dtype: torch.dtype) -> SMMDTables:
+    """SMMD's kernel, degrees and mode coefficients (:func:`numtok.kinds.smmd_tables`) for the
+    vocabulary of ``tables`` in ``dtype``, built once and kept (every chunk of rows of every call
+    reuses them); under ``torch.compile`` built in the graph."""
+    settings = spec.settings
+    if not isinstance(settings, SMMD):
+        raise TypeError(f"smmd_tables_for needs an SMMD kind, got {spec.kind!r}")
+    if torch.compiler.is_compiling():
+        return smmd_tables(token_values(tables, spec).to(dtype), settings)
+    key = (id(tables.scaled_values), spec.group_lengths, settings, dtype)
+    kept = _SMMD_TABLES.get(key)
+    if kept is not None and kept[0]() is tables.scaled_values:
+        return kept[1]
+    built = smmd_tables(token_values(tables, spec).to(dtype), settings)
+    if len(_SMMD_TABLES) >= _SMMD_TABLES_KEPT:
+        _SMMD_TABLES.clear()
+    _SMMD_TABLES[key] = (weakref.ref(tables.scaled_values), built)
+    return built
+
+
+def _ids_tensor(ids: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    return torch.tensor(ids, dtype=torch.long, device=device)
+
+
+_kept_ids_tensor = functools.lru_cache(maxsize=64)(_ids_tensor)
+
+
 def _ids_on(ids: tuple[int, ...], device: torch.device) -> torch.Tensor:
     """``ids`` (a LossSpec's small table) as a long tensor on ``device``, built once: a new one
-    on every call would be a host-to-device copy per chunk of rows on a GPU."""
-    return torch.tensor(ids, dtype=torch.long, device=device)
+    on every call would be a host-to-device copy per chunk of rows on a GPU. Under
+    ``torch.compile`` a constant of the graph (Dynamo does not trace through a cache)."""
+    if torch.compiler.is_compiling():
+        return _ids_tensor(ids, device)
+    return _kept_ids_tensor(ids, device)
 
 
 def _token_lengths(tables: NumberTables, spec: LossSpec) -> torch.Tensor:

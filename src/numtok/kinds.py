@@ -19,14 +19,23 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 from numtok._validation import check_bool, check_number
 
-__all__ = ["DEL", "DIST2", "SMMD", "KindSettings", "kind_losses", "settings_for"]
+__all__ = [
+    "DEL",
+    "DIST2",
+    "SMMD",
+    "KindSettings",
+    "SMMDTables",
+    "kind_losses",
+    "settings_for",
+    "smmd_tables",
+]
 
 
 @dataclass(frozen=True)
@@ -193,17 +202,38 @@ def smmd_kernel(values: torch.Tensor, settings: SMMD) -> torch.Tensor:
     return (sum(each[1:], each[0]) / len(each)).clamp(0.0, 1.0)
 
 
-def _smmd(
-    z: torch.Tensor, position: torch.Tensor, values: torch.Tensor, settings: SMMD
-) -> torch.Tensor:
-    kernel = smmd_kernel(values, settings)  # (N, N), symmetric
+class SMMDTables(NamedTuple):
+    """What SMMD needs of the vocabulary, in the compute dtype: the kernel ``K`` (N, N), the
+    degrees ``deg = K·1`` (N,) and ``(A, B)`` (2,) with ``rᵀKr + α·rᵀLr = A·rᵀKr + B·Σ deg r²``
+    for the mode (``rᵀLr = Σ deg r² - rᵀKr``): smmd ``(1 - α, α)``, mmd ``(1, 0)``, smooth
+    ``(-α, α)``."""
+
+    kernel: torch.Tensor
+    degree: torch.Tensor
+    coefficients: torch.Tensor
+
+
+def smmd_tables(values: torch.Tensor, settings: SMMD) -> SMMDTables:
+    """:class:`SMMDTables` of the tokens' values (N,), built on their device without reading
+    anything back."""
+    kernel = smmd_kernel(values, settings)
+    degree = kernel.sum(dim=-1)
+    alpha = (
+        1.0 / (2.0 * degree.mean())
+        if settings.alpha == "auto"
+        else torch.full((), float(settings.alpha), dtype=values.dtype, device=values.device)
+    )
+    one = torch.ones_like(alpha)
+    zero = torch.zeros_like(alpha)
+    pairs = {"smmd": (one - alpha, alpha), "mmd": (one, zero), "smooth": (-alpha, alpha)}
+    return SMMDTables(kernel, degree, torch.stack(pairs[settings.mode]))
+
+
+def _smmd(z: torch.Tensor, position: torch.Tensor, tables: SMMDTables) -> torch.Tensor:
     residual = torch.exp(_log_softmax(z)) - F.one_hot(position, z.shape[-1]).to(z.dtype)
-    mmd = (residual * (residual @ kernel)).sum(dim=-1)  # rᵀKr
-    degree = kernel.sum(dim=-1)  # (N,)
-    smooth = (degree * residual.square()).sum(dim=-1) - mmd  # rᵀLr = Σ deg r² - rᵀKr
-    alpha = 1.0 / (2.0 * degree.mean()) if settings.alpha == "auto" else float(settings.alpha)
-    terms = {"smmd": mmd + alpha * smooth, "mmd": mmd, "smooth": alpha * smooth}
-    return terms[settings.mode].clamp_min(0.0)
+    mmd = (residual * (residual @ tables.kernel)).sum(dim=-1)  # rᵀKr (K symmetric)
+    spread = (tables.degree * residual.square()).sum(dim=-1)  # Σ deg r²
+    return (tables.coefficients[0] * mmd + tables.coefficients[1] * spread).clamp_min(0.0)
 
 
 def _dist2(
@@ -234,12 +264,14 @@ def kind_losses(
     scaled_values: torch.Tensor,
     groups: torch.Tensor,
     place: torch.Tensor | None,
+    smmd: SMMDTables | None = None,
 ) -> torch.Tensor:
     """The loss per position (M,) before loss weights, from the finite number logits (M, N) in
     the compute dtype, each label's index among the N number tokens (M,), the tokens' values,
-    scaled values and length groups (N,) and the place weights (M,) (None: 1)."""
+    scaled values and length groups (N,), the place weights (M,) (None: 1) and, for SMMD, its
+    tables (None: built from ``values``)."""
     if isinstance(settings, SMMD):
-        return _smmd(number_logits, position, values, settings)
+        return _smmd(number_logits, position, smmd or smmd_tables(values, settings))
     if isinstance(settings, DEL):
         loss = _digit_entropy(number_logits, position)
     else:

@@ -55,8 +55,6 @@ def triton_unsupported(spec: LossSpec, *, weights_need_grad: bool) -> str | None
     None when they compute all of it."""
     if spec.callable_kind:
         return f"a callable kind ({spec.kind!r})"
-    if spec.settings is not None:
-        return f"kind={spec.kind!r} (numtok.kinds)"
     if weights_need_grad:
         return "loss_weights that require grad"
     return None

@@ -33,16 +33,18 @@ import torch
 import triton
 import triton.language as tl
 
-from numtok._ntl_maths import LossSpec
+from numtok._ntl_maths import LossSpec, place_weights, smmd_tables_for
 from numtok._number_logits import compute_dtype
+from numtok._shift import shift_left
 from numtok.kernels import triton_rows
 from numtok.kernels.gradient_in_forward import loss_with_gradient_in_forward
+from numtok.kinds import DIST2, SMMDTables
 from numtok.vocab import NumberTables
 
 __all__ = ["KIND_CODES", "ChunkRows", "cross_entropy_with_ntl", "scale_gradient"]
 
-#: The named kinds the kernels compute, and their codes there.
-KIND_CODES = {"was": 0, "mse": 1, "mae": 2, "huber": 3}
+#: The named kinds the kernels compute, and their codes there (numtok.kinds: 4-6).
+KIND_CODES = {"was": 0, "mse": 1, "mae": 2, "huber": 3, "del": 4, "smmd": 5, "dist2": 6}
 # How prepare_rows finds the reduction's scales: 1/denominator, 1/num_items (a tensor) or 1/counts.
 _SCALE_CONSTANT, _SCALE_NUM_ITEMS, _SCALE_COUNTS = 0, 1, 2
 # Columns a program holds in registers at once: 32 float32 per thread at 32 warps (ptxas for
@@ -50,6 +52,8 @@ _SCALE_CONSTANT, _SCALE_NUM_ITEMS, _SCALE_COUNTS = 0, 1, 2
 _MAX_BLOCK_V = 1 << 15
 # Labels per step of the one-program kernels.
 _LABEL_BLOCK = 1024
+# Values of SMMD's (K, K) kernel a row program holds at once.
+_PAIR_TILE = 1 << 13
 
 
 class RowSettings(NamedTuple):
@@ -72,7 +76,9 @@ class _Call(NamedTuple):
     the compute dtype or None, the tables, the integer settings, the float settings
     ``(ntl_weight, D, max distance, nearest distance, squash slope, soft cap)`` (a device tensor
     of them in the compute dtype is :meth:`constants`: their exact values, also in float64),
-    ``num_items_in_batch`` as a tensor or None, and the reduction with the labels' shape."""
+    ``num_items_in_batch`` as a tensor or None, the reduction with the labels' shape, and for the
+    kinds of numtok.kinds the place weights (M,) of the shifted labels (DEL, DIST2) and SMMD's
+    tables, else None."""
 
     labels: torch.Tensor
     weights: torch.Tensor | None
@@ -82,6 +88,8 @@ class _Call(NamedTuple):
     num_items: torch.Tensor | None
     reduction: str
     shape: torch.Size
+    place: torch.Tensor | None
+    smmd: SMMDTables | None
 
     def constants(self, dtype: torch.dtype) -> torch.Tensor:
         return _constants_on(self.float_settings, self.labels.device, dtype)
@@ -120,6 +128,7 @@ def _float_settings(spec: LossSpec, ntl_weight: float) -> tuple[float, ...]:
         spec.min_nonzero_distance,
         spec.squash_slope,
         1.0 if spec.logit_softcap is None else spec.logit_softcap,
+        spec.settings.temperature if isinstance(spec.settings, DIST2) else 1.0,
     )
 
 
@@ -151,6 +160,8 @@ def _call(
 ) -> _Call:
     """The call's facts on ``device`` with the compute dtype ``dtype``."""
     weights = None if loss_weights is None else loss_weights.reshape(-1).to(device, dtype)
+    shifted = shift_left(labels, spec.ignore_index) if spec.shift else labels
+    place = place_weights(shifted, tables, spec, dtype)
     return _Call(
         labels=labels.reshape(-1).contiguous(),
         weights=None if weights is None else weights.contiguous(),
@@ -160,6 +171,8 @@ def _call(
         num_items=num_items.reshape(()).to(device) if isinstance(num_items, torch.Tensor) else None,
         reduction=spec.reduction,
         shape=labels.shape,
+        place=None if place is None else place.reshape(-1).contiguous(),
+        smmd=smmd_tables_for(tables, spec, dtype) if spec.kind == "smmd" else None,
     )
 
 
@@ -206,13 +219,15 @@ def _assert_valid(status: torch.Tensor, call: _Call, vocab_size: int) -> None:
         torch._assert_async(status[1], "loss_weights must be >= 0")
 
 
-def _row_launch(vocab_size: int, num_numbers: int, dtype: torch.dtype) -> tuple[int, int, int]:
-    """``(BLOCK_V, BLOCK_K, num_warps)`` of a row program; float64 rows in half the columns
-    (twice the registers per value)."""
+def _row_launch(vocab_size: int, num_numbers: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
+    """``(BLOCK_V, BLOCK_K, BLOCK_J, num_warps)`` of a row program; float64 rows in half the
+    columns (twice the registers per value); SMMD's (K, K) kernel in tiles of ``BLOCK_K ×
+    BLOCK_J`` of at most 8,192 values."""
     widest = _MAX_BLOCK_V // 2 if dtype == torch.float64 else _MAX_BLOCK_V
     block_v = min(triton.next_power_of_2(vocab_size), widest)
     block_k = triton.next_power_of_2(max(1, num_numbers))
-    return block_v, block_k, min(32, max(4, block_v // 1024))
+    block_j = max(2, min(block_k, _PAIR_TILE // block_k))
+    return block_v, block_k, block_j, min(32, max(4, block_v // 1024))
 
 
 def _launch_rows(
@@ -233,9 +248,11 @@ def _launch_rows(
     one per row)."""
     num_rows, vocab_size = logits.shape
     settings, tables = call.settings, call.tables
-    block_v, block_k, num_warps = _row_launch(vocab_size, tables.ids.numel(), lse.dtype)
+    block_v, block_k, block_j, num_warps = _row_launch(vocab_size, tables.ids.numel(), lse.dtype)
     upstream_stride = 0 if upstream is None or upstream.numel() == 1 else upstream.stride(0)
     output = logits if gradient is None else gradient
+    constants = call.constants(lse.dtype)
+    smmd = call.smmd or SMMDTables(constants, constants, constants)
     triton_rows.ce_ntl_rows[(num_rows,)](
         logits,
         logits.stride(0),
@@ -249,6 +266,10 @@ def _launch_rows(
         tables.ids,
         tables.scaled_values,
         tables.groups,
+        constants if call.place is None else call.place,
+        smmd.kernel,
+        smmd.degree,
+        smmd.coefficients,
         lse,
         ce_rows,
         ntl_rows,
@@ -259,13 +280,14 @@ def _launch_rows(
         tables.ids.numel(),
         settings.seq_len,
         settings.ignore_index,
-        call.constants(lse.dtype),
+        constants,
         first_row,
         KIND=settings.kind,
         SQUASH=bool(settings.squash),
         REWEIGH=bool(settings.reweigh),
         SHIFT=bool(settings.shift),
         HAS_WEIGHTS=call.weights is not None,
+        HAS_PLACE=call.place is not None,
         SINGLE_GROUP=bool(settings.single_group),
         SOFTCAP=bool(settings.softcap),
         LSE_KNOWN=upstream is not None,
@@ -276,6 +298,7 @@ def _launch_rows(
         FINITE_MIN=torch.finfo(lse.dtype).min,
         BLOCK_V=block_v,
         BLOCK_K=block_k,
+        BLOCK_J=block_j,
         num_warps=num_warps,
     )
 
@@ -388,6 +411,8 @@ def _call_of_op(
     constants: list[float],
     settings: list[int],
     reduction: str,
+    place: torch.Tensor | None,
+    smmd: list[torch.Tensor],
 ) -> _Call:
     return _Call(
         labels=labels,
@@ -398,6 +423,8 @@ def _call_of_op(
         num_items=num_items,
         reduction=reduction,
         shape=labels.shape,
+        place=place,
+        smmd=SMMDTables(*smmd) if smmd else None,
     )
 
 
@@ -414,9 +441,13 @@ def _ce_ntl_op(
     constants: list[float],
     settings: list[int],
     reduction: str,
+    place: torch.Tensor | None,
+    smmd: list[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     tables = (ids, values, groups, position_of_id)
-    call = _call_of_op(labels, weights, tables, num_items, constants, settings, reduction)
+    call = _call_of_op(
+        labels, weights, tables, num_items, constants, settings, reduction, place, smmd
+    )
     return _terms(call, logits, None)
 
 
@@ -433,6 +464,8 @@ def _(
     constants: list[float],
     settings: list[int],
     reduction: str,
+    place: torch.Tensor | None,
+    smmd: list[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     dtype = compute_dtype(logits)
     num_rows = logits.shape[0]
@@ -453,12 +486,14 @@ def _ce_ntl_backward_op(
     position_of_id: torch.Tensor,
     constants: list[float],
     settings: list[int],
+    place: torch.Tensor | None,
+    smmd: list[torch.Tensor],
     lse: torch.Tensor,
     scales: torch.Tensor,
     grad_loss: torch.Tensor,
 ) -> torch.Tensor:
     tables = (ids, values, groups, position_of_id)
-    call = _call_of_op(labels, weights, tables, None, constants, settings, "sum")
+    call = _call_of_op(labels, weights, tables, None, constants, settings, "sum", place, smmd)
     gradient = torch.empty_like(logits)
     if logits.shape[0]:
         upstream = grad_loss.reshape(-1)
@@ -477,6 +512,8 @@ def _(
     position_of_id: torch.Tensor,
     constants: list[float],
     settings: list[int],
+    place: torch.Tensor | None,
+    smmd: list[torch.Tensor],
     lse: torch.Tensor,
     scales: torch.Tensor,
     grad_loss: torch.Tensor,
@@ -485,22 +522,26 @@ def _(
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, ...]) -> None:
-    logits, labels, weights, ids, values, groups, position_of_id, _, constants, settings, _ = inputs
+    (logits, labels, weights, ids, values, groups, position_of_id, _, constants, settings, _,
+     place, smmd) = inputs  # fmt: skip
     ctx.save_for_backward(
-        logits, labels, weights, ids, values, groups, position_of_id, output[3], output[4]
-    )
+        logits, labels, weights, ids, values, groups, position_of_id, place, output[3], output[4],
+        *smmd,
+    )  # fmt: skip
     ctx.constants, ctx.settings = constants, settings
 
 
 def _backward(ctx: Any, grad_loss: torch.Tensor | None, *_: Any) -> tuple[Any, ...]:
-    logits, labels, weights, ids, values, groups, position_of_id, lse, scales = ctx.saved_tensors
+    (logits, labels, weights, ids, values, groups, position_of_id, place, lse, scales,
+     *smmd) = ctx.saved_tensors  # fmt: skip
     gradient = None
     if grad_loss is not None:
         gradient = _ce_ntl_backward_op(
             logits, labels, weights, ids, values, groups, position_of_id,
-            ctx.constants, ctx.settings, lse, scales, grad_loss,
+            ctx.constants, ctx.settings, place, smmd, lse, scales, grad_loss,
         )  # fmt: skip
-    return gradient, *[None] * 10
+    # One entry per input, a list for the list of SMMD's tables.
+    return gradient, *[None] * 11, [None] * len(smmd)
 
 
 _ce_ntl_op.register_autograd(_backward, setup_context=_setup_context)
@@ -522,6 +563,8 @@ def _compiled(
         list(call.float_settings),
         list(call.settings),
         call.reduction,
+        call.place,
+        [] if call.smmd is None else list(call.smmd),
     )
     return loss, ce.detach(), ntl.detach()
 

@@ -28,7 +28,9 @@ flags for labels out of range or negative weights, so that no check reads data b
 :func:`scale_rows` (the backward of a gradient computed in forward: multiply by the upstream
 gradient, nothing at all where it is exactly 1, decided on the device).
 
-Kinds (``KIND``): 0 NTL-WAS, 1 MSE, 2 MAE, 3 Huber (δ = 1), as in :mod:`numtok._ntl_maths`.
+Kinds (``KIND``): 0 NTL-WAS, 1 MSE, 2 MAE, 3 Huber (δ = 1), as in :mod:`numtok._ntl_maths`, and
+the kinds of :mod:`numtok.kinds`: 4 DEL, 5 SMMD, 6 DIST2 (:func:`_kind_terms`), whose place
+weights (a row's factor on ℓ and ∂ℓ/∂z, not on the reduction's denominators) come per row.
 """
 
 from __future__ import annotations
@@ -175,6 +177,15 @@ def _row_block(row_logits, columns, V, column_stride, softcap, SOFTCAP: tl.const
 
 
 @triton.jit
+def _number_softmax(z):
+    """``(logsumexp(z), softmax(z))`` of a row's number logits (-inf lanes get probability 0)."""
+    peak = tl.max(z, 0)
+    exp_z = tl.exp(z - peak)
+    total = tl.sum(exp_z, 0)
+    return peak + tl.log(total), exp_z / total
+
+
+@triton.jit
 def _number_terms(
     z,
     in_number_block,
@@ -201,11 +212,7 @@ def _number_terms(
       ``∂P/∂z_j = p_j (1_j - P)`` and ``P·∂ŷ/∂z_j = p_j (ṽ_j - ŷ) 1_j``, so
       ``∂ℓ/∂z_j = p_j (1_j - P)(f - D_f) + f'(ŷ)·p_j (ṽ_j - ŷ) 1_j``.
     """
-    peak = tl.max(z, 0)
-    exp_z = tl.exp(z - peak)  # (K,), 0 outside the K tokens
-    total = tl.sum(exp_z, 0)
-    probs = exp_z / total
-    number_lse = peak + tl.log(total)
+    number_lse, probs = _number_softmax(z)
     if SINGLE_GROUP:  # noqa: SIM108 (a compile-time branch: the other one is not compiled)
         same = in_number_block
     else:
@@ -218,10 +225,9 @@ def _number_terms(
         base = tl.sum(probs * distance, 0)
         grad_base = probs * (distance - base)
     else:
-        exp_in_group = tl.where(same, exp_z, 0.0)
-        group_total = tl.sum(exp_in_group, 0)
-        share = group_total / total
-        prediction = tl.sum(exp_in_group * values, 0) / group_total
+        in_group_probs = tl.where(same, probs, 0.0)
+        share = tl.sum(in_group_probs, 0)
+        prediction = tl.sum(in_group_probs * values, 0) / share
         error = prediction - target_value
         if KIND == 1:
             cost = error * error
@@ -241,6 +247,155 @@ def _number_terms(
 
 
 @triton.jit
+def _softplus(x):
+    """``log(1 + exp(x))`` without overflow: ``max(x, 0) + log(1 + exp(-|x|))``."""
+    return tl.maximum(x, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(x)))
+
+
+@triton.jit
+def _smmd_kernel_times_residual(
+    residual,
+    in_number_block,
+    lanes,
+    position,
+    number_lse,
+    row_logits,
+    logits_column_stride,
+    number_ids_ptr,
+    pair_kernel_ptr,
+    is_number,
+    K,
+    softcap,
+    SOFTCAP: tl.constexpr,
+    C: tl.constexpr,
+    FINITE_MIN: tl.constexpr,
+    BLOCK_J: tl.constexpr,
+):
+    """``K·r`` (K,) with the (K, K) kernel read ``BLOCK_J`` columns at a time, ``r_j = p_j -
+    1{j = t}`` of those columns recomputed from their logits (a register vector cannot be
+    indexed); nothing is read where the label is no number token. ``K`` is symmetric, so the
+    columns are read as contiguous rows."""
+    product = tl.zeros_like(residual)
+    for start in range(0, K, BLOCK_J):
+        columns = start + tl.arange(0, BLOCK_J)
+        present = columns < tl.where(is_number, K, 0)
+        ids = tl.load(number_ids_ptr + columns, mask=present, other=0)
+        z = tl.load(row_logits + ids * logits_column_stride, mask=present, other=0.0).to(C)
+        z = tl.maximum(z, FINITE_MIN)
+        if SOFTCAP:
+            z = _soft_capped(z, softcap)
+        at_label = tl.where(columns == position, 1.0, 0.0)
+        residual_j = tl.where(present, tl.exp(z - number_lse) - at_label, 0.0)
+        tile = tl.load(
+            pair_kernel_ptr + columns[None, :] * K + lanes[:, None],
+            mask=in_number_block[:, None] & present[None, :],
+            other=0.0,
+        ).to(C)
+        product += tl.sum(tile * residual_j[None, :], 1)
+    return product
+
+
+@triton.jit
+def _kind_terms(
+    z,
+    probs,
+    number_lse,
+    in_number_block,
+    lanes,
+    position,
+    values,
+    groups,
+    target_value,
+    target_group,
+    temperature,
+    row_logits,
+    logits_column_stride,
+    number_ids_ptr,
+    pair_kernel_ptr,
+    pair_degree_ptr,
+    pair_coefficients_ptr,
+    is_number,
+    K,
+    softcap,
+    KIND: tl.constexpr,
+    SINGLE_GROUP: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    C: tl.constexpr,
+    FINITE_MIN: tl.constexpr,
+    BLOCK_J: tl.constexpr,
+):
+    """``(ℓ, ∂ℓ/∂z (K,))`` of the kinds of :mod:`numtok.kinds` before the place weight, from the
+    row's number logits ``z``, ``p = softmax(z)`` and ``logsumexp(z)``, with ``t = position``
+    (their formulas: numtok.kinds):
+
+    * DEL (4): ``ℓ = Σ_c p_c B_c / K``, ``B_c = softplus(∓z_c)`` (− at ``c = t``), so
+      ``∂ℓ/∂z_j = p_j (B_j - K·ℓ + B'_j) / K`` with ``B'_j = σ(z_j) - 1{j = t}``.
+    * SMMD (5): ``r = p - onehot(t)``, ``ℓ = max(0, A·rᵀKr + B·Σ deg r²)``; with
+      ``g = 2A·Kr + 2B·deg∘r`` (K symmetric) ``∂ℓ/∂z_j = p_j (g_j - Σ_i p_i g_i)`` where the value
+      is ≥ 0 (the clamp's gradient passes at 0, as ``clamp_min``'s does), else 0.
+    * DIST2 (6): ``q = softmax(-(ṽ - ṽ_t)²/τ)`` over the label's group ``G``,
+      ``ℓ = Σ_G q_j (log q_j - log p_j) / K`` and, since ``Σ_G q = 1``,
+      ``∂ℓ/∂z_j = (p_j - q_j 1_G(j)) / K``.
+    """
+    if KIND == 4:
+        is_label = lanes == position
+        entropy = tl.where(in_number_block, _softplus(tl.where(is_label, -z, z)), 0.0)
+        sigmoid = 1.0 / (1.0 + tl.exp(-z))
+        slope = tl.where(is_label, sigmoid - 1.0, sigmoid)
+        total = tl.sum(probs * entropy, 0)
+        base = total / K
+        grad_base = tl.where(in_number_block, probs * (entropy - total + slope), 0.0) / K
+    elif KIND == 5:
+        residual = tl.where(in_number_block, probs - tl.where(lanes == position, 1.0, 0.0), 0.0)
+        product = _smmd_kernel_times_residual(
+            residual,
+            in_number_block,
+            lanes,
+            position,
+            number_lse,
+            row_logits,
+            logits_column_stride,
+            number_ids_ptr,
+            pair_kernel_ptr,
+            is_number,
+            K,
+            softcap,
+            SOFTCAP,
+            C,
+            FINITE_MIN,
+            BLOCK_J,
+        )
+        degree = tl.load(pair_degree_ptr + lanes, mask=in_number_block, other=0.0).to(C)
+        first = tl.load(pair_coefficients_ptr).to(C)
+        second = tl.load(pair_coefficients_ptr + 1).to(C)
+        value = first * tl.sum(residual * product, 0) + second * tl.sum(
+            degree * residual * residual, 0
+        )
+        base = tl.maximum(value, 0.0)
+        outer = 2.0 * first * product + 2.0 * second * degree * residual
+        grad_base = probs * (outer - tl.sum(probs * outer, 0))
+        grad_base = tl.where(value >= 0, grad_base, 0.0)
+    else:
+        if SINGLE_GROUP:  # noqa: SIM108 (a compile-time branch: the other one is not compiled)
+            same = in_number_block
+        else:
+            same = in_number_block & (groups == target_group)
+        gap = values - target_value
+        closeness = tl.where(same, -(gap * gap) / temperature, float("-inf"))
+        peak = tl.max(closeness, 0)
+        exp_closeness = tl.exp(closeness - peak)
+        closeness_total = tl.sum(exp_closeness, 0)
+        target = exp_closeness / closeness_total
+        # Both logs finite outside G too (0 there), so that no lane computes inf - inf.
+        log_target = tl.where(same, closeness - peak - tl.log(closeness_total), 0.0)
+        log_probs = tl.where(in_number_block, z - number_lse, 0.0)
+        divergence = tl.where(same, target * (log_target - log_probs), 0.0)
+        base = tl.sum(divergence, 0) / K
+        grad_base = tl.where(in_number_block, probs - tl.where(same, target, 0.0), 0.0) / K
+    return base, grad_base
+
+
+@triton.jit
 def ce_ntl_rows(
     logits_ptr,
     logits_row_stride,
@@ -254,6 +409,10 @@ def ce_ntl_rows(
     number_ids_ptr,
     values_ptr,
     groups_ptr,
+    place_ptr,
+    pair_kernel_ptr,
+    pair_degree_ptr,
+    pair_coefficients_ptr,
     lse_ptr,
     ce_ptr,
     ntl_ptr,
@@ -271,6 +430,7 @@ def ce_ntl_rows(
     REWEIGH: tl.constexpr,
     SHIFT: tl.constexpr,
     HAS_WEIGHTS: tl.constexpr,
+    HAS_PLACE: tl.constexpr,
     SINGLE_GROUP: tl.constexpr,
     SOFTCAP: tl.constexpr,
     LSE_KNOWN: tl.constexpr,
@@ -281,6 +441,7 @@ def ce_ntl_rows(
     FINITE_MIN: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    BLOCK_J: tl.constexpr,
 ):
     """Row ``program_id(0)`` of the logits (m, V), which are the rows ``first_row`` to
     ``first_row + m - 1`` of the M positions that labels, weights, ``lse``, ``ce``, ``ntl`` and
@@ -289,7 +450,10 @@ def ce_ntl_rows(
     where the label is no number token) unless ``LSE_KNOWN`` (then ``lse`` is read), and with
     ``WRITE_GRAD`` its row of the gradient (m, V) (``grad_ptr`` may be ``logits_ptr``).
     ``ROW_ON_CHIP`` when ``BLOCK_V >= V``; ``constants = (ntl_weight, D, max distance, nearest
-    distance, squash slope, soft cap)`` in the compute dtype ``C``. With ``SOFTCAP`` the row is
+    distance, squash slope, soft cap, DIST2's τ)`` in the compute dtype ``C``. ``HAS_PLACE``:
+    the place weights (M,) of DEL and DIST2 multiply each row's ℓ; SMMD (``KIND`` 5) reads its
+    kernel (K, K), degrees (K,) and ``(A, B)`` from the ``pair_*`` pointers, ``BLOCK_J`` kernel
+    columns at a time. With ``SOFTCAP`` the row is
     read as ``c·tanh(x/c)`` everywhere and the gradient carries the cap's slope ``1 - (x'/c)²``.
     """
     max_cost = tl.load(constants_ptr + 1)
@@ -297,6 +461,7 @@ def ce_ntl_rows(
     nearest = tl.load(constants_ptr + 3)
     squash_slope = tl.load(constants_ptr + 4)
     softcap = tl.load(constants_ptr + 5)
+    temperature = tl.load(constants_ptr + 6)
     minus_inf = float("-inf")
     # The program's row of the logits (and of the gradient), and its position among all M rows
     # (labels, weights and the per-row results): the logits may be a chunk of rows.
@@ -336,21 +501,56 @@ def ce_ntl_rows(
     groups = tl.load(groups_ptr + lanes, mask=in_number_block, other=-1)
     target_value = tl.load(values_ptr + position).to(C)
     target_group = tl.load(groups_ptr + position)
-    base, grad_base, number_lse, number_probs = _number_terms(
-        z,
-        in_number_block,
-        values,
-        groups,
-        target_value,
-        target_group,
-        max_cost,
-        max_distance,
-        nearest,
-        squash_slope,
-        KIND,
-        SQUASH,
-        SINGLE_GROUP,
-    )
+    if KIND < 4:
+        base, grad_base, number_lse, number_probs = _number_terms(
+            z,
+            in_number_block,
+            values,
+            groups,
+            target_value,
+            target_group,
+            max_cost,
+            max_distance,
+            nearest,
+            squash_slope,
+            KIND,
+            SQUASH,
+            SINGLE_GROUP,
+        )
+    else:
+        number_lse, number_probs = _number_softmax(z)
+        base, grad_base = _kind_terms(
+            z,
+            number_probs,
+            number_lse,
+            in_number_block,
+            lanes,
+            position,
+            values,
+            groups,
+            target_value,
+            target_group,
+            temperature,
+            row_logits,
+            logits_column_stride,
+            number_ids_ptr,
+            pair_kernel_ptr,
+            pair_degree_ptr,
+            pair_coefficients_ptr,
+            is_number,
+            K,
+            softcap,
+            KIND,
+            SINGLE_GROUP,
+            SOFTCAP,
+            C,
+            FINITE_MIN,
+            BLOCK_J,
+        )
+    if HAS_PLACE:
+        place = tl.load(place_ptr + position_of_row).to(C)
+        base *= place
+        grad_base *= place
 
     # Pass 1: the online log-sum-exp; a row of one block stays in registers for pass 2.
     if ROW_ON_CHIP:
