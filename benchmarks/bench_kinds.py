@@ -8,8 +8,10 @@ NTL-WAS's (the kinds differ only in the per-row terms of the K number logits) an
 ``F.cross_entropy``'s.
 
 Usage: ``python benchmarks/bench_kinds.py [--rows 4096] [--vocab 32768] [--rounds 5]
-[--threads 2] [--device cpu]``; prints a Markdown table and writes
-``benchmarks/results/<date>-kinds-<device>.{jsonl,md}``.
+[--threads 2] [--device cpu] [--out PATH] [--quick]``; prints a Markdown table and writes
+``PATH.{jsonl,md}`` (default ``benchmarks/results/<date>-kinds-<device>``). On CUDA the fused
+path of every kind is the Triton row kernel (``impl="auto"``). ``--quick``: 256 × 4,096, 2 rounds
+(a dry run of ``benchmarks/gpu.sh``).
 """
 
 from __future__ import annotations
@@ -69,7 +71,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--out", type=Path, help="where the .jsonl and .md go (no suffix)")
+    parser.add_argument("--quick", action="store_true", help="256 × 4,096, 2 rounds")
     args = parser.parse_args()
+    if args.quick:
+        args.rows, args.vocab, args.rounds = 256, 4096, 2
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     generator = torch.Generator().manual_seed(0)
@@ -120,8 +126,8 @@ def main() -> None:
     report = "\n".join(lines)
     print(report)
     stamp = rows[0]["date"][:16].replace(":", "")
-    RESULTS.mkdir(exist_ok=True)
-    base = RESULTS / f"{stamp}-kinds-{device.type}"
+    base = args.out or RESULTS / f"{stamp}-kinds-{device.type}"
+    base.parent.mkdir(parents=True, exist_ok=True)
     base.with_suffix(".jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     base.with_suffix(".md").write_text(report + "\n")
 

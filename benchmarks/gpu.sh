@@ -13,7 +13,9 @@
 #      batch 4) with logits_free off and on: step time and CUDA peak memory;
 #   5. bench_readout.py: predict_numbers (the key/value-cached enumeration, 2 and 3 digits) on a
 #      random Llama with V = 128,256 against a greedy generate() of the same prompts;
-#   6. the fused and linear paths and Liger through torch.compile on the N=4096 cases;
+#   6. bench_kinds.py: the fused path of DEL, SMMD and DIST2 (the Triton row kernel) against
+#      NTL-WAS and F.cross_entropy, N x V = 4096 x 131072, digits and 1,110 number tokens;
+#   7. the fused and linear paths and Liger through torch.compile on the N=4096 cases;
 # and writes benchmarks/results/<date>-<gpu name>.md (with the targets of the fused and
 # logits-free paths, benchmarks/gpu_targets.py), the JSONL rows beside it. Each step has its own
 # time limit; a step that runs out keeps what it measured and the summary says so.
@@ -86,6 +88,9 @@ trainer_status=$(step 70 trainer "$PY" benchmarks/bench_trainer_step.py --preset
 echo "gpu.sh: predict_numbers against generate()"
 readout_status=$(step 45 readout "$PY" benchmarks/bench_readout.py --device "$DEVICE" \
     --digits 2,3 --rounds 3 --whole-sequence-digits 0 --out "$results/$name-readout.jsonl")
+echo "gpu.sh: the number losses of numtok.kinds"
+kinds_status=$(step 60 kinds "$PY" benchmarks/bench_kinds.py $QUICK --device "$DEVICE" \
+    --vocab 131072 --rounds 5 --out "$results/$name-kinds")
 echo "gpu.sh: torch.compile benchmark"
 budget=$((470 - (SECONDS - start)))  # whatever is left of about 7.8 minutes, at least one
 compile_status=$(step $((budget > 60 ? budget : 60)) compiled "$PY" benchmarks/bench_loss.py $QUICK --device "$DEVICE" \
@@ -133,10 +138,14 @@ versions=$("$PY" -c "import torch, numtok; print(f'torch {torch.__version__} (CU
     echo
     if [[ -s "$results/$name-readout.md" ]]; then cat "$results/$name-readout.md"; else echo "(no rows)"; fi
     echo
+    echo "## DEL, SMMD, DIST2 in the fused path (\`bench_kinds.py\`): $kinds_status"
+    echo
+    if [[ -s "$results/$name-kinds.md" ]]; then cat "$results/$name-kinds.md"; else echo "(no rows)"; fi
+    echo
     echo "## torch.compile (default backend): $compile_status"
     echo
     summary "$results/$name-compiled.jsonl"
-    for file in tests eager linear trainer readout compiled; do
+    for file in tests eager linear trainer readout kinds compiled; do
         if [[ -s "$log/$file.err" ]] && ! grep -q '^results:' "$log/$file.err"; then
             echo
             echo "### End of the $file step's log"

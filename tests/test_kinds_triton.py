@@ -193,3 +193,33 @@ def test_auto_takes_the_kernels_for_these_kinds_on_cuda(kind: str) -> None:
     )  # fmt: skip
     assert dispatch.triton_unsupported(spec, weights_need_grad=False) is None
     assert dispatch.resolve_impl("auto", torch.device("cuda"), None) == "triton"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("kind", ["del", "smmd", "dist2"])
+def test_low_precision_and_masked_logits_match_the_torch_path(
+    kind: str, dtype: torch.dtype, device: torch.device
+) -> None:
+    """float32 and bfloat16 logits (computed in float32), a third of the number logits (never
+    the label's) masked to -inf (raised to the most negative finite value by both backends):
+    finite, and the torch path's values and gradients within rounding."""
+    logits, labels, _ = make_batch("chunks", seed=21)
+    hidden = torch.zeros(logits.shape, dtype=torch.bool)
+    hidden[..., 20:35] = True
+    hidden.scatter_(-1, labels.clamp_min(0).unsqueeze(-1), False)  # never the label's own logit
+    masked = logits.detach().masked_fill(hidden, -torch.inf).to(device, dtype)
+    vocab = make_vocab("chunks")
+    results = []
+    for impl in ("triton", "torch"):
+        x = masked.clone().requires_grad_()
+        out = cross_entropy_with_ntl(
+            x, labels.to(device), vocab, kind=kind, ntl_weight=NTL_WEIGHT, reduction="none",
+            impl=impl,
+        )  # fmt: skip
+        (grad,) = torch.autograd.grad(out.loss.sum(), x)
+        results.append((out.loss.float(), grad.float()))
+    (loss, grad), (expected_loss, expected_grad) = results
+    assert torch.isfinite(loss).all() and torch.isfinite(grad).all()
+    rounding = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(loss, expected_loss, rtol=rounding, atol=rounding)
+    torch.testing.assert_close(grad, expected_grad, rtol=rounding, atol=rounding)
