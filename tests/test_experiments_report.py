@@ -121,7 +121,19 @@ def test_run_writes_results_report_and_plot(smoke_run: tuple[Path, Path, dict[st
                 and runs[(s, "was")]["metrics"][split][metric] is not None
             ]
             assert difference["values"] == pytest.approx(expected)
+            against_was = results["paired_vs_was"][split]["mse"][metric]
+            assert set(results["paired_vs_was"][split]) == {"mse"}  # not CE, not NTL-WAS itself
+            assert against_was["values"] == pytest.approx(
+                [
+                    runs[(s, "mse")]["metrics"][split][metric]
+                    - runs[(s, "was")]["metrics"][split][metric]
+                    for s in SMOKE.seeds
+                    if runs[(s, "mse")]["metrics"][split][metric] is not None
+                    and runs[(s, "was")]["metrics"][split][metric] is not None
+                ]
+            )
     assert set(results["timing"]["arms"]) == set(SMOKE.arms)
+    assert "## Paired differences to NTL-WAS" in (run_dir / "report.md").read_text()
     table = format_table(results)
     assert table.count("CE+NTL-WAS") == len(splits)
 

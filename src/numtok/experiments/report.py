@@ -49,27 +49,39 @@ def _by_seed(results: Sequence[dict[str, Any]]) -> dict[tuple[int, str], dict[st
 
 def _summarise(
     config: ExperimentConfig, results: Sequence[dict[str, Any]]
-) -> tuple[dict[str, Any], dict[str, Any]]:
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """``(summary, paired, paired_vs_was)``: per split, arm and metric the summary over seeds;
+    every other arm − CE; every arm but CE − NTL-WAS (empty without a ``was`` arm)."""
     runs = _by_seed(results)
-    splits = config.splits
-    summary: dict[str, Any] = {}
-    paired: dict[str, Any] = {}
-    for split in splits:
-        summary[split], paired[split] = {}, {}
-        for arm in config.arms:
-            summary[split][arm] = {
-                metric: summarise([runs[(s, arm)]["metrics"][split][metric] for s in config.seeds])
-                for metric in METRICS
+
+    def values(arm: str, split: str, metric: str) -> list[float | None]:
+        return [runs[(s, arm)]["metrics"][split][metric] for s in config.seeds]
+
+    def paired_to(baseline: str) -> dict[str, Any]:
+        if baseline not in config.arms:
+            return {}
+        others = [arm for arm in config.arms if arm not in ("ce", baseline)]
+        return {
+            split: {
+                arm: {
+                    metric: paired_comparison(
+                        values(arm, split, metric), values(baseline, split, metric)
+                    )
+                    for metric in METRICS
+                }
+                for arm in others
             }
-            if arm == "ce":
-                continue
-            paired[split][arm] = {}
-            for metric in METRICS:
-                paired[split][arm][metric] = paired_comparison(
-                    [runs[(s, arm)]["metrics"][split][metric] for s in config.seeds],
-                    [runs[(s, "ce")]["metrics"][split][metric] for s in config.seeds],
-                )
-    return summary, paired
+            for split in config.splits
+        }
+
+    summary = {
+        split: {
+            arm: {metric: summarise(values(arm, split, metric)) for metric in METRICS}
+            for arm in config.arms
+        }
+        for split in config.splits
+    }
+    return summary, paired_to("ce"), paired_to("was")
 
 
 def _verdict(config: ExperimentConfig, paired: dict[str, Any]) -> tuple[str, list[str]]:
@@ -145,20 +157,23 @@ def format_table(results: dict[str, Any], *, markdown: bool = False) -> str:
     return table(header, rows, markdown=markdown)
 
 
-def _differences_table(results: dict[str, Any]) -> str:
-    config = ExperimentConfig.from_dict(results["config"])
-    header = ["split", "arm − CE", *(METRICS[m][0] for m in TESTED)]
+def _differences_table(results: dict[str, Any], key: str, baseline: str) -> str:
+    """Mean difference (\\* where it exceeds the seed spread), its 95 % interval and the
+    differences per seed, of each arm in ``results[key]`` against ``baseline``."""
+    header = ["split", f"arm − {baseline}", *(METRICS[m][0] for m in TESTED)]
     rows = []
-    for split in config.splits:
-        for arm in config.arms:
-            if arm == "ce":
-                continue
+    for split, arms in results[key].items():
+        for arm, metrics in arms.items():
             cells = []
             for metric in TESTED:
-                entry = results["paired_differences"][split][arm][metric]
+                entry = metrics[metric]
                 per_seed = ", ".join(_signed(metric, v) for v in entry["values"])
                 mark = " **\\***" if entry["exceeds"] else ""
-                cells.append(f"{_signed(metric, entry['mean'])}{mark} ({per_seed})")
+                interval = ""
+                if entry["low"] is not None:
+                    low, high = _signed(metric, entry["low"]), _signed(metric, entry["high"])
+                    interval = f" [{low}, {high}]"
+                cells.append(f"{_signed(metric, entry['mean'])}{mark}{interval} ({per_seed})")
             rows.append([split, ARM_LABELS[arm], *cells])
     return table(header, rows, markdown=True)
 
@@ -226,12 +241,22 @@ def _markdown(results: dict[str, Any]) -> str:
         "",
         format_table(results, markdown=True),
         "",
-        "## Paired differences to CE (arm − CE; per seed in brackets)",
+        "## Paired differences to CE (arm − CE; 95 % interval, per seed in brackets)",
         "",
         "\\* marks a difference that exceeds the seed spread (two-sided paired t-test, 5 %).",
         "",
-        _differences_table(results),
+        _differences_table(results, "paired_differences", "CE"),
         "",
+        *(
+            [
+                "## Paired differences to NTL-WAS (arm − NTL-WAS, the same way)",
+                "",
+                _differences_table(results, "paired_vs_was", "NTL-WAS"),
+                "",
+            ]
+            if results.get("paired_vs_was")
+            else []
+        ),
         "## Verdict",
         "",
         results["verdict"],
@@ -349,7 +374,7 @@ def write_report(
 ) -> dict[str, Any]:
     """Write ``results.json``, ``report.md`` and ``curves.png`` into ``run_dir``; return the
     results (as stored in results.json)."""
-    summary, paired = _summarise(config, runs)
+    summary, paired, paired_vs_was = _summarise(config, runs)
     verdict, hits = _verdict(config, paired)
     header = run_header(
         config,
@@ -364,6 +389,7 @@ def write_report(
             "splits": list(config.splits),
             "summary": summary,
             "paired_differences": paired,
+            "paired_vs_was": paired_vs_was,
             "verdict": verdict,
             "verdict_hits": hits,
             "timing": timing,
