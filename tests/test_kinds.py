@@ -1,8 +1,9 @@
 """DEL, SMMD and DIST2 (numtok.kinds) against their float64 references (reference_kinds.py):
 values and gradients on a digit and a multi-digit vocabulary (word starts and a decimal point
 included), every reduction, loss weights and ``shift=True``; the place weights on the authors'
-examples; the fused and logits-free paths equal to the reference path; bad settings. (The Triton
-kernels' tests of these kinds: test_kinds_triton.py.)"""
+examples; the fused and logits-free paths equal to the reference path (the logits-free path and
+torch.compile on both backends); bad settings. (The Triton kernels' other tests of these kinds:
+test_kinds_triton.py.)"""
 
 from __future__ import annotations
 
@@ -225,9 +226,13 @@ def kind_settings(kind: str) -> Any:
     return {"del": DEL(), "smmd": SMMD(), "dist2": DIST2()}[kind]
 
 
-@pytest.mark.parametrize("recompute", [False, True], ids=["in-forward", "recompute"])
+@pytest.mark.parametrize(
+    ("recompute", "impl"),
+    [(False, "torch"), (True, "torch"), (False, "triton")],
+    ids=["in-forward", "recompute", "in-forward-triton"],  # Triton does not recompute
+)
 @pytest.mark.parametrize("kind", ["del", "smmd", "dist2"])
-def test_logits_free_equals_the_logits_path(kind: str, recompute: bool) -> None:
+def test_logits_free_equals_the_logits_path(kind: str, recompute: bool, impl: str) -> None:
     _, labels, _ = make_batch("chunks", seed=7)
     generator = torch.Generator().manual_seed(7)
     hidden = torch.randn(*labels.shape, 6, generator=generator, dtype=torch.float64)
@@ -238,11 +243,11 @@ def test_logits_free_equals_the_logits_path(kind: str, recompute: bool) -> None:
     reduction = "none" if recompute else "mean"  # "none" with a gradient recomputes
     out = linear_cross_entropy_with_ntl(
         hidden, weight, labels, vocab, kind=kind, ntl_weight=0.5, shift=True,
-        reduction=reduction, chunk_size=4,
+        reduction=reduction, chunk_size=4, impl=impl,
     )  # fmt: skip
     expected = cross_entropy_with_ntl(
         hidden @ weight.T, labels, vocab, kind=kind, ntl_weight=0.5, shift=True,
-        reduction=reduction,
+        reduction=reduction, impl="torch",
     )  # fmt: skip
     torch.testing.assert_close(out.loss, expected.loss, rtol=1e-10, atol=1e-12)
     grads = torch.autograd.grad(out.loss.sum(), (hidden, weight))
@@ -308,8 +313,10 @@ def test_the_trainer_loss_takes_the_kinds() -> None:
     torch.testing.assert_close(loss_fn(logits, labels), expected.loss)
 
 
+@pytest.mark.parametrize("impl", ["torch", "triton"])
 @pytest.mark.parametrize("kind", ["del", "smmd", "dist2"])
-def test_torch_compile_of_the_torch_path_matches_eager(kind: str) -> None:
+def test_torch_compile_keeps_one_graph_and_matches_eager(kind: str, impl: str) -> None:
+    """fullgraph: both backends' kinds compile to one graph (Triton's as its custom ops)."""
     torch._dynamo.reset()
     logits, labels, weights = make_batch("chunks", seed=12)
     vocab = make_vocab("chunks")
@@ -317,7 +324,7 @@ def test_torch_compile_of_the_torch_path_matches_eager(kind: str) -> None:
     def loss(x: torch.Tensor) -> torch.Tensor:
         return cross_entropy_with_ntl(
             x, labels, vocab, kind=kind, ntl_weight=0.7, shift=True, loss_weights=weights,
-            reduction="none", impl="torch",
+            reduction="none", impl=impl,
         ).loss  # fmt: skip
 
     compiled = torch.compile(loss, backend="aot_eager", fullgraph=True)

@@ -1,8 +1,9 @@
 """DEL, SMMD and DIST2 in the Triton kernels (``impl="triton"``): the fused loss against
 ``F.cross_entropy`` + λ·the float64 reference of each kind (values and gradients, digit and
 multi-digit vocabularies, every reduction, loss weights, ``shift=True``), in place and in
-evaluation bit for bit, rows read in blocks, SMMD's kernel read in tiles, the logits-free path,
-finite differences and torch.compile. On CPU the kernels run in Triton's interpreter."""
+evaluation bit for bit, rows read in blocks, SMMD's kernel read in tiles, finite differences and
+low precision (the logits-free path and torch.compile of both backends: test_kinds.py). On CPU
+the kernels run in Triton's interpreter."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ import torch.nn.functional as F
 from numtok import DEL, DIST2, SMMD, cross_entropy_with_ntl
 from numtok._ntl_maths import LossSpec
 from numtok.kernels import dispatch, triton_loss
-from numtok.linear import linear_cross_entropy_with_ntl
 
 from test_fused import assert_matches_finite_differences
 from test_kinds import KIND_IDS, KINDS, VOCABS, make_batch, make_vocab, reference, resolved
@@ -138,51 +138,6 @@ def test_the_gradient_matches_finite_differences(kind: str) -> None:
         ).loss  # fmt: skip
 
     assert_matches_finite_differences(fn, logits, directions=2)
-
-
-@pytest.mark.parametrize("kind", ["del", "smmd", "dist2"])
-def test_the_logits_free_path_equals_the_logits_path(kind: str) -> None:
-    _, labels, _ = make_batch("chunks", seed=7)
-    generator = torch.Generator().manual_seed(7)
-    hidden = torch.randn(*labels.shape, 6, generator=generator, dtype=torch.float64)
-    weight = torch.randn(59, 6, generator=generator, dtype=torch.float64)
-    hidden.requires_grad_()
-    weight.requires_grad_()
-    vocab = make_vocab("chunks")
-    out = linear_cross_entropy_with_ntl(
-        hidden, weight, labels, vocab, kind=kind, ntl_weight=NTL_WEIGHT, shift=True,
-        chunk_size=4, impl="triton",
-    )  # fmt: skip
-    expected = cross_entropy_with_ntl(
-        hidden @ weight.T, labels, vocab, kind=kind, ntl_weight=NTL_WEIGHT, shift=True,
-        impl="torch",
-    )  # fmt: skip
-    torch.testing.assert_close(out.loss, expected.loss, rtol=1e-10, atol=1e-12)
-    grads = torch.autograd.grad(out.loss, (hidden, weight))
-    expected_grads = torch.autograd.grad(expected.loss, (hidden, weight))
-    for got, want in zip(grads, expected_grads, strict=True):
-        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
-
-
-@pytest.mark.parametrize("kind", ["del", "smmd", "dist2"])
-def test_torch_compile_keeps_one_graph_and_matches_eager(kind: str) -> None:
-    torch._dynamo.reset()
-    logits, labels, weights = make_batch("chunks", seed=12)
-    vocab = make_vocab("chunks")
-
-    def loss(x: torch.Tensor) -> torch.Tensor:
-        return cross_entropy_with_ntl(
-            x, labels, vocab, kind=kind, ntl_weight=NTL_WEIGHT, shift=True,
-            loss_weights=weights, reduction="none", impl="triton",
-        ).loss  # fmt: skip
-
-    compiled = torch.compile(loss, backend="aot_eager", fullgraph=True)
-    eager_value, compiled_value = loss(logits), compiled(logits)
-    torch.testing.assert_close(compiled_value, eager_value, rtol=1e-12, atol=1e-14)
-    upstream = torch.rand(eager_value.shape, dtype=torch.float64) + 0.5
-    (eager_grad,) = torch.autograd.grad(eager_value, logits, upstream)
-    (compiled_grad,) = torch.autograd.grad(compiled_value, logits, upstream)
-    torch.testing.assert_close(compiled_grad, eager_grad, rtol=1e-12, atol=1e-14)
 
 
 @pytest.mark.parametrize("kind", ["del", "smmd", "dist2"])

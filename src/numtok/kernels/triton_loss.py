@@ -38,7 +38,7 @@ from numtok._number_logits import compute_dtype
 from numtok._shift import shift_left
 from numtok.kernels import triton_rows
 from numtok.kernels.gradient_in_forward import loss_with_gradient_in_forward
-from numtok.kinds import DIST2, SMMDTables
+from numtok.kinds import DIST2, SMMDTables, uses_places
 from numtok.vocab import NumberTables
 
 __all__ = ["KIND_CODES", "ChunkRows", "cross_entropy_with_ntl", "scale_gradient"]
@@ -160,8 +160,10 @@ def _call(
 ) -> _Call:
     """The call's facts on ``device`` with the compute dtype ``dtype``."""
     weights = None if loss_weights is None else loss_weights.reshape(-1).to(device, dtype)
-    shifted = shift_left(labels, spec.ignore_index) if spec.shift else labels
-    place = place_weights(shifted, tables, spec, dtype)
+    place = None
+    if uses_places(spec.settings):  # DEL's and DIST2's, of the labels as the loss sees them
+        shifted = shift_left(labels, spec.ignore_index) if spec.shift else labels
+        place = place_weights(shifted, tables, spec, dtype)
     return _Call(
         labels=labels.reshape(-1).contiguous(),
         weights=None if weights is None else weights.contiguous(),

@@ -253,6 +253,32 @@ def _softplus(x):
 
 
 @triton.jit
+def _number_logits(
+    row_logits,
+    logits_column_stride,
+    number_ids_ptr,
+    indices,
+    is_number,
+    K,
+    softcap,
+    SOFTCAP: tl.constexpr,
+    C: tl.constexpr,
+    FINITE_MIN: tl.constexpr,
+):
+    """``(gathered, number_ids, z)`` of the number tokens at ``indices`` (among the K): which
+    lanes were read (none where the label is no number token: no memory traffic), their ids and
+    logits in ``C``, -inf (masked) logits raised to the most negative finite value, soft-capped
+    with ``SOFTCAP``; 0 at lanes not read."""
+    gathered = indices < tl.where(is_number, K, 0)
+    number_ids = tl.load(number_ids_ptr + indices, mask=gathered, other=0)
+    z = tl.load(row_logits + number_ids * logits_column_stride, mask=gathered, other=0.0).to(C)
+    z = tl.maximum(z, FINITE_MIN)
+    if SOFTCAP:
+        z = _soft_capped(z, softcap)
+    return gathered, number_ids, z
+
+
+@triton.jit
 def _smmd_kernel_times_residual(
     residual,
     in_number_block,
@@ -272,18 +298,17 @@ def _smmd_kernel_times_residual(
     BLOCK_J: tl.constexpr,
 ):
     """``K·r`` (K,) with the (K, K) kernel read ``BLOCK_J`` columns at a time, ``r_j = p_j -
-    1{j = t}`` of those columns recomputed from their logits (a register vector cannot be
-    indexed); nothing is read where the label is no number token. ``K`` is symmetric, so the
+    1{j = t}`` of those columns recomputed from their logits as the row's ``z`` is
+    (:func:`_number_logits`: a register vector cannot be indexed); nothing is read where the label
+    is no number token. ``K`` is symmetric, so the
     columns are read as contiguous rows."""
     product = tl.zeros_like(residual)
     for start in range(0, K, BLOCK_J):
         columns = start + tl.arange(0, BLOCK_J)
-        present = columns < tl.where(is_number, K, 0)
-        ids = tl.load(number_ids_ptr + columns, mask=present, other=0)
-        z = tl.load(row_logits + ids * logits_column_stride, mask=present, other=0.0).to(C)
-        z = tl.maximum(z, FINITE_MIN)
-        if SOFTCAP:
-            z = _soft_capped(z, softcap)
+        present, _, z = _number_logits(
+            row_logits, logits_column_stride, number_ids_ptr, columns, is_number, K, softcap,
+            SOFTCAP, C, FINITE_MIN,
+        )  # fmt: skip
         at_label = tl.where(columns == position, 1.0, 0.0)
         residual_j = tl.where(present, tl.exp(z - number_lse) - at_label, 0.0)
         tile = tl.load(
@@ -484,16 +509,13 @@ def ce_ntl_rows(
     if SOFTCAP:
         target_logit = _soft_capped(target_logit, softcap)
 
-    # The number logits, only where the label is a number (no memory traffic elsewhere); -inf
-    # (masked) logits raised to the most negative finite value, lanes beyond K at -inf.
+    # The number logits, only where the label is a number; lanes beyond K at -inf.
     lanes = tl.arange(0, BLOCK_K)
     in_number_block = lanes < K
-    gather = lanes < tl.where(is_number, K, 0)
-    number_ids = tl.load(number_ids_ptr + lanes, mask=gather, other=0)
-    z = tl.load(row_logits + number_ids * logits_column_stride, mask=gather, other=0.0).to(C)
-    z = tl.maximum(z, FINITE_MIN)
-    if SOFTCAP:
-        z = _soft_capped(z, softcap)
+    gather, number_ids, z = _number_logits(
+        row_logits, logits_column_stride, number_ids_ptr, lanes, is_number, K, softcap, SOFTCAP,
+        C, FINITE_MIN,
+    )  # fmt: skip
     z = tl.where(in_number_block, z, minus_inf)
     # Every lane's table entries, also at other rows: their NTL terms are then finite (and
     # multiplied by a coefficient of 0).
