@@ -15,6 +15,7 @@ from numtok.linear import linear_cross_entropy_with_ntl
 from numtok.losses import number_token_loss
 from numtok.metrics import NumericMetrics, make_compute_metrics, numeric_metrics
 from numtok.module import NumberTokenLoss
+from numtok.number_head import LinearNumberTokenLoss, linear_number_token_loss
 from numtok.number_level import NumberLevelLoss, number_level_loss
 from numtok.readout import NumberDistribution, number_distribution
 from numtok.spans import NumberSpans, find_number_spans
@@ -28,6 +29,7 @@ __all__ = [
     "CEWithNTLOutput",
     "ExpectedNumbers",
     "GaussianLabelSmoothingLoss",
+    "LinearNumberTokenLoss",
     "NTLossForTrainer",
     "NumberDistribution",
     "NumberLevelLoss",
@@ -43,6 +45,7 @@ __all__ = [
     "gaussian_label_smoothing_ce",
     "last_number",
     "linear_cross_entropy_with_ntl",
+    "linear_number_token_loss",
     "make_compute_metrics",
     "number_distribution",
     "number_level_loss",

@@ -206,3 +206,66 @@ def check_elementwise_callable(name: str, fn: Callable[..., Any]) -> None:
             f"{name} must be a callable (prediction, target) -> elementwise loss of the same "
             f"shape; for inputs of shape (3,) it returned {shape}"
         )
+
+
+def require_tensor(name: str, value: object) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    return value
+
+
+def check_linear_inputs(
+    hidden: object, weight: object, bias: object, labels: object, vocab_size: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """hidden (..., H) and weight (V, H) of one floating dtype, bias (V,) or None, V equal to
+    the vocabulary's size, labels of shape (...); the labels' dtype and range are checked by
+    :func:`~numtok._validation.check_logits_and_labels`."""
+    hidden = require_tensor("hidden", hidden)
+    weight = require_tensor("weight", weight)
+    labels = require_tensor("labels", labels)
+    if not hidden.is_floating_point():
+        raise TypeError(f"hidden must be floating point, got {hidden.dtype}")
+    if weight.dtype != hidden.dtype:
+        raise TypeError(
+            f"weight must have the hidden states' dtype {hidden.dtype}, got {weight.dtype}"
+        )
+    if hidden.dim() < 1 or weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
+        raise ValueError(
+            f"weight must have shape (vocab_size, hidden_size) with hidden_size = "
+            f"hidden.shape[-1]: hidden has shape {tuple(hidden.shape)}, weight has shape "
+            f"{tuple(weight.shape)}"
+        )
+    if weight.shape[0] != vocab_size:
+        raise ValueError(
+            f"weight has {weight.shape[0]} rows (one per logit) but the NumberVocab was built "
+            f"for vocab_size={vocab_size}; build it with vocab_size={weight.shape[0]}"
+        )
+    if bias is not None:
+        bias = require_tensor("bias", bias)
+        if bias.dtype != hidden.dtype or tuple(bias.shape) != (vocab_size,):
+            raise ValueError(
+                f"bias must have shape ({vocab_size},) and dtype {hidden.dtype}, got shape "
+                f"{tuple(bias.shape)} and dtype {bias.dtype}"
+            )
+    if tuple(labels.shape) != tuple(hidden.shape[:-1]):
+        raise ValueError(
+            f"labels must have shape hidden.shape[:-1] = {tuple(hidden.shape[:-1])}, "
+            f"got {tuple(labels.shape)}"
+        )
+    return hidden, weight, bias, labels
+
+
+def check_position_values(name: str, value: object, shape: torch.Size) -> torch.Tensor | None:
+    """None, or one real number per position: a floating tensor of ``shape`` (the labels' shape),
+    such as each position's log-sum-exp or its label's log-probability."""
+    if value is None:
+        return None
+    tensor = require_tensor(name, value)
+    if not tensor.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got {tensor.dtype}")
+    if tuple(tensor.shape) != tuple(shape):
+        raise ValueError(
+            f"{name} must have the labels' shape {tuple(shape)} (one value per position), got "
+            f"{tuple(tensor.shape)}"
+        )
+    return tensor

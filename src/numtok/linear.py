@@ -40,6 +40,7 @@ from numtok._linear_recompute import linear_row_statistics
 from numtok._ntl_maths import Kind, LossSpec
 from numtok._number_logits import compute_dtype
 from numtok._validation import (
+    check_linear_inputs,
     check_logits_and_labels,
     check_loss_weights,
     check_ntl_weight,
@@ -95,53 +96,6 @@ def _saved_tensors_hooks_active() -> bool:
     query; this private one exists since torch 2.0.)"""
     top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
     return bool(top is not None and top(False) is not None)
-
-
-def _require_tensor(name: str, value: object) -> torch.Tensor:
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
-    return value
-
-
-def _check_linear_inputs(
-    hidden: object, weight: object, bias: object, labels: object, vocab_size: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """hidden (..., H) and weight (V, H) of one floating dtype, bias (V,) or None, V equal to
-    the vocabulary's size, labels of shape (...); the labels' dtype and range are checked by
-    :func:`~numtok._validation.check_logits_and_labels`."""
-    hidden = _require_tensor("hidden", hidden)
-    weight = _require_tensor("weight", weight)
-    labels = _require_tensor("labels", labels)
-    if not hidden.is_floating_point():
-        raise TypeError(f"hidden must be floating point, got {hidden.dtype}")
-    if weight.dtype != hidden.dtype:
-        raise TypeError(
-            f"weight must have the hidden states' dtype {hidden.dtype}, got {weight.dtype}"
-        )
-    if hidden.dim() < 1 or weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
-        raise ValueError(
-            f"weight must have shape (vocab_size, hidden_size) with hidden_size = "
-            f"hidden.shape[-1]: hidden has shape {tuple(hidden.shape)}, weight has shape "
-            f"{tuple(weight.shape)}"
-        )
-    if weight.shape[0] != vocab_size:
-        raise ValueError(
-            f"weight has {weight.shape[0]} rows (one per logit) but the NumberVocab was built "
-            f"for vocab_size={vocab_size}; build it with vocab_size={weight.shape[0]}"
-        )
-    if bias is not None:
-        bias = _require_tensor("bias", bias)
-        if bias.dtype != hidden.dtype or tuple(bias.shape) != (vocab_size,):
-            raise ValueError(
-                f"bias must have shape ({vocab_size},) and dtype {hidden.dtype}, got shape "
-                f"{tuple(bias.shape)} and dtype {bias.dtype}"
-            )
-    if tuple(labels.shape) != tuple(hidden.shape[:-1]):
-        raise ValueError(
-            f"labels must have shape hidden.shape[:-1] = {tuple(hidden.shape[:-1])}, "
-            f"got {tuple(labels.shape)}"
-        )
-    return hidden, weight, bias, labels
 
 
 def _check_chunk_size(chunk_size: object) -> int | None:
@@ -284,7 +238,7 @@ def linear_cross_entropy_with_ntl_from_tables(
     ``ntl_weight``, ``impl``) and the vocabulary's lookup tables already on the hidden states'
     device: what the Trainer adapter calls for logits-free training. Checks the tensors and
     ``chunk_size``, and chooses the backend."""
-    hidden, weight, bias, labels = _check_linear_inputs(
+    hidden, weight, bias, labels = check_linear_inputs(
         hidden, weight, bias, labels, spec.vocab_size
     )
     rows_per_chunk = _check_chunk_size(chunk_size)

@@ -34,19 +34,10 @@ from __future__ import annotations
 
 import torch
 
-from numtok._logsumexp import selected_rows_logsumexp
-from numtok._ntl_maths import (
-    NUMBER_LEVEL,
-    Kind,
-    LossSpec,
-    check_number_level_squash,
-    number_positions,
-    place_weights,
-    position_losses,
-    reweighed,
-)
-from numtok._number_logits import compute_dtype, number_logits_at
-from numtok._reduction import reduce_losses
+from numtok._ntl_maths import NUMBER_LEVEL, Kind, LossSpec, check_number_level_squash
+from numtok._number_logits import compute_dtype
+from numtok._number_rows import token_level_loss
+from numtok._number_sources import LogitsRows
 from numtok._shift import shift_labels
 from numtok._validation import (
     check_logits_and_labels,
@@ -77,33 +68,8 @@ def number_token_loss_from_tables(
     num_items = check_num_items(num_items_in_batch)
     if spec.shift:
         labels, loss_weights = shift_labels(labels, loss_weights, spec.ignore_index)
-    dtype = compute_dtype(logits)
-    vocab_size = logits.shape[-1]
-
-    flat_labels = labels.reshape(-1)  # (M,)
-    is_number, position = number_positions(flat_labels, tables, spec)
-
-    number_logits = number_logits_at(logits, None, tables.ids, dtype)  # (M, N), finite
-    place = place_weights(labels, tables, spec, dtype)  # DEL, DIST2: (...); None otherwise
-    loss = position_losses(
-        number_logits, position, tables, spec, None if place is None else place.reshape(-1)
-    )
-
-    if spec.reweigh:
-        # The full-vocabulary number mass m = exp(lse(number logits) - lse(all logits)) at the
-        # number-labelled rows; finding the rows reads their count back from the device.
-        rows = is_number.nonzero().squeeze(1)  # (K,)
-        lse_all = selected_rows_logsumexp(logits.reshape(-1, vocab_size), rows, dtype)  # (K,)
-        lse_numbers = torch.logsumexp(number_logits.index_select(0, rows), dim=-1)  # (K,)
-        reweighed_rows = reweighed(loss.index_select(0, rows), lse_numbers - lse_all, spec)
-        loss = loss.index_copy(0, rows, reweighed_rows)
-
-    weights = is_number.to(dtype)
-    if loss_weights is not None:
-        weights = weights * loss_weights.reshape(-1).to(dtype)
-    per_position = torch.where(is_number, loss * weights, torch.zeros_like(loss))  # (M,)
-
-    return reduce_losses(per_position, labels.shape, spec.reduction, num_items, weights.sum())
+    source = LogitsRows(logits, tables.ids, compute_dtype(logits))
+    return token_level_loss(source, labels, loss_weights, tables, spec, num_items)
 
 
 def number_token_loss(

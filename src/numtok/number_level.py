@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from numtok._logsumexp import selected_rows_logsumexp
-from numtok._number_logits import compute_dtype, number_logits_at
+from numtok._number_logits import compute_dtype
+from numtok._number_sources import LogitsRows, NumberRows
 from numtok._reduction import reduce_losses
 from numtok._shift import shift_labels
 from numtok._validation import (
@@ -48,7 +48,13 @@ from numtok.spans import (
 )
 from numtok.vocab import NumberVocab, check_number_vocab
 
-__all__ = ["ERRORS", "NumberLevelLoss", "number_level_loss"]
+__all__ = [
+    "ERRORS",
+    "NumberLevelLoss",
+    "NumberLevelSpec",
+    "number_level_loss",
+    "number_level_loss_of_rows",
+]
 
 ERRORS = ("smape", "log")
 
@@ -60,7 +66,9 @@ _MAX_DIGITS = 308
 
 
 @dataclass(frozen=True)
-class _NumberLevelSpec:
+class NumberLevelSpec:
+    """The validated settings of the number-level loss (:meth:`build` raises on bad ones)."""
+
     error: str
     reweigh: bool
     ignore_index: int
@@ -78,7 +86,7 @@ class _NumberLevelSpec:
         ignore_index: int,
         reduction: str,
         shift: bool,
-    ) -> _NumberLevelSpec:
+    ) -> NumberLevelSpec:
         check_number_vocab(vocab)
         if error not in ERRORS:
             raise ValueError(f"error must be one of {ERRORS}, got {error!r}")
@@ -119,19 +127,34 @@ def _number_level_loss(
     logits: torch.Tensor,
     labels: torch.Tensor,
     tables: SpanTables,
-    spec: _NumberLevelSpec,
+    spec: NumberLevelSpec,
     loss_weights: torch.Tensor | None,
     num_items_in_batch: torch.Tensor | int | None,
 ) -> torch.Tensor:
     logits, labels = check_logits_and_labels(
         logits, labels, vocab_size=spec.vocab_size, ignore_index=spec.ignore_index
     )
-    if labels.dim() < 1:
-        raise ValueError("labels must have a sequence dimension (..., T), got a scalar")
     loss_weights = check_loss_weights(loss_weights, labels.shape)
     num_items = check_num_items(num_items_in_batch)
+    if labels.dim() < 1:
+        raise ValueError("labels must have a sequence dimension (..., T), got a scalar")
     if spec.shift:
         labels, loss_weights = shift_labels(labels, loss_weights, spec.ignore_index)
+    source = LogitsRows(logits, tables.ids, compute_dtype(logits))
+    return number_level_loss_of_rows(source, labels, loss_weights, tables, spec, num_items)
+
+
+def number_level_loss_of_rows(
+    source: NumberRows,
+    labels: torch.Tensor,
+    loss_weights: torch.Tensor | None,
+    tables: SpanTables,
+    spec: NumberLevelSpec,
+    num_items: torch.Tensor | int | None,
+) -> torch.Tensor:
+    """The number-level loss of validated ``labels`` (..., T) and ``loss_weights`` (...) or None,
+    both already shifted when ``spec.shift``, reading the number logits and the log-sum-exp of
+    the flat positions from ``source`` (the logits, or the number head)."""
     spans = find_number_spans_from_tables(labels, tables, spec.ignore_index)
     too_long = spans.digits > _MAX_DIGITS
     if bool(too_long.any()):
@@ -139,18 +162,19 @@ def _number_level_loss(
             f"labels hold a number of {int(spans.digits[too_long][0])} digits; number-level "
             f"losses assemble numbers in float64, which holds at most {_MAX_DIGITS} digits"
         )
-    dtype = compute_dtype(logits)
-    number_logits = number_logits_at(logits, spans.number_positions, tables.ids, dtype)  # (K, N)
+    dtype = source.dtype
+    number_logits = source.number_logits(spans.number_positions)  # (K, N)
     loss = span_errors(number_logits, spans, tables.values, spec.error)  # (S,) float64
 
     if spec.reweigh:
         # Full-vocabulary number mass at each span's first number token (ntloss's choice):
-        # m = exp(logsumexp(number logits) - logsumexp(all logits)).
+        # m = exp(logsumexp(number logits) - lse).
         first = torch.searchsorted(spans.number_positions, spans.first_number)  # (S,) into K
-        lse_numbers = torch.logsumexp(number_logits.index_select(0, first), dim=-1)
-        logits_2d = logits.reshape(-1, logits.shape[-1])  # (M, V)
-        lse_all = selected_rows_logsumexp(logits_2d, spans.first_number, dtype)
-        mass = torch.exp(lse_numbers - lse_all).to(loss.dtype)
+        first_logits = number_logits.index_select(0, first)  # (S, N)
+        label = tables.position_of_id[labels.reshape(-1).index_select(0, spans.first_number)]
+        label_logit = first_logits.gather(1, label[:, None]).squeeze(1)  # (S,)
+        lse = source.lse(spans.first_number, label_logit)
+        mass = torch.exp(torch.logsumexp(first_logits, dim=-1) - lse).to(loss.dtype)
         loss = loss * mass + _REWEIGH_MARGIN * (1 - mass)
 
     loss = loss.to(dtype)
@@ -161,9 +185,7 @@ def _number_level_loss(
     per_span = loss * weights  # (S,)
 
     # Each span's loss sits at its first number token.
-    per_position = logits.new_zeros(labels.numel(), dtype=dtype).index_add(
-        0, spans.first_number, per_span
-    )  # (M,)
+    per_position = loss.new_zeros(labels.numel()).index_add(0, spans.first_number, per_span)
     return reduce_losses(per_position, labels.shape, spec.reduction, num_items, weights.sum())
 
 
@@ -220,7 +242,7 @@ def number_level_loss(
         >>> round(float(number_level_loss(logits, labels, vocab)), 4)  # |13-12| / (13+12)
         0.04
     """
-    spec = _NumberLevelSpec.build(
+    spec = NumberLevelSpec.build(
         vocab,
         error=error,
         reweigh=reweigh,
@@ -258,7 +280,7 @@ class NumberLevelLoss(nn.Module):
         shift: bool = False,
     ) -> None:
         super().__init__()
-        self.spec = _NumberLevelSpec.build(
+        self.spec = NumberLevelSpec.build(
             vocab,
             error=error,
             reweigh=reweigh,
