@@ -10,8 +10,8 @@ NTL-WAS's (the kinds differ only in the per-row terms of the K number logits) an
 Usage: ``python benchmarks/bench_kinds.py [--rows 4096] [--vocab 32768] [--rounds 5]
 [--threads 2] [--device cpu] [--out PATH] [--quick]``; prints a Markdown table and writes
 ``PATH.{jsonl,md}`` (default ``benchmarks/results/<date>-kinds-<device>``). On CUDA the fused
-path of every kind is the Triton row kernel (``impl="auto"``). ``--quick``: 256 × 4,096, 2 rounds
-(a dry run of ``benchmarks/gpu.sh``).
+path of every kind is the Triton row kernel (``impl="triton"``, opt-in). ``--quick``: 256 ×
+4,096, 2 rounds (a dry run of ``benchmarks/gpu.sh``).
 """
 
 from __future__ import annotations
@@ -57,7 +57,9 @@ def step_seconds(
     if kind is None:
         loss = F.cross_entropy(leaf, labels)
     else:
-        loss = cross_entropy_with_ntl(leaf, labels, vocab, ntl_weight=0.3, kind=kind).loss
+        impl = "triton" if leaf.device.type == "cuda" else "auto"
+        out = cross_entropy_with_ntl(leaf, labels, vocab, ntl_weight=0.3, kind=kind, impl=impl)
+        loss = out.loss
     loss.backward()
     if leaf.device.type == "cuda":
         torch.cuda.synchronize()

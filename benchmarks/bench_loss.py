@@ -186,8 +186,8 @@ def _ce_plus_ntl(case: Case, logits: torch.Tensor, labels: torch.Tensor) -> torc
 def _fused(
     case: Case, logits: torch.Tensor, labels: torch.Tensor, inplace: bool, impl: str = "auto"
 ) -> torch.Tensor:
-    """``cross_entropy_with_ntl``; ``impl="auto"`` is the Triton kernels on CUDA, the torch row
-    passes on CPU."""
+    """``cross_entropy_with_ntl``; ``impl="auto"`` is ``F.cross_entropy`` beside the number head
+    on CUDA, the torch row passes on CPU."""
     vocab = number_vocab(case.vocab_size)
     out = cross_entropy_with_ntl(
         logits, labels, vocab, reweigh=case.reweigh, inplace_backward=inplace, impl=impl
@@ -308,9 +308,16 @@ LINEAR_VARIANTS: dict[str, Variant] = {
         case, x, recompute=True
     ),
 }
-# On CUDA the default (impl="auto") is the Triton kernels; the torch row passes beside them.
+# On CUDA the default (impl="auto") is F.cross_entropy beside the number head from the logits, and
+# the torch row passes logits-free; the Triton kernels (opt-in) and the torch row passes beside it.
 CUDA_VARIANTS: dict[str, dict[str, Variant]] = {
     "logits": {
+        "cross_entropy_with_ntl impl=triton": lambda case, x: _fused(
+            case, x["logits"], x["labels"], False, impl="triton"
+        ),
+        "cross_entropy_with_ntl inplace impl=triton": lambda case, x: _fused(
+            case, x["logits"], x["labels"], True, impl="triton"
+        ),
         "cross_entropy_with_ntl impl=torch": lambda case, x: _fused(
             case, x["logits"], x["labels"], False, impl="torch"
         ),
@@ -322,8 +329,8 @@ CUDA_VARIANTS: dict[str, dict[str, Variant]] = {
         ),
     },
     "linear": {
-        "linear_cross_entropy_with_ntl impl=torch": lambda case, x: _linear(
-            case, x, recompute=False, impl="torch"
+        "linear_cross_entropy_with_ntl impl=triton": lambda case, x: _linear(
+            case, x, recompute=False, impl="triton"
         ),
     },
 }
@@ -340,7 +347,11 @@ LIGER_VARIANTS: dict[str, dict[str, Variant]] = {
     },
 }
 # Variants that overwrite their input logits: each call gets a fresh copy, made before the timer.
-CONSUMES_LOGITS = {"cross_entropy_with_ntl inplace", "cross_entropy_with_ntl inplace impl=torch"}
+CONSUMES_LOGITS = {
+    "cross_entropy_with_ntl inplace",
+    "cross_entropy_with_ntl inplace impl=torch",
+    "cross_entropy_with_ntl inplace impl=triton",
+}
 # The reference each variant is checked against, and the baseline of the time/memory ratios.
 REFERENCE = {"logits": "CE + number_token_loss", "linear": "materialised + CE + number_token_loss"}
 CE_REFERENCE = {"logits": "F.cross_entropy", "linear": "materialised + F.cross_entropy"}

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from numtok import NumberTokenLoss, NumberVocab, number_token_loss
+from numtok import NumberTokenLoss, NumberVocab, fused, number_token_loss
 from numtok.fused import CEWithNTLOutput, cross_entropy_with_ntl
 from numtok.kernels import torch_rows
 
@@ -195,6 +195,63 @@ def test_soft_capped_logits(
     batch = make_batch(name, shape=shape, seed=seed)
     logits, labels, settings = on_device(device, *batch, settings)
     assert_fused_matches_reference(name, logits, labels, impl=impl, logit_softcap=3.0, **settings)
+
+
+def _default_off_the_cpu(monkeypatch: pytest.MonkeyPatch, device: torch.device) -> list[int]:
+    """``impl="auto"`` as on a GPU (PyTorch's cross-entropy beside the number head) also for CPU
+    tensors; returns the list that counts the calls of that path."""
+    if device.type == "cpu":
+        monkeypatch.setattr(fused, "unfused_by_default", lambda impl, _: impl == "auto")
+    calls: list[int] = []
+    unfused = fused._cross_entropy_beside_the_number_head
+
+    def counted(*args: Any) -> CEWithNTLOutput:
+        calls.append(1)
+        return unfused(*args)
+
+    monkeypatch.setattr(fused, "_cross_entropy_beside_the_number_head", counted)
+    return calls
+
+
+@pytest.mark.parametrize(("name", "shape", "seed", "settings"), REFERENCE_CASES)
+def test_auto_off_the_cpu_is_pytorchs_cross_entropy_beside_the_number_head(
+    name: str,
+    shape: tuple[int, ...],
+    seed: int,
+    settings: dict[str, Any],
+    device: torch.device,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The GPU default, ``F.cross_entropy`` + NTL from the logits' number columns, equals the
+    reference (and so the fused passes) on every case, soft cap included."""
+    calls = _default_off_the_cpu(monkeypatch, device)
+    ignore_index = settings.get("ignore_index", -100)
+    batch = make_batch(name, shape=shape, seed=seed, ignore_index=ignore_index)
+    logits, labels, settings = on_device(device, *batch, settings)
+    assert_fused_matches_reference(name, logits, labels, impl="auto", other_paths=False, **settings)
+    assert_fused_matches_reference(
+        name, logits, labels, impl="auto", other_paths=False, logit_softcap=3.0, **settings
+    )
+    assert len(calls) == 2
+
+
+def test_auto_off_the_cpu_in_low_precision(
+    device: torch.device, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bfloat16 logits: the values summed in float32, the gradient in the logits' dtype, both
+    as the fused passes give them to bfloat16 precision."""
+    calls = _default_off_the_cpu(monkeypatch, device)
+    vocab = make_vocab("chunks")
+    logits, labels = make_batch("chunks", shape=(4, 9), seed=5, dtype=torch.bfloat16)
+    logits, labels, _ = on_device(device, logits, labels, {})
+    out = cross_entropy_with_ntl(logits, labels, vocab, shift=True, reweigh=True)
+    (grad,) = torch.autograd.grad(out.loss, logits)
+    assert out.loss.dtype == torch.float32 and grad.dtype == torch.bfloat16 and len(calls) == 1
+    leaf = logits.detach().requires_grad_()
+    expected = cross_entropy_with_ntl(leaf, labels, vocab, shift=True, reweigh=True, impl="torch")
+    (expected_grad,) = torch.autograd.grad(expected.loss, leaf)
+    torch.testing.assert_close(out.loss, expected.loss, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(grad.float(), expected_grad.float(), rtol=0, atol=2e-3)
 
 
 def test_num_items_as_a_tensor() -> None:

@@ -265,18 +265,30 @@ def _spy_on_triton(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
-def test_auto_takes_triton_for_cuda_tensors_and_torch_otherwise(
+def test_auto_runs_no_triton_kernel_until_one_has_run_on_a_gpu(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """``"auto"``: the torch row passes on CPU; off the CPU ``F.cross_entropy`` beside the number
+    head for given logits (``unfused_by_default``) and the torch row passes for logits-free
+    losses; Triton only when asked for (``impl="triton"`` or ``$NUMTOK_IMPL=triton``)."""
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     monkeypatch.delenv(dispatch.IMPL_VARIABLE, raising=False)
     monkeypatch.setattr(dispatch, "triton_importable", lambda: True)
-    assert dispatch.resolve_impl("auto", cuda) == "triton"
+    assert dispatch.resolve_impl("auto", cuda) == "torch"
     assert dispatch.resolve_impl("auto", cpu) == "torch"  # also under the interpreter
-    assert dispatch.resolve_impl("auto", cuda, "a callable kind ('f')") == "torch"
+    assert dispatch.unfused_by_default("auto", cuda)
+    assert not dispatch.unfused_by_default("auto", cpu)
+    assert not dispatch.unfused_by_default("torch", cuda)
+    assert not dispatch.unfused_by_default("triton", cuda)
     assert dispatch.resolve_impl("torch", cuda) == "torch"
+    assert dispatch.resolve_impl("triton", cuda) == "triton"
+    monkeypatch.setenv(dispatch.IMPL_VARIABLE, "triton")
+    assert dispatch.resolve_impl("auto", cuda) == "triton"
+    assert dispatch.resolve_impl("auto", cuda, "a callable kind ('f')") == "torch"
+    assert not dispatch.unfused_by_default("auto", cuda)
     monkeypatch.setenv(dispatch.IMPL_VARIABLE, "torch")
     assert dispatch.resolve_impl("auto", cuda) == "torch"
+    assert not dispatch.unfused_by_default("auto", cuda)
     assert dispatch.resolve_impl("triton", cuda) == "triton"  # an explicit impl wins
     monkeypatch.setenv(dispatch.IMPL_VARIABLE, "gpu")
     with pytest.raises(ValueError, match=r"\$NUMTOK_IMPL must be one of .* got 'gpu'"):

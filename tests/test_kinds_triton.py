@@ -141,12 +141,15 @@ def test_the_gradient_matches_finite_differences(kind: str) -> None:
 
 
 @pytest.mark.parametrize("kind", ["del", "smmd", "dist2"])
-def test_auto_takes_the_kernels_for_these_kinds_on_cuda(kind: str) -> None:
+def test_numtok_impl_triton_takes_the_kernels_for_these_kinds(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     spec = LossSpec.build(
         make_vocab("digits"), kind=kind, reweigh=False, squash_factor=None, ignore_index=-100,
         reduction="mean", shift=False,
     )  # fmt: skip
     assert dispatch.triton_unsupported(spec, weights_need_grad=False) is None
+    monkeypatch.setenv(dispatch.IMPL_VARIABLE, "triton")
     assert dispatch.resolve_impl("auto", torch.device("cuda"), None) == "triton"
 
 

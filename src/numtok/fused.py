@@ -14,7 +14,9 @@ position the number-token mass that ``reweigh`` needs comes free from the same l
 
 Two backends compute it (``impl=``, :mod:`numtok.kernels.dispatch`): the torch row passes
 (:mod:`numtok.kernels.torch_rows`, the default on CPU) and Triton kernels
-(:mod:`numtok.kernels.triton_loss`, the default for CUDA tensors). On the torch path, when the
+(:mod:`numtok.kernels.triton_loss`, ``impl="triton"``: not yet run on a GPU, so opt-in). Off the
+CPU, ``impl="auto"`` computes ``F.cross_entropy`` with NTL read from the logits' number columns
+beside it (:mod:`numtok._number_rows`), PyTorch's own kernels. On the torch path, when the
 logits need a gradient, the forward pass computes it too
 (:mod:`numtok.kernels.gradient_in_forward`): the per-row coefficients come from
 :func:`loss_and_row_gradients`'s formulas, the NTL part from the number logits before the pass,
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 
 from numtok._ntl_maths import (
     Kind,
@@ -43,6 +46,8 @@ from numtok._ntl_maths import (
     reweighed_derivatives,
 )
 from numtok._number_logits import compute_dtype
+from numtok._number_rows import token_level_loss
+from numtok._number_sources import LogitsRows
 from numtok._reduction import reduce_losses
 from numtok._shift import shift_labels
 from numtok._validation import (
@@ -52,7 +57,12 @@ from numtok._validation import (
     check_ntl_weight,
     check_num_items,
 )
-from numtok.kernels.dispatch import check_impl, resolve_impl, triton_unsupported
+from numtok.kernels.dispatch import (
+    check_impl,
+    resolve_impl,
+    triton_unsupported,
+    unfused_by_default,
+)
 from numtok.kernels.gradient_in_forward import loss_with_gradient_in_forward
 from numtok.kernels.torch_rows import (
     compute_row_statistics,
@@ -461,6 +471,10 @@ def cross_entropy_with_ntl_from_tables(
     ``ntl_weight``, ``inplace_backward``, ``impl``) and the vocabulary's lookup tables already on
     the logits' device: what the module (:class:`~numtok.NumberTokenLoss`) and the Trainer
     adapter call. Checks the tensors and chooses the backend."""
+    if unfused_by_default(impl, _device_of(logits)):
+        return _cross_entropy_beside_the_number_head(
+            logits, labels, tables, spec, ntl_weight, loss_weights, num_items_in_batch
+        )
     weights_need_grad = isinstance(loss_weights, torch.Tensor) and loss_weights.requires_grad
     backend = resolve_impl(
         impl, _device_of(logits), triton_unsupported(spec, weights_need_grad=weights_need_grad)
@@ -508,6 +522,44 @@ def cross_entropy_with_ntl_from_tables(
     return combine_terms(
         lse, target_logit, number_logits, rows, tables, spec, ntl_weight, num_items, shape
     )
+
+
+def _cross_entropy_beside_the_number_head(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    tables: NumberTables,
+    spec: LossSpec,
+    ntl_weight: float,
+    loss_weights: torch.Tensor | None,
+    num_items_in_batch: torch.Tensor | int | None,
+) -> CEWithNTLOutput:
+    """``F.cross_entropy`` of the (soft-capped) logits plus ``ntl_weight`` times NTL read from
+    their number columns at the number-labelled positions (:mod:`numtok._number_rows`): PyTorch's
+    own kernels where numtok's fused passes have not been measured to be faster
+    (:func:`~numtok.kernels.dispatch.unfused_by_default`). The same values as the fused passes;
+    autograd's memory (the cross-entropy's (M, V) gradient buffers, and a capped copy of the
+    logits with a soft cap)."""
+    logits, labels = check_logits_and_labels(
+        logits, labels, vocab_size=spec.vocab_size, ignore_index=spec.ignore_index
+    )
+    loss_weights = check_loss_weights(loss_weights, labels.shape)
+    num_items = check_num_items(num_items_in_batch)
+    if spec.shift:
+        labels, loss_weights = shift_labels(labels, loss_weights, spec.ignore_index)
+    dtype = compute_dtype(logits)
+    cap = spec.logit_softcap
+    capped = logits if cap is None else cap * torch.tanh(logits / cap)
+    flat_labels = labels.reshape(-1)  # (M,)
+    # Per position, summed in the compute dtype: a bfloat16 sum would round the reported value.
+    ce_rows = F.cross_entropy(
+        capped.reshape(-1, spec.vocab_size), flat_labels, ignore_index=spec.ignore_index,
+        reduction="none",
+    ).to(dtype)  # fmt: skip
+    is_target = flat_labels != spec.ignore_index
+    ce = reduce_losses(ce_rows, labels.shape, spec.reduction, num_items, is_target.sum())
+    source = LogitsRows(capped, tables.ids, dtype)
+    ntl = token_level_loss(source, labels, loss_weights, tables, spec, num_items)
+    return CEWithNTLOutput(loss=ce + ntl_weight * ntl, ce=ce.detach(), ntl=ntl.detach())
 
 
 def _device_of(tensor: object) -> torch.device:
@@ -558,15 +610,17 @@ def cross_entropy_with_ntl(
     check (and, when given, the check that ``loss_weights >= 0``) reads one boolean back from the
     device.
 
-    Backends (``impl``): ``"auto"`` (default) runs Triton kernels for CUDA tensors when
-    ``triton`` is installed (one program per row: one read and one write of the logits in a
-    training step, nothing at all in backward for ``loss.backward()``; the label and weight
-    checks become device-side asserts, so nothing waits for the GPU) and the torch row passes
-    described above otherwise; ``$NUMTOK_IMPL`` says what ``"auto"`` means. ``"torch"`` and
-    ``"triton"`` choose one; ``"triton"`` on CPU tensors needs ``TRITON_INTERPRET=1`` (Triton's
+    Backends (``impl``): ``"auto"`` (default) runs the torch row passes described above on CPU,
+    and on every other device ``F.cross_entropy`` of the logits with NTL read from their number
+    columns at the number-labelled positions beside it (PyTorch's kernels and autograd's
+    memory: ``inplace_backward`` has no effect there); ``$NUMTOK_IMPL`` says what ``"auto"``
+    means. ``"torch"`` takes the row passes on any device; ``"triton"`` the Triton kernels (one
+    program per row: one read and one write of the logits in a training step, nothing at all in
+    backward for ``loss.backward()``; the label and weight checks become device-side asserts),
+    which have not run on a GPU yet; on CPU tensors they need ``TRITON_INTERPRET=1`` (Triton's
     interpreter, for tests). A callable ``kind`` and ``loss_weights`` that require grad are
-    computed by the torch path (``"auto"``) or refused (``"triton"``). Both backends give the
-    same values and gradients (tested against the float64 reference).
+    refused by ``"triton"``. Every path gives the same values and gradients (tested against
+    the float64 reference).
 
     ``inplace_backward=True`` writes that gradient into the logits' own memory: no (M, V)
     buffer at all. The logits' values are gone after the call, so it is for logits that nothing

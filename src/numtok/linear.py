@@ -20,9 +20,9 @@ statistics (log-sum-exp, the label's logit, the N number-token logits; see
   logits block by block of vocabulary columns. Four products.
 * **statistics only**: without gradients (evaluation, ``torch.no_grad()``), one product.
 
-Each chunk's row pass runs on the torch row passes or, for CUDA tensors by default, the Triton
-row kernel (``impl=``; the Triton backend serves the gradient-in-forward pass and evaluation, the
-recompute pass stays on torch).
+Each chunk's row pass runs on the torch row passes (``impl="auto"``, on every device) or, with
+``impl="triton"``, the Triton row kernel, not yet run on a GPU (it serves the
+gradient-in-forward pass and evaluation; the recompute pass stays on torch).
 
 Peak memory: one (c, V) buffer plus the gradients themselves (on a GPU, for bfloat16/float16
 weights, the weight's gradient summed in a float32 buffer: 4 bytes a weight more), instead of
@@ -145,12 +145,13 @@ def linear_cross_entropy_with_ntl(
     (recompute). As in ``cross_entropy_with_ntl``, only the argument checks synchronise with the
     host, and on the Triton path not even those.
 
-    Backends (``impl``, as in :func:`~numtok.fused.cross_entropy_with_ntl`): with ``"auto"`` on
-    CUDA each chunk's logits come from one cuBLAS product and the Triton row kernel turns them
-    into their gradient in place (training, scalar reductions) or reads the loss off them
-    (evaluation); the pass that recomputes the logits in backward (``reduction="none"`` with a
-    gradient, ``torch.compile``, saved-tensor hooks, differentiable ``loss_weights``) and a
-    callable ``kind`` run on the torch row passes, which ``impl="triton"`` refuses.
+    Backends (``impl``, as in :func:`~numtok.fused.cross_entropy_with_ntl`): ``"auto"`` runs the
+    torch row passes on every device (each chunk's logits from one matrix product, cuBLAS on a
+    GPU); with ``"triton"`` the Triton row kernel (not yet run on a GPU) turns them into their
+    gradient in place (training, scalar reductions) or reads the loss off them (evaluation);
+    the pass that recomputes the logits in backward (``reduction="none"`` with a gradient,
+    ``torch.compile``, saved-tensor hooks, differentiable ``loss_weights``) and a callable
+    ``kind`` need the torch row passes, and ``impl="triton"`` refuses them.
 
     Args:
         hidden: (..., H) the hidden states before the output layer; float dtype.

@@ -241,9 +241,10 @@ class NTLossForTrainer:
             through :meth:`attach`, which checks that the model allows it. The loss's dtype is
             the one the output layer would have used (the autocast dtype under mixed
             precision).
-        impl: the backend of the row passes, from the logits and logits-free: ``"auto"``
-            (Triton kernels for CUDA tensors, the torch row passes otherwise), ``"torch"`` or
-            ``"triton"``; see :func:`numtok.cross_entropy_with_ntl` and
+        impl: the backend, from the logits and logits-free: ``"auto"`` (numtok's torch row
+            passes on CPU; on a GPU ``F.cross_entropy`` beside the number head from the logits,
+            the torch row passes logits-free), ``"torch"`` or ``"triton"`` (the Triton kernels,
+            opt-in); see :func:`numtok.cross_entropy_with_ntl` and
             :func:`numtok.linear.linear_cross_entropy_with_ntl`.
 
     Raises:

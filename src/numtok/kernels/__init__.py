@@ -4,7 +4,8 @@
   the default on CPU.
 * :mod:`numtok.kernels.triton_rows` (the kernels) and :mod:`numtok.kernels.triton_loss` (their
   launches, autograd and ``torch.compile`` custom ops): one Triton program per row at the GPU's
-  memory bandwidth; the default for CUDA tensors when ``triton`` imports.
+  memory bandwidth; ``impl="triton"`` (opt-in until a committed run shows them correct and
+  faster on a GPU).
 * :mod:`numtok.kernels.gradient_in_forward`: the autograd node both use when the logits'
   gradient is written during the forward pass.
 * :mod:`numtok.kernels.dispatch`: ``impl="auto" | "torch" | "triton"`` and ``$NUMTOK_IMPL``.

@@ -1,14 +1,21 @@
 """Which backend computes a loss: ``impl="auto" | "torch" | "triton"``, Cut Cross-Entropy's
 convention.
 
-``"auto"`` takes Triton for CUDA tensors when ``triton`` imports and the torch row passes
-otherwise; the environment variable ``NUMTOK_IMPL`` (``auto``, ``torch`` or ``triton``) says what
+``"auto"`` runs only code that has run on the hardware it targets. On CPU that is numtok's torch
+row passes (:mod:`numtok.kernels.torch_rows`, measured faster than ``F.cross_entropy`` alone
+there). On a GPU (any device but the CPU) it is PyTorch's own cross-entropy with NTL from the
+number head beside it: ``F.cross_entropy`` + :func:`numtok.number_token_loss` on given logits
+(:func:`unfused_by_default`), and the chunked torch path for logits-free losses. The Triton
+kernels have not run on a GPU yet (no committed hardware run in ``benchmarks/results/``), so they
+are opt-in: ``impl="triton"``.
+
+The environment variable ``NUMTOK_IMPL`` (``auto``, ``torch`` or ``triton``) says what
 ``"auto"`` means, for tests and CI (with ``triton``, tensors on every device take the Triton
-kernels, CPU ones under the interpreter). ``"triton"`` on CPU tensors runs under Triton's
-interpreter when ``TRITON_INTERPRET=1`` is set (slow: for tests on small shapes) and is refused
-otherwise.
-Settings the Triton kernels do not compute (a callable ``kind``, ``loss_weights`` that require
-grad) take the torch path under ``"auto"`` and are refused under ``"triton"``.
+kernels, CPU ones under the interpreter; with ``torch``, the row passes on every device).
+``"triton"`` on CPU tensors runs under Triton's interpreter when ``TRITON_INTERPRET=1`` is set
+(slow: for tests on small shapes) and is refused otherwise. Settings the Triton kernels do not
+compute (a callable ``kind``, ``loss_weights`` that require grad) take the torch path under
+``$NUMTOK_IMPL=triton`` and are refused under ``impl="triton"``.
 """
 
 from __future__ import annotations
@@ -21,7 +28,15 @@ import torch
 
 from numtok._ntl_maths import LossSpec
 
-__all__ = ["IMPLS", "Impl", "check_impl", "resolve_impl", "triton_importable", "triton_unsupported"]
+__all__ = [
+    "IMPLS",
+    "Impl",
+    "check_impl",
+    "resolve_impl",
+    "triton_importable",
+    "triton_unsupported",
+    "unfused_by_default",
+]
 
 Impl = Literal["auto", "torch", "triton"]
 IMPLS = ("auto", "torch", "triton")
@@ -71,20 +86,27 @@ def _auto() -> str:
     return chosen
 
 
+def unfused_by_default(impl: str, device: torch.device) -> bool:
+    """Whether a loss of given logits on ``device`` computes ``F.cross_entropy`` + NTL from the
+    logits' number columns instead of numtok's fused row passes: for ``impl="auto"`` (with
+    ``$NUMTOK_IMPL`` unset or ``auto``) on every device but the CPU, where the fused passes have
+    not been measured to beat PyTorch's own cross-entropy (on an H200 the torch row passes took
+    2.4-11x ``F.cross_entropy``'s time)."""
+    return impl == "auto" and _auto() == "auto" and device.type != "cpu"
+
+
 def resolve_impl(impl: str, device: torch.device, unsupported: str | None = None) -> str:
-    """``"torch"`` or ``"triton"`` for a validated ``impl`` and tensors on ``device``;
-    ``unsupported`` names a setting the Triton kernels do not compute (None: every setting is
-    theirs). Raises ``ValueError`` (or ``ModuleNotFoundError`` without triton) where Triton is
+    """``"torch"`` or ``"triton"``, the backend of numtok's row passes, for a validated ``impl``
+    and tensors on ``device``; ``unsupported`` names a setting the Triton kernels do not compute
+    (None: every setting is theirs). ``"auto"`` is ``"torch"`` unless ``$NUMTOK_IMPL`` says
+    ``triton``. Raises ``ValueError`` (or ``ModuleNotFoundError`` without triton) where Triton is
     asked for and cannot run."""
     if impl == "auto":
         impl = _auto()
         if impl == "triton" and unsupported is not None:
             return "torch"
-    if impl == "torch":
+    if impl in ("auto", "torch"):
         return "torch"
-    if impl == "auto":
-        wanted = device.type == "cuda" and triton_importable()
-        return "triton" if wanted and unsupported is None else "torch"
     if unsupported is not None:
         raise ValueError(
             f"impl='triton' does not compute {unsupported}; use impl='auto' (which takes the "
