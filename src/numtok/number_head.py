@@ -95,6 +95,11 @@ class NumberHeadSpec:
         )
         return cls(token=token, number=None, logit_softcap=softcap)
 
+    @classmethod
+    def of(cls, spec: LossSpec) -> NumberHeadSpec:
+        """The number head of a token-level loss's validated settings (its soft cap included)."""
+        return cls(token=spec, number=None, logit_softcap=spec.logit_softcap)
+
     @property
     def settings(self) -> LossSpec | NumberLevelSpec:
         settings = self.token if self.token is not None else self.number

@@ -35,6 +35,7 @@ __all__ = [
     "BypassedHead",
     "OutputLayerBypass",
     "check_bypass_is_exact",
+    "logit_settings_of",
     "output_layer_of",
     "softcap_of",
 ]
@@ -201,7 +202,7 @@ class OutputLayerBypass:
         return passed[0] if passed else None
 
 
-def _settings_in(model: Any) -> dict[str, Any]:
+def logit_settings_of(model: Any) -> dict[str, Any]:
     """The logit settings of the model's configurations that are switched on."""
     found: dict[str, Any] = {}
     for each in _configs_of(model):
@@ -225,7 +226,7 @@ def check_bypass_is_exact(
     b)`` up to rounding (1e-3 of the largest logit in float32, 3e-2 in 16-bit dtypes).
     """
     name = type(model).__name__
-    settings = _settings_in(model)
+    settings = logit_settings_of(model)
     weight = head.weight.detach()
     bias = None if head.bias is None else head.bias.detach()
     embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None

@@ -21,6 +21,7 @@ from numtok.hf._head import BypassedHead, OutputLayerBypass
 
 __all__ = [
     "check_not_patched",
+    "check_whole_weight",
     "install_forward",
     "owner_of",
     "remove_forward",
@@ -98,17 +99,21 @@ def run_forward(
             f"numtok reads the model's outputs as a ModelOutput with logits, got "
             f"{type(outputs).__name__}: call the model with return_dict=True"
         )
-    if head is not None and (
-        type(head.weight).__name__ == "DTensor" or head.weight.shape[:1] != (vocab_size,)
-    ):
+    if head is not None:
+        check_whole_weight(head.weight, vocab_size, "use logits_free=False")
+    return outputs, outputs["logits"], head
+
+
+def check_whole_weight(weight: torch.Tensor, vocab_size: int, instead: str) -> None:
+    """Refuse an output layer's weight that is sharded inside the model's forward (it must be
+    (V, H), a plain tensor); ``instead`` says what to use then."""
+    if type(weight).__name__ == "DTensor" or weight.shape[:1] != (vocab_size,):
         raise ValueError(
             f"the output layer's weight is sharded inside the model's forward (a "
-            f"{type(head.weight).__name__} of shape {tuple(head.weight.shape)}, where "
-            f"{vocab_size} rows were expected: tensor parallelism, or DeepSpeed ZeRO-3, which "
-            "gathers it only within the layer's own call); the logits-free loss needs the whole "
-            "weight: use logits_free=False"
+            f"{type(weight).__name__} of shape {tuple(weight.shape)}, where {vocab_size} rows "
+            "were expected: tensor parallelism, or DeepSpeed ZeRO-3, which gathers it only "
+            f"within the layer's own call); numtok's loss needs the whole weight: {instead}"
         )
-    return outputs, outputs["logits"], head
 
 
 def with_loss(outputs: Any, loss: torch.Tensor, head: BypassedHead | None) -> Any:

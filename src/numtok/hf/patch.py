@@ -36,12 +36,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from numtok._ntl_maths import Kind, LossSpec
 from numtok._validation import check_bool, check_ntl_weight
 from numtok.fused import CEWithNTLOutput
 from numtok.hf._head import OutputLayerBypass, check_bypass_is_exact, output_layer_of
+from numtok.hf._hidden import HiddenStatesCapture, check_head_reads_hidden, decoder_of
 from numtok.hf._in_forward import (
     check_not_patched,
+    check_whole_weight,
     install_forward,
     owner_of,
     remove_forward,
@@ -56,16 +60,22 @@ from numtok.hf._loss import (
     token_share_denominators,
 )
 from numtok.kernels.dispatch import check_impl
+from numtok.number_head import NumberHeadSpec, number_head_loss
 from numtok.vocab import NumberVocab
 
 __all__ = ["last_loss_terms", "patch_model", "unpatch_model"]
+
+
+#: What computes the cross-entropy of a patched model: numtok's fused passes, or the model itself.
+CROSS_ENTROPIES = ("numtok", "model")
 
 
 @dataclass
 class _Patch:
     """What a patched forward needs: the vocabulary and the settings (``head_spec``: those of
     the logits-free loss, with the model's soft cap), the bypass of the output layer (None with
-    ``logits_free=False``), and the last terms."""
+    ``logits_free=False`` or the model's own cross-entropy), the capture of the final hidden
+    states (the model's own cross-entropy only) and the last terms."""
 
     vocab: NumberVocab
     spec: LossSpec
@@ -73,6 +83,8 @@ class _Patch:
     ntl_weight: float
     impl: str
     bypass: OutputLayerBypass | None
+    capture: HiddenStatesCapture | None = None
+    head: torch.nn.Linear | None = None
     last: CEWithNTLOutput | None = None
 
 
@@ -99,6 +111,7 @@ def patch_model(
     reweigh: bool = False,
     squash_factor: float | None = None,
     logits_free: bool = True,
+    cross_entropy: str = "numtok",
     impl: str = "auto",
 ) -> Any:
     """Make ``model(..., labels=labels)`` return ``outputs.loss = CE + ntl_weight · NTL``.
@@ -127,6 +140,18 @@ def patch_model(
         logits_free: in forwards that record gradients, compute the loss from the final hidden
             states and the output layer's weight (the logits never exist; ``outputs.logits`` is
             None). Checked on the model first (see :func:`numtok.hf._head.check_bypass_is_exact`).
+            For ``cross_entropy="numtok"``; with ``"model"`` the model decides.
+        cross_entropy: what computes CE. ``"numtok"`` (default): numtok's fused passes, as
+            above. ``"model"``: the model's own loss, whatever computes it (transformers'
+            cross-entropy, a forward patched by Liger-Kernel's ``apply_liger_kernel_to_*(
+            fused_linear_cross_entropy=True)``, Cut Cross-Entropy), and ``ntl_weight`` times NTL
+            from the number head (:func:`numtok.linear_number_token_loss`) on the final hidden
+            states, captured inside the forward: ``outputs.loss`` is the model's loss plus
+            ``ntl_weight · Σ ntl / |P|`` (weighted by the call's token share with
+            ``num_items_in_batch``, as above), ``outputs.logits`` whatever the model returns
+            (None under Liger). Checked on the model first
+            (:func:`numtok.hf._hidden.check_head_reads_hidden`); ``reweigh`` is refused (the
+            model's loss does not hand out its log-sum-exp).
         impl: the backend of the row passes, as in :func:`numtok.cross_entropy_with_ntl`.
 
     Raises:
@@ -156,13 +181,26 @@ def patch_model(
     )
     weight = check_ntl_weight(ntl_weight)
     backend = check_impl(impl)
-    bypass = None
-    head_spec = spec
-    if check_bool("logits_free", logits_free):
+    free = check_bool("logits_free", logits_free)
+    if cross_entropy not in CROSS_ENTROPIES:
+        raise ValueError(f"cross_entropy must be one of {CROSS_ENTROPIES}, got {cross_entropy!r}")
+    if cross_entropy == "model":
+        if reweigh:
+            raise ValueError(
+                "reweigh=True needs each number position's full log-sum-exp, which the model's "
+                "own loss does not hand out: use cross_entropy='numtok' with reweigh"
+            )
+        capture = HiddenStatesCapture(decoder_of(model))
+        softcap = check_head_reads_hidden(model, head, capture)
+        head_spec = dataclasses.replace(spec, logit_softcap=softcap)
+        patch = _Patch(vocab, spec, head_spec, weight, backend, None, capture, head)
+    elif free:
         softcap = check_bypass_is_exact(model, head, lambda outputs: outputs["logits"])
         bypass = OutputLayerBypass(model, head, softcap)
         head_spec = dataclasses.replace(spec, logit_softcap=softcap)
-    patch = _Patch(vocab, spec, head_spec, weight, backend, bypass)
+        patch = _Patch(vocab, spec, head_spec, weight, backend, bypass)
+    else:
+        patch = _Patch(vocab, spec, spec, weight, backend, None)
 
     def make_forward(own_forward: Callable[..., Any]) -> Callable[..., Any]:
         def forward(*args: Any, **kwargs: Any) -> Any:
@@ -201,6 +239,8 @@ def last_loss_terms(model: Any) -> CEWithNTLOutput | None:
 def _patched_forward(
     patch: _Patch, own_forward: Callable[..., Any], *args: Any, **kwargs: Any
 ) -> Any:
+    if patch.capture is not None:
+        return _beside_the_models_loss(patch, own_forward, *args, **kwargs)
     labels = kwargs.pop("labels", None)
     num_items_in_batch = kwargs.pop("num_items_in_batch", None)
     if labels is None:
@@ -219,3 +259,48 @@ def _patched_forward(
     )  # fmt: skip
     patch.last = CEWithNTLOutput(loss=out.loss.detach(), ce=out.ce, ntl=out.ntl)
     return with_loss(outputs, out.loss, head)
+
+
+def _beside_the_models_loss(
+    patch: _Patch, own_forward: Callable[..., Any], *args: Any, **kwargs: Any
+) -> Any:
+    """The model's own forward, labels and ``num_items_in_batch`` included, with
+    ``ntl_weight · NTL`` of the number head on its captured final hidden states added to its
+    loss."""
+    labels = kwargs.get("labels")
+    if labels is None:
+        return own_forward(*args, **kwargs)
+    assert patch.capture is not None and patch.head is not None
+    with patch.capture.during_forward():
+        outputs = own_forward(*args, **kwargs)
+    hidden = patch.capture.take()  # (B, T, H)
+    own_loss = outputs.get("loss") if isinstance(outputs, dict) else None
+    if not isinstance(own_loss, torch.Tensor):
+        raise ValueError(
+            f"the model's forward returned no loss with labels (outputs: "
+            f"{type(outputs).__name__}), so there is no cross-entropy to add NTL to: call it with "
+            "return_dict=True, or use cross_entropy='numtok'"
+        )
+    weight, bias = patch.head.weight, patch.head.bias  # gathered here under FSDP2
+    check_whole_weight(weight, patch.vocab.vocab_size, "use cross_entropy='numtok'")
+    labels = labels.to(hidden.device)
+    tables = patch.vocab.tables(hidden.device)
+    counts = count_targets(labels, tables.position_of_id, patch.spec)
+    dtype = denominator_dtype(hidden)
+    tokens, numbers = token_share_denominators(counts, kwargs.get("num_items_in_batch"), dtype)
+    # Weighing every position by tokens/numbers and dividing by tokens: Σ ntl / numbers.
+    ntl = number_head_loss(
+        hidden.to(weight.dtype),
+        weight,
+        labels,
+        patch.vocab,
+        NumberHeadSpec.of(patch.head_spec),
+        tables,
+        bias=bias,
+        loss_weights=(tokens / numbers).expand(labels.shape),
+        num_items_in_batch=tokens,
+    )
+    loss = own_loss + patch.ntl_weight * ntl.to(own_loss.dtype)
+    patch.last = CEWithNTLOutput(loss=loss.detach(), ce=own_loss.detach(), ntl=ntl.detach())
+    fields = {key: value for key, value in outputs.items() if key != "loss"}
+    return type(outputs)(loss=loss, **fields)
