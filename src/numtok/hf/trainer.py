@@ -89,6 +89,7 @@ from numtok.hf._loss import (
     denominator_dtype,
     token_share_denominators,
 )
+from numtok.hf._step_counts import StepCounts, StepLink
 from numtok.kernels.dispatch import check_impl
 from numtok.vocab import NumberVocab
 
@@ -188,30 +189,6 @@ def _labels_to_the_forward(trainer: Any, in_forward: _LossInForward) -> None:
     trainer.compute_loss = compute_loss_in_forward
 
 
-@dataclass
-class _Link:
-    """What an attached loss knows about its trainer: how to sum over processes, and the current
-    optimizer step's counts."""
-
-    gather: Callable[[torch.Tensor], torch.Tensor]
-    #: The Trainer sums its token count over processes and multiplies the loss by their number.
-    sum_over_processes: bool
-    #: Tensor/context/sequence-parallel ranks share a batch; the Trainer divides its count by this.
-    replicas: int
-    #: The step's ``|T|``, also the ``num_items_in_batch`` the Trainer passes for this step.
-    step_tokens: torch.Tensor | None = None
-    step_numbers: torch.Tensor | None = None
-    #: ``[Σ ce/|T|, Σ ntl/|P|]`` of the optimizer steps since the last log, on this process.
-    train_sums: torch.Tensor | None = None
-    steps_since_log: int = 0
-    #: ``[Σ ce, Σ ntl, |T|, |P|]`` during an evaluation loop, on this process; None outside one.
-    eval_sums: torch.Tensor | None = None
-
-    def reduce(self, tensor: torch.Tensor, *, mean: bool) -> torch.Tensor:
-        per_process = self.gather(tensor[None]).reshape(-1, tensor.numel())  # (processes, n)
-        return per_process.mean(dim=0) if mean else per_process.sum(dim=0)
-
-
 class NTLossForTrainer:
     """Cross-entropy + ``ntl_weight`` · NTL as a Hugging Face ``compute_loss_func``.
 
@@ -300,7 +277,7 @@ class NTLossForTrainer:
         self.impl = check_impl(impl)
         self._head_spec = self.spec  # the logits-free loss's settings (attach adds a soft cap)
         self._terms = self._loss_terms(compile=bool(compile))
-        self._link: _Link | None = None
+        self._link: StepLink | None = None
         self._in_forward: _LossInForward | None = None
         self._exactness_checked = False
 
@@ -397,31 +374,18 @@ class NTLossForTrainer:
         )
         tables = self.vocab.tables(logits.device)
         link = self._link
-        in_step = (
-            link is not None
-            and link.step_tokens is not None
-            and num_items_in_batch is link.step_tokens
-        )
-        local_counts = None
         dtype = denominator_dtype(logits)
-        if in_step:
-            assert link is not None and link.step_tokens is not None
-            assert link.step_numbers is not None
-            tokens = link.step_tokens.to(device=logits.device, dtype=dtype)
-            numbers = link.step_numbers.to(device=logits.device, dtype=dtype)
-        else:
+        if link is None:
             local_counts = count_targets(labels, tables.position_of_id, self.spec)
             tokens, numbers = token_share_denominators(local_counts, num_items_in_batch, dtype)
-            if num_items_in_batch is not None:
-                self._warn_if_inexact(local_counts[0], tokens)
-        out = self._terms(logits, labels, tables, tokens, numbers, head)
-        if link is not None and in_step:
-            terms = torch.stack([out.ce, out.ntl])
-            link.train_sums = terms if link.train_sums is None else link.train_sums + terms
-        elif link is not None and link.eval_sums is not None and local_counts is not None:
-            # Raw sums, so that the evaluation set's means are exact: [Σ ce, Σ ntl, |T|, |P|].
-            sums = torch.stack([out.ce * tokens, out.ntl * numbers, *local_counts.to(dtype)])
-            link.eval_sums += sums.to(link.eval_sums)
+            counts = StepCounts(tokens, numbers, local_counts)
+        else:
+            counts = link.counts(labels, num_items_in_batch, tables.position_of_id, dtype)
+        if counts.local is not None and num_items_in_batch is not None:
+            self._warn_if_inexact(counts.local[0], counts.tokens)
+        out = self._terms(logits, labels, tables, counts.tokens, counts.numbers, head)
+        if link is not None:
+            link.record(out.ce, out.ntl, counts)
         return out.loss
 
     def _check_vocab_size(self, logits: torch.Tensor) -> None:
@@ -524,13 +488,15 @@ class NTLossForTrainer:
         replicas = 1
         for size in ("get_tp_size", "get_cp_size", "get_sp_size"):
             replicas *= _size(trainer, size)
-        self._link = link = _Link(
+        self._link = link = StepLink(
+            vocab=self.vocab,
+            spec=self.spec,
             gather=trainer.accelerator.gather,
             sum_over_processes=bool(getattr(args, "average_tokens_across_devices", False))
             and args.world_size > 1,
             replicas=replicas,
         )
-        self._wrap(trainer, link)
+        link.wrap(trainer)
         if bypass is not None:
             self._in_forward = in_forward = _LossInForward(bypass)
             install_forward(
@@ -586,66 +552,3 @@ class NTLossForTrainer:
         weight = getattr(head, "weight", None)
         if isinstance(weight, torch.Tensor) and weight.dim() == 2:
             self._check_vocab_size(weight.new_empty((0, weight.shape[0])))
-
-    def _wrap(self, trainer: Any, link: _Link) -> None:
-        spec = self.spec
-        vocab = self.vocab
-        get_batch_samples = trainer.get_batch_samples
-        log = trainer.log
-        evaluation_loop = trainer.evaluation_loop
-        loop_signature = inspect.signature(evaluation_loop)
-
-        @functools.wraps(get_batch_samples)
-        def counting_get_batch_samples(*args: Any, **kwargs: Any) -> tuple[list[Any], Any]:
-            batch_samples, num_items_in_batch = get_batch_samples(*args, **kwargs)
-            found = [b.get("labels") for b in batch_samples if isinstance(b, Mapping)]
-            labels = [x for x in found if isinstance(x, torch.Tensor)]
-            if not labels or len(labels) != len(batch_samples):
-                link.step_tokens = link.step_numbers = None
-                return batch_samples, num_items_in_batch
-            device = trainer.args.device
-            counts = torch.stack(
-                [
-                    count_targets(x, vocab.tables(x.device).position_of_id, spec).to(device)
-                    for x in labels
-                ]
-            ).sum(dim=0)  # (2,): [|T|, |P|] over the step's micro-batches
-            if link.sum_over_processes:
-                counts = link.reduce(counts, mean=False)
-            if link.replicas > 1:
-                counts = counts / link.replicas
-            link.step_tokens, link.step_numbers = counts.clamp_min(1).unbind()
-            link.steps_since_log += 1
-            return batch_samples, link.step_tokens
-
-        @functools.wraps(log)
-        def log_with_terms(logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
-            if "loss" in logs and link.train_sums is not None and link.steps_since_log > 0:
-                sums = link.reduce(link.train_sums, mean=not link.sum_over_processes)
-                ce, ntl = (float(x) / link.steps_since_log for x in sums)
-                terms = {"loss": logs["loss"], "ce": ce, "ntl": ntl}
-                rest = {k: v for k, v in logs.items() if k not in terms}
-                logs.clear()
-                logs.update({**terms, **rest})
-                link.train_sums, link.steps_since_log = None, 0
-            log(logs, *args, **kwargs)
-
-        @functools.wraps(evaluation_loop)
-        def evaluation_loop_with_terms(*args: Any, **kwargs: Any) -> Any:
-            bound = loop_signature.bind(*args, **kwargs)
-            prefix = bound.arguments.get("metric_key_prefix", "eval")
-            link.eval_sums = torch.zeros(4, device=trainer.args.device)
-            try:
-                output = evaluation_loop(*args, **kwargs)
-                ce_sum, ntl_sum, tokens, numbers = link.reduce(link.eval_sums, mean=False)
-            finally:
-                link.eval_sums = None
-            metrics = getattr(output, "metrics", None)
-            if isinstance(metrics, dict):
-                metrics[f"{prefix}_ce"] = float(ce_sum / tokens.clamp_min(1))
-                metrics[f"{prefix}_ntl"] = float(ntl_sum / numbers.clamp_min(1))
-            return output
-
-        trainer.get_batch_samples = counting_get_batch_samples
-        trainer.log = log_with_terms
-        trainer.evaluation_loop = evaluation_loop_with_terms
