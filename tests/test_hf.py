@@ -265,7 +265,11 @@ def test_evaluate_reports_the_eval_sets_ce_and_ntl(tokenizer: Any, tmp_path: Pat
 # ---------------------------------------------------------------------------------- TRL, seq2seq
 
 
-def test_trl_sft_trainer_is_exact_and_logs_ce_and_ntl(tokenizer: Any, tmp_path: Path) -> None:
+def test_trl_sft_trainer_through_compute_loss_func_is_exact_and_logs_ce_and_ntl(
+    tokenizer: Any, tmp_path: Path
+) -> None:
+    """A user's ``compute_loss_func=loss_fn`` keeps TRL's deprecated route (without it attach()
+    takes TRL's fused-head route: test_hf_trl.py)."""
     import datasets
     import trl
 
@@ -281,6 +285,7 @@ def test_trl_sft_trainer_is_exact_and_logs_ce_and_ntl(tokenizer: Any, tmp_path: 
             ).to_dict()
             | {"max_length": 64, "bf16": False},  # TRL turns bf16 on by default, even on CPU
         )
+        loss_fn = NTLossForTrainer(tokenizer, ntl_weight=NTL_WEIGHT)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # TRL deprecates compute_loss_func
             trainer = trl.SFTTrainer(
@@ -289,8 +294,9 @@ def test_trl_sft_trainer_is_exact_and_logs_ce_and_ntl(tokenizer: Any, tmp_path: 
                 train_dataset=data,
                 processing_class=tokenizer,
                 callbacks=[recorder],
+                compute_loss_func=loss_fn,
             )
-        NTLossForTrainer(tokenizer, ntl_weight=NTL_WEIGHT).attach(trainer)
+        loss_fn.attach(trainer)
         trainer.train()
         return recorder.gradients[0], trainer.state.log_history[0]
 

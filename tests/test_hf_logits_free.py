@@ -170,6 +170,9 @@ def test_trl_sft_trainer(tokenizer: Any, tmp_path: Path) -> None:
         args = trl.SFTConfig(
             **training_args(tmp_path).to_dict() | {"max_length": 64, "bf16": False},
         )
+        # Through TRL's compute_loss_func (without it attach() takes TRL's fused-head route,
+        # logits-free either way: test_hf_trl.py).
+        loss_fn = NTLossForTrainer(tokenizer, ntl_weight=NTL_WEIGHT, logits_free=logits_free)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # TRL deprecates compute_loss_func
             trainer = trl.SFTTrainer(
@@ -178,8 +181,8 @@ def test_trl_sft_trainer(tokenizer: Any, tmp_path: Path) -> None:
                 train_dataset=data,
                 processing_class=tokenizer,
                 callbacks=[recorder],
+                compute_loss_func=loss_fn,
             )
-        loss_fn = NTLossForTrainer(tokenizer, ntl_weight=NTL_WEIGHT, logits_free=logits_free)
         loss_fn.attach(trainer)
         trainer.train()
         return recorder.gradients[0], trainer.state.log_history[0]

@@ -13,9 +13,15 @@ from typing import Any
 import pytest
 import torch
 
-from numtok import NumberVocab
+from numtok import NumberVocab, number_token_loss
+from numtok._ntl_maths import LossSpec
 from numtok.fused import CEWithNTLOutput, cross_entropy_with_ntl
-from numtok.linear import default_chunk_size, linear_cross_entropy_with_ntl
+from numtok.kernels.torch_rows import entropy_and_top1
+from numtok.linear import (
+    default_chunk_size,
+    linear_cross_entropy_with_ntl,
+    linear_loss_and_row_terms,
+)
 
 from cases import KIND_IDS, KINDS, REFERENCE_CASES, VOCABS, make_labels, make_vocab
 from test_fused import WEIGHT, reference
@@ -447,3 +453,63 @@ def test_bad_input(change: dict[str, Any], error: type[Exception], match: str) -
             make_vocab("digits"),
             **arguments,
         )
+
+
+@pytest.mark.parametrize("softcap", [None, 2.5])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16], ids=str)
+def test_the_terms_of_each_position(softcap: float | None, dtype: torch.dtype) -> None:
+    """``linear_loss_and_row_terms``: the loss and gradients of ``linear_cross_entropy_with_ntl``,
+    and each position's cross-entropy, weighted NTL, entropy and top-1 (the first of equal
+    maxima) against the float64 materialised logits."""
+    vocab = make_vocab("chunks")
+    hidden, weight, bias, labels = make_inputs("chunks", shape=(3, 6), seed=8, dtype=dtype)
+    with torch.no_grad():  # two positions whose next label is their most likely token
+        first = materialised_logits(hidden[:2, 0], weight, bias).argmax(-1)  # (2,)
+        labels[:2, 1] = first
+    weights = torch.rand(labels.shape, generator=torch.Generator().manual_seed(2)).to(dtype)
+    spec = LossSpec.build(
+        vocab, kind="was", reweigh=False, squash_factor=None, ignore_index=-100,
+        reduction="mean", shift=True, logit_softcap=softcap,
+    )  # fmt: skip
+    out, rows = linear_loss_and_row_terms(
+        hidden, weight, labels, vocab.tables(), spec, WEIGHT, weights, 11, bias=bias
+    )
+    expected = linear_cross_entropy_with_ntl(
+        hidden, weight, labels, vocab, bias=bias, loss_weights=weights, num_items_in_batch=11,
+        shift=True, logit_softcap=softcap, ntl_weight=WEIGHT,
+    )  # fmt: skip
+    torch.testing.assert_close(out.loss, expected.loss)
+    got = torch.autograd.grad(out.loss, (hidden, weight, bias))
+    for a, b in zip(got, torch.autograd.grad(expected.loss, (hidden, weight, bias)), strict=True):
+        torch.testing.assert_close(a, b)
+
+    logits = materialised_logits(hidden.double(), weight.double(), bias.double())
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    flat = logits.reshape(-1, logits.shape[-1])
+    targets = torch.cat([labels[:, 1:], torch.full_like(labels[:, :1], -100)], 1).reshape(-1)
+    ce = torch.nn.functional.cross_entropy(flat, targets, reduction="none")
+    ntl = number_token_loss(logits, labels, vocab, shift=True, reduction="none")
+    log_probs = torch.log_softmax(flat, dim=-1)
+    # bfloat16: the pass rounds each chunk's logits to bfloat16 (8 bits), the reference not.
+    tolerance = {"rtol": 1e-9, "atol": 1e-9}
+    if dtype == torch.bfloat16:
+        tolerance = {"rtol": 0, "atol": 3e-2}
+    torch.testing.assert_close(rows.ce.double(), ce, **tolerance)
+    expected_ntl = (ntl * torch.cat([weights[:, 1:], weights[:, :1] * 0], 1)).reshape(-1)
+    torch.testing.assert_close(rows.ntl.double(), expected_ntl.double(), **tolerance)
+    entropy = -(log_probs.exp() * log_probs).sum(-1)
+    torch.testing.assert_close(rows.entropy.double(), entropy, **tolerance)
+    if dtype == torch.float64:
+        assert torch.equal(rows.is_top1, flat.argmax(-1) == targets)
+        assert bool(rows.is_top1[[0, 6]].all())
+
+
+def test_entropy_and_top1_take_the_first_of_equal_maxima() -> None:
+    """As ``argmax``: a label tied with an earlier column for the maximum is not the top 1."""
+    logits = torch.tensor([[1.0, 3.0, 3.0, 0.0], [1.0, 3.0, 3.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    lse = torch.logsumexp(logits, dim=-1)
+    entropy, is_top1 = entropy_and_top1(logits, lse, torch.tensor([1, 2, 0]))
+    assert is_top1.tolist() == [True, False, True]
+    probs = torch.softmax(logits, dim=-1)
+    torch.testing.assert_close(entropy, -(probs * probs.log()).sum(-1))

@@ -33,17 +33,27 @@ summed in the compute dtype.
 from __future__ import annotations
 
 import functools
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 
 from numtok._linear_recompute import logits_into
 from numtok._ntl_maths import LossSpec
 from numtok.fused import loss_and_row_gradients, prepare_rows, reduce_terms, reduction_scales
-from numtok.kernels.torch_rows import compute_row_statistics, write_row_gradient
+from numtok.kernels.torch_rows import (
+    compute_row_statistics,
+    entropy_and_top1,
+    write_row_gradient,
+)
 from numtok.vocab import NumberTables
 
-__all__ = ["ChunkRows", "TorchChunkRows", "linear_loss_in_forward", "weight_gradient_dtype"]
+__all__ = [
+    "ChunkRows",
+    "RowTerms",
+    "TorchChunkRows",
+    "linear_loss_in_forward",
+    "weight_gradient_dtype",
+]
 
 
 class ChunkRows(Protocol):
@@ -57,9 +67,23 @@ class ChunkRows(Protocol):
         """``(loss, ce, ntl)`` over all positions, once every chunk has been passed."""
 
 
+class RowTerms(NamedTuple):
+    """Each (flattened, shifted) position's terms, detached, (M,): ``ce`` its cross-entropy (0
+    where the label is ignored), ``ntl`` its weighted NTL (0 where the label is no number), as
+    :func:`numtok.fused.reduce_terms` sums them; ``entropy`` the entropy of its next-token
+    distribution and ``is_top1`` whether its label is that distribution's most likely token (both
+    of every position, ignored labels included)."""
+
+    ce: torch.Tensor
+    ntl: torch.Tensor
+    entropy: torch.Tensor
+    is_top1: torch.Tensor
+
+
 class TorchChunkRows:
     """The torch backend's :class:`ChunkRows`, for validated ``labels`` and ``loss_weights``
-    (shifted here when ``spec.shift``); ``dtype`` is the compute dtype."""
+    (shifted here when ``spec.shift``); ``dtype`` is the compute dtype. With ``metrics`` it also
+    keeps each position's entropy and top-1 (:class:`RowTerms`)."""
 
     def __init__(
         self,
@@ -70,6 +94,7 @@ class TorchChunkRows:
         ntl_weight: float,
         num_items: torch.Tensor | int | None,
         dtype: torch.dtype,
+        metrics: bool = False,
     ) -> None:
         self.rows, self.shape = prepare_rows(labels, loss_weights, tables, spec, dtype)
         self.tables, self.spec, self.ntl_weight, self.num_items = (
@@ -81,6 +106,12 @@ class TorchChunkRows:
         self.dtype = dtype
         self.scales = reduction_scales(self.rows, spec, num_items)
         self.ce_rows, self.ntl_rows = (labels.new_empty(labels.numel(), dtype=dtype) for _ in "ab")
+        self.metrics = None
+        if metrics:
+            self.metrics = (
+                labels.new_empty(labels.numel(), dtype=dtype),
+                labels.new_empty(labels.numel(), dtype=torch.bool),
+            )
 
     def __call__(self, index: slice, logits: torch.Tensor, write_gradient: bool) -> None:
         part = self.rows.take(index)
@@ -93,6 +124,9 @@ class TorchChunkRows:
             self.scales,
         )  # fmt: skip
         self.ce_rows[index], self.ntl_rows[index] = terms.ce, terms.ntl
+        if self.metrics is not None:
+            entropy, is_top1 = self.metrics
+            entropy[index], is_top1[index] = entropy_and_top1(logits, lse, part.target_ids, softcap)
         if write_gradient:
             write_row_gradient(
                 logits, logits, lse, part.target_ids, self.tables.ids, terms.grad_lse,
@@ -104,6 +138,11 @@ class TorchChunkRows:
             self.ce_rows, self.ntl_rows, self.rows, self.spec, self.num_items, self.shape
         )
         return ce + self.ntl_weight * ntl, ce, ntl
+
+    def row_terms(self) -> RowTerms:
+        """Every position's terms, once every chunk has been passed (``metrics`` only)."""
+        assert self.metrics is not None, "built without metrics"
+        return RowTerms(self.ce_rows, self.ntl_rows, *self.metrics)
 
 
 def weight_gradient_dtype(weight: torch.Tensor) -> torch.dtype:

@@ -35,7 +35,12 @@ from collections.abc import Callable
 
 import torch
 
-from numtok._linear_in_forward import ChunkRows, TorchChunkRows, linear_loss_in_forward
+from numtok._linear_in_forward import (
+    ChunkRows,
+    RowTerms,
+    TorchChunkRows,
+    linear_loss_in_forward,
+)
 from numtok._linear_recompute import linear_row_statistics
 from numtok._ntl_maths import Kind, LossSpec
 from numtok._number_logits import compute_dtype
@@ -50,7 +55,11 @@ from numtok.fused import CEWithNTLOutput, combine_terms, prepare_rows
 from numtok.kernels.dispatch import check_impl, resolve_impl, triton_unsupported
 from numtok.vocab import NumberTables, NumberVocab
 
-__all__ = ["linear_cross_entropy_with_ntl", "linear_cross_entropy_with_ntl_from_tables"]
+__all__ = [
+    "linear_cross_entropy_with_ntl",
+    "linear_cross_entropy_with_ntl_from_tables",
+    "linear_loss_and_row_terms",
+]
 
 # Below about 256 rows a (rows, H) @ (H, V) product is limited by streaming the (V, H) weight, not
 # by arithmetic (measured on CPU: 67 GFLOP/s at 32 rows, 125-150 at 256-1024).
@@ -256,20 +265,11 @@ def linear_cross_entropy_with_ntl_from_tables(
             "torch.compile, saved-tensor hooks)"
         )
     backend = resolve_impl(impl, hidden.device, unsupported)
-    # The label checks (integer dtype, ids in range) need only the logits' shape and dtype: a
-    # zero-stride view stands in for the logits that are never built. The Triton path checks
-    # the values on the GPU (no read-back to the host).
+    # The Triton path checks the values on the GPU (no read-back to the host).
     check_values = backend == "torch" or hidden.device.type != "cuda"
-    logits_like = hidden.new_empty(()).expand(*labels.shape, spec.vocab_size)
-    _, labels = check_logits_and_labels(
-        logits_like,
-        labels,
-        vocab_size=spec.vocab_size,
-        ignore_index=spec.ignore_index,
-        check_values=check_values,
+    labels, loss_weights, num_items = _check_targets(
+        hidden, labels, loss_weights, num_items_in_batch, spec, check_values
     )
-    loss_weights = check_loss_weights(loss_weights, labels.shape, check_values=check_values)
-    num_items = check_num_items(num_items_in_batch)
 
     dtype = compute_dtype(hidden)
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])  # (M, H)
@@ -292,6 +292,73 @@ def linear_cross_entropy_with_ntl_from_tables(
     return combine_terms(
         lse, target_logit, number_logits, rows, tables, spec, ntl_weight, num_items, shape
     )
+
+
+def _check_targets(
+    hidden: torch.Tensor,
+    labels: torch.Tensor,
+    loss_weights: torch.Tensor | None,
+    num_items_in_batch: torch.Tensor | int | None,
+    spec: LossSpec,
+    check_values: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | int | None]:
+    """The labels, loss weights and ``num_items_in_batch`` checked. The label checks (integer
+    dtype, ids in range) need only the logits' shape and dtype: a zero-stride view stands in for
+    the logits that are never built."""
+    logits_like = hidden.new_empty(()).expand(*labels.shape, spec.vocab_size)
+    _, labels = check_logits_and_labels(
+        logits_like,
+        labels,
+        vocab_size=spec.vocab_size,
+        ignore_index=spec.ignore_index,
+        check_values=check_values,
+    )
+    loss_weights = check_loss_weights(loss_weights, labels.shape, check_values=check_values)
+    return labels, loss_weights, check_num_items(num_items_in_batch)
+
+
+def linear_loss_and_row_terms(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    tables: NumberTables,
+    spec: LossSpec,
+    ntl_weight: float,
+    loss_weights: torch.Tensor | None,
+    num_items_in_batch: torch.Tensor | int | None,
+    *,
+    bias: torch.Tensor | None = None,
+) -> tuple[CEWithNTLOutput, RowTerms]:
+    """:func:`linear_cross_entropy_with_ntl_from_tables` on the torch row passes, with each
+    position's terms and the entropy and top-1 of its next-token distribution beside the loss
+    (:class:`~numtok._linear_in_forward.RowTerms`: the per-token values a trainer logs), for a
+    scalar reduction (``"mean"``, ``"sum"``) with the gradients computed in the forward pass,
+    or without gradients. The entropy costs one more read of each chunk's logits."""
+    hidden, weight, bias, labels = check_linear_inputs(
+        hidden, weight, bias, labels, spec.vocab_size
+    )
+    wanted = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (hidden, weight, bias)
+    )
+    if wanted and not _gradients_in_forward(hidden, weight, bias, loss_weights, spec):
+        raise ValueError(
+            "the terms of each position come from the pass that computes the gradients in the "
+            f"forward pass, which needs a scalar reduction and loss weights without a gradient "
+            f"(not torch.compile or saved-tensor hooks); got reduction={spec.reduction!r}"
+        )
+    labels, loss_weights, num_items = _check_targets(
+        hidden, labels, loss_weights, num_items_in_batch, spec, check_values=True
+    )
+    flat_hidden = hidden.reshape(-1, hidden.shape[-1])  # (M, H)
+    chunk_rows = TorchChunkRows(
+        labels, loss_weights, tables, spec, ntl_weight, num_items, compute_dtype(hidden),
+        metrics=True,
+    )  # fmt: skip
+    chunk_size = default_chunk_size(flat_hidden.shape[0], hidden.shape[-1])
+    loss, ce, ntl = linear_loss_in_forward(
+        flat_hidden, weight, bias, chunk_rows, chunk_size, gradients=wanted
+    )
+    return CEWithNTLOutput(loss=loss, ce=ce, ntl=ntl), chunk_rows.row_terms()
 
 
 def _compiling() -> bool:

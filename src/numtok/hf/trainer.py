@@ -90,6 +90,8 @@ from numtok.hf._loss import (
     token_share_denominators,
 )
 from numtok.hf._step_counts import StepCounts, StepLink
+from numtok.hf._trl import CROSS_ENTROPIES as TRL_CROSS_ENTROPIES
+from numtok.hf._trl import attach_to_trl, takes_the_trl_route
 from numtok.kernels.dispatch import check_impl
 from numtok.vocab import NumberVocab
 
@@ -223,6 +225,13 @@ class NTLossForTrainer:
             the torch row passes logits-free), ``"torch"`` or ``"triton"`` (the Triton kernels,
             opt-in); see :func:`numtok.cross_entropy_with_ntl` and
             :func:`numtok.linear.linear_cross_entropy_with_ntl`.
+        cross_entropy: on TRL's ``SFTTrainer`` (1.16 on, without ``compute_loss_func``), what
+            computes the cross-entropy beside NTL (:mod:`numtok.hf._trl`): ``"trl"``, TRL's fused
+            LM head (NTL from the number head beside it); ``"numtok"``, numtok's logits-free
+            pass; ``"auto"`` (default), numtok's on CPU, where it is the faster one, and TRL's on
+            GPUs, where TRL's has run and numtok's has not been measured. Both compute no logits
+            (``logits_free`` has no effect there) and run the model once per micro-batch. Other
+            trainers take only ``"auto"``.
 
     Raises:
         ModuleNotFoundError: transformers or accelerate is not installed; the message says
@@ -249,6 +258,7 @@ class NTLossForTrainer:
         compile: bool | None = None,
         logits_free: bool = False,
         impl: str = "auto",
+        cross_entropy: str = "auto",
     ) -> None:
         require_extra("hf", "NTLossForTrainer (the Hugging Face Trainer adapter)")
         if isinstance(vocab_or_tokenizer, NumberVocab):
@@ -275,6 +285,11 @@ class NTLossForTrainer:
         self._compile = compile
         self.logits_free = check_bool("logits_free", logits_free)
         self.impl = check_impl(impl)
+        if cross_entropy not in TRL_CROSS_ENTROPIES:
+            raise ValueError(
+                f"cross_entropy must be one of {TRL_CROSS_ENTROPIES}, got {cross_entropy!r}"
+            )
+        self.cross_entropy = cross_entropy
         self._head_spec = self.spec  # the logits-free loss's settings (attach adds a soft cap)
         self._terms = self._loss_terms(compile=bool(compile))
         self._link: StepLink | None = None
@@ -427,7 +442,11 @@ class NTLossForTrainer:
         with ``ce`` and ``ntl`` in its logs. Returns the trainer.
 
         Works with ``transformers.Trainer`` and its subclasses (TRL's ``SFTTrainer``,
-        ``Seq2SeqTrainer``). It sets ``trainer.compute_loss_func`` to this loss when it is unset
+        ``Seq2SeqTrainer``). On TRL's ``SFTTrainer`` from 1.16 on without a
+        ``compute_loss_func`` (no label smoothing) it keeps TRL's own loss computation and
+        metrics and adds NTL to them, without the ``compute_loss_func`` that TRL deprecates
+        (:mod:`numtok.hf._trl`, ``cross_entropy``): one forward per micro-batch, no logits.
+        Everywhere else it sets ``trainer.compute_loss_func`` to this loss when it is unset
         and wraps three of the trainer's methods on the instance: ``get_batch_samples`` (counts
         the step's target and number positions), ``log`` (adds ``ce`` and ``ntl``) and
         ``evaluation_loop`` (adds ``eval_ce`` and ``eval_ntl``). With ``logits_free=True`` it
@@ -472,6 +491,22 @@ class NTLossForTrainer:
                 "torchrun or accelerate launch (DDP)"
             )
         self._check_model(trainer.model)
+        on_trl = takes_the_trl_route(trainer)
+        if self.cross_entropy != "auto" and not on_trl:
+            raise ValueError(
+                f"cross_entropy={self.cross_entropy!r} chooses the cross-entropy on TRL's "
+                f"SFTTrainer (from 1.16 on, without compute_loss_func, label smoothing or "
+                f"sequence parallelism), got a {type(trainer).__name__}: leave "
+                "cross_entropy='auto'"
+            )
+        if on_trl:
+            self._link = link = self._step_link(trainer)
+            link.wrap(trainer)
+            chosen = self.cross_entropy
+            if chosen == "auto":
+                chosen = "numtok" if args.device.type == "cpu" else "trl"
+            attach_to_trl(trainer, self.vocab, self.spec, self.ntl_weight, link, chosen)
+            return trainer
         bypass = self._output_layer_bypass(trainer) if self.logits_free else None
         trainer.compute_loss_func = self
         if bypass is not None and bypass.softcap is not None:
@@ -485,17 +520,7 @@ class NTLossForTrainer:
             )
         else:
             self._terms = self._loss_terms(compile=bool(self._compile))
-        replicas = 1
-        for size in ("get_tp_size", "get_cp_size", "get_sp_size"):
-            replicas *= _size(trainer, size)
-        self._link = link = StepLink(
-            vocab=self.vocab,
-            spec=self.spec,
-            gather=trainer.accelerator.gather,
-            sum_over_processes=bool(getattr(args, "average_tokens_across_devices", False))
-            and args.world_size > 1,
-            replicas=replicas,
-        )
+        self._link = link = self._step_link(trainer)
         link.wrap(trainer)
         if bypass is not None:
             self._in_forward = in_forward = _LossInForward(bypass)
@@ -509,6 +534,21 @@ class NTLossForTrainer:
             )
             _labels_to_the_forward(trainer, in_forward)
         return trainer
+
+    def _step_link(self, trainer: Any) -> StepLink:
+        """How this loss counts the trainer's steps and sums over its processes."""
+        args = trainer.args
+        replicas = 1
+        for size in ("get_tp_size", "get_cp_size", "get_sp_size"):
+            replicas *= _size(trainer, size)
+        return StepLink(
+            vocab=self.vocab,
+            spec=self.spec,
+            gather=trainer.accelerator.gather,
+            sum_over_processes=bool(getattr(args, "average_tokens_across_devices", False))
+            and args.world_size > 1,
+            replicas=replicas,
+        )
 
     def _output_layer_bypass(self, trainer: Any) -> OutputLayerBypass:
         """Check that logits-free training is exact for this trainer and its model."""

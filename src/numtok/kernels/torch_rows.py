@@ -44,6 +44,7 @@ import torch
 __all__ = [
     "RowGradientsOf",
     "compute_row_statistics",
+    "entropy_and_top1",
     "gather_rows",
     "row_statistics",
     "rows_per_chunk",
@@ -235,6 +236,45 @@ def compute_row_statistics(
     step = rows_per_chunk(logits.shape[1], logits.device)
     _in_row_blocks(logits.shape[0], step, logits.device, block)
     return lse, *gather_rows(logits, target_ids, number_ids, compute_dtype, softcap)
+
+
+def entropy_and_top1(
+    logits: torch.Tensor,
+    lse: torch.Tensor,
+    target_ids: torch.Tensor,
+    softcap: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(H (M,), is_top1 (M,) bool)`` of a 2-D ``logits`` (M, V) whose log-sum-exp is ``lse``
+    (M,), in ``lse``'s dtype: each row's entropy ``H = lse - Σ_v softmax(x)_v · x_v`` and whether
+    its label ``target_ids`` is its most likely token (``argmax``, the first of equal maxima), of
+    the soft-capped logits with ``softcap``; one more read of the logits, in cache-sized chunks.
+    What TRL's fused LM head logs as ``entropy`` and ``mean_token_accuracy``."""
+    entropy = torch.empty_like(lse)
+    is_top1 = torch.empty(logits.shape[0], dtype=torch.bool, device=logits.device)
+    finite_lse = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
+    step = rows_per_chunk(logits.shape[1], logits.device)
+
+    upcast = logits.dtype != lse.dtype
+
+    def block(start: int, stop: int) -> None:
+        rows_at_once = min(step, stop - start)
+        buffer = _work_buffer(logits, None, lse.dtype, rows_at_once) if upcast else None
+        probs = logits.new_empty((rows_at_once, logits.shape[1]), dtype=lse.dtype)
+        capped_buffer = _capped_buffer(logits, softcap, lse.dtype, rows_at_once)
+        for first in range(start, stop, step):
+            rows = slice(first, min(first + step, stop))
+            chunk = logits[rows]  # (rows, V)
+            work = chunk if buffer is None else buffer[: chunk.shape[0]]
+            capped = None if capped_buffer is None else capped_buffer[: chunk.shape[0]]
+            source = _chunk_source(chunk, work, upcast, capped, softcap)
+            is_top1[rows] = source.argmax(dim=1) == target_ids[rows]
+            p = _exp_minus(source, finite_lse[rows, None], out=probs[: chunk.shape[0]])
+            # Σ_v p_v x_v as one batched dot product per row: (rows, 1, V) @ (rows, V, 1).
+            expected = torch.bmm(p[:, None, :], source[:, :, None]).reshape(-1)
+            entropy[rows] = lse[rows] - expected
+
+    _in_row_blocks(logits.shape[0], step, logits.device, block)
+    return entropy, is_top1
 
 
 #: ``row_gradients(rows, lse[rows]) -> (grad_lse, grad_target, grad_numbers)`` for a chunk.
