@@ -48,6 +48,7 @@ _FLAGS = {
     "eval_jokes": "--eval-jokes",
     "device": "--device",
     "threads": "--threads",
+    "model": "--model",
 }
 RJOKES = "rjokes"
 
@@ -130,6 +131,11 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         help="rjokes: the rJokes data/ folder (dev.tsv.gz and test.tsv.gz; default "
         "$NUMTOK_RJOKES_DIR, ../shared/data/rjokes beside the checkout, else downloaded into "
         "$NUMTOK_CACHE/rjokes, checksums pinned)",
+    )
+    parser.add_argument(
+        "--model",
+        help="smollm2-* presets: the pretrained model, 'smollm2' (default; built by numtok model "
+        "smollm2 on first use) or a local folder of a saved causal LM",
     )
     parser.add_argument("--device", help="cpu (default), cuda, cuda:N or mps")
     parser.add_argument("--threads", type=int, help="torch threads per worker process (default 1)")
@@ -324,7 +330,12 @@ def _build_config(args: argparse.Namespace, preset_name: str, harness: ModuleTyp
     """The preset's settings with the flags given on the command line; a flag that belongs to
     the other task is a ValueError."""
     config = harness.check_preset(preset_name).config
-    is_rjokes = isinstance(config, harness.RJokesConfig)
+    is_rjokes = harness.reads_rjokes(config)
+    if args.task is not None and isinstance(config, harness.FinetuneConfig):
+        raise ValueError(
+            f"--task does not apply to the fine-tuning preset {preset_name!r}, which names its "
+            "task (numtok list shows the presets of each task)"
+        )
     if args.task is not None and (args.task == RJOKES) != is_rjokes:
         kind = "an rJokes" if is_rjokes else "an arithmetic"
         raise ValueError(
@@ -389,7 +400,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ValueError(f"--workers must be at least 1, got {workers}")
         run_dir = args.out or Path("runs") / f"{preset_name}-{config.fingerprint()}"
         nowhere = args.data_dir is None and harness.default_data_dir() is None
-        if isinstance(config, harness.RJokesConfig) and nowhere:
+        if harness.reads_rjokes(config) and nowhere:
             _fetch_rjokes(args, harness)
         harness.check_prerequisites(config, args.data_dir)
         harness.prepare_run_dir(config, run_dir)

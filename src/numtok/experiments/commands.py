@@ -3,11 +3,15 @@ lines it prints at the end. (Importing this needs the ``demo`` extra.)"""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
+from numtok._extras import require_extra
 from numtok.experiments.compat import load_mathematics_dataset
 from numtok.experiments.config import ExperimentConfig, TrainingConfig
 from numtok.experiments.data import TASKS
+from numtok.experiments.finetune.config import FinetuneConfig
+from numtok.experiments.finetune.runner import run_finetune
 from numtok.experiments.presets import (
     DEFAULT_REPRO_PRESET,
     DEFAULT_RJOKES_PRESET,
@@ -29,6 +33,7 @@ __all__ = [
     "PRESETS",
     "TASKS",
     "DownloadError",
+    "FinetuneConfig",
     "RJokesConfig",
     "check_prerequisites",
     "check_preset",
@@ -36,15 +41,30 @@ __all__ = [
     "fetch_rjokes",
     "find_data_dir",
     "prepare_run_dir",
+    "reads_rjokes",
     "run_and_summarise",
 ]
 
 
-def check_prerequisites(config: TrainingConfig, data_dir: Path | None) -> None:
-    """What a run needs besides its settings: the rJokes files, or the Mathematics generator."""
-    if isinstance(config, RJokesConfig):
+def reads_rjokes(config: TrainingConfig | FinetuneConfig) -> bool:
+    """Whether the run reads the rJokes files."""
+    if isinstance(config, FinetuneConfig):
+        return config.task == "rjokes"
+    return isinstance(config, RJokesConfig)
+
+
+def check_prerequisites(config: TrainingConfig | FinetuneConfig, data_dir: Path | None) -> None:
+    """What a run needs besides its settings: the rJokes files, the Mathematics generator, or
+    (fine-tuning) transformers and, for LoRA, peft."""
+    if reads_rjokes(config):
         find_data_dir(data_dir)
-    else:
+    if isinstance(config, FinetuneConfig):
+        require_extra("pretrained", "the fine-tuning presets")
+        if config.adaptation == "lora" and importlib.util.find_spec("peft") is None:
+            raise ModuleNotFoundError(
+                "the LoRA fine-tuning presets need peft: pip install peft", name="peft"
+            )
+    elif not isinstance(config, RJokesConfig):
         load_mathematics_dataset()
 
 
@@ -59,6 +79,13 @@ def run_and_summarise(
     command: str,
 ) -> list[str]:
     """Run (or resume) the comparison and return the summary lines to print."""
+    if isinstance(config, FinetuneConfig):
+        report = run_finetune(config, run_dir, data_dir=data_dir)
+        return [
+            f"{config.task} on {config.model}: {report['minutes']:.1f} min of training and "
+            "scoring; the tables (every seed, paired differences from CE) are in report.md",
+            "report.md, results.json and report.png are in the run folder",
+        ]
     if isinstance(config, RJokesConfig):
         results = run_rjokes(
             config,

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -25,6 +25,7 @@ from numtok.experiments.config import TrainingConfig
 from numtok.experiments.run_folder import CHECKPOINT, WEIGHTS, save_atomically
 
 __all__ = [
+    "Schedule",
     "TrainingLog",
     "learning_rate_at",
     "median_step_seconds",
@@ -38,11 +39,26 @@ Progress = Callable[[int], None]
 #: cross-entropy) and ``ntl`` are None for arms that do not compute them.
 Step = Callable[[int, float], tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]]
 
+
+class Schedule(Protocol):
+    """The settings :func:`learning_rate_at` and :func:`optimizer_step` read (every task's
+    config has them)."""
+
+    @property
+    def learning_rate(self) -> float: ...
+    @property
+    def warmup_steps(self) -> int: ...
+    @property
+    def steps(self) -> int: ...
+    @property
+    def grad_clip(self) -> float: ...
+
+
 # Step times of the first steps include one-off allocations; the median skips them.
 _TIMING_WARMUP_STEPS = 5
 
 
-def learning_rate_at(step: int, config: TrainingConfig) -> float:
+def learning_rate_at(step: int, config: Schedule) -> float:
     """Linear warm-up over ``warmup_steps``, then cosine decay to zero at ``steps``."""
     if step < config.warmup_steps:
         return config.learning_rate * (step + 1) / config.warmup_steps
@@ -54,7 +70,7 @@ def optimizer_step(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     loss: torch.Tensor,
-    config: TrainingConfig,
+    config: Schedule,
     learning_rate: float,
 ) -> None:
     """Backward, clip the gradient norm to ``config.grad_clip``, update; returns after the device

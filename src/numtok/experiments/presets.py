@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from numtok.experiments.config import ExperimentConfig, TrainingConfig
+from numtok.experiments.finetune.config import FinetuneConfig
 from numtok.experiments.rjokes.config import RJokesConfig
 
 __all__ = [
@@ -21,7 +22,7 @@ __all__ = [
 @dataclass(frozen=True)
 class Preset:
     name: str
-    config: TrainingConfig
+    config: TrainingConfig | FinetuneConfig
     description: str
 
 
@@ -44,6 +45,20 @@ _LONG_RJOKES: dict[str, Any] = {
     "seeds": (0, 1, 2, 3, 4),
     "eval_jokes": 10_000,
     "min_probability": 0.0,
+}
+#: SmolLM2-135M-Instruct fine-tuned on CPU (docs/smollm2.md has the budget and why).
+_SMOLLM2: dict[str, Any] = {
+    "model": "smollm2",
+    "adaptation": "full",
+    "steps": 60,
+    "batch_size": 16,
+    "learning_rate": 1e-4,
+    "warmup_steps": 6,
+}
+_SMOLLM2_RJOKES: dict[str, Any] = {
+    "task": "rjokes",
+    "arms": ("base", "ce", "was", "mse", "del", "gls", "head"),
+    "validation_examples": 300,
 }
 #: The arms of the comparison of number losses (issue: every number loss in one engine).
 _EVERY_LOSS = ("ce", "was", "mse", "number", "gls", "del", "smmd", "head")
@@ -158,6 +173,22 @@ PRESETS: dict[str, Preset] = {
             RJokesConfig(arms=_EVERY_LOSS, arm_weights=_CHOSEN_WEIGHTS, **_LONG_RJOKES),
             "rjokes-losses at 2000 steps, 5 seeds, 10,000 test jokes, exact readouts (the same "
             "λ, chosen at 500 steps): ~2 h on 2 cores (estimate)",
+        ),
+        Preset(
+            "smollm2-arithmetic",
+            FinetuneConfig(**_SMOLLM2),
+            "SmolLM2-135M-Instruct fine-tuned on 2-3-digit addition and subtraction (tested "
+            "also on 4 digits): the model before fine-tuning, CE, CE+λ·(NTL-WAS, NTL-MSE, "
+            f"DEL), GLS-CE; {_SMOLLM2['steps']} steps × {_SMOLLM2['batch_size']}, 3 seeds "
+            "(needs the pretrained extra; builds the model on first use)",
+        ),
+        Preset(
+            "smollm2-rjokes",
+            FinetuneConfig(**{**_SMOLLM2, **_SMOLLM2_RJOKES}),
+            "SmolLM2-135M-Instruct fine-tuned on rJokes: CE and each number loss generating "
+            "the score (greedy, expected, median) against a regression head on the same "
+            f"backbone; {_SMOLLM2['steps']} steps × {_SMOLLM2['batch_size']}, 3 seeds (needs "
+            "the rJokes data and the pretrained extra)",
         ),
         Preset(
             "rjokes-smoke",

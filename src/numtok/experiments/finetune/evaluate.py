@@ -1,0 +1,122 @@
+"""Scoring a fine-tuned arm: the answers it generates (greedy, the last number of the text, as
+the paper reads them), and for rJokes the numbers read out of its distribution and the regression
+head's predictions.
+
+Arithmetic: exact accuracy, MAE, log-MAE, the share within 1 % and the share of answers that
+hold a number (:func:`numtok.numeric_metrics`). rJokes: RMSE, MAE and Pearson's r of each
+readout — ``greedy`` (the generated text), ``expected`` and ``median`` of the distribution over
+scores of up to ``max_digits`` digits (:func:`numtok.predict_numbers`), and ``head`` for the
+regression head.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from numtok.decoding import predict_numbers
+from numtok.experiments.finetune.examples import Encoded, prompt_batch, training_batch
+from numtok.experiments.finetune.train import Trained, prompt_states
+from numtok.metrics import numeric_metrics
+
+__all__ = ["ARITHMETIC_METRICS", "JOKE_METRICS", "generate_answers", "score_arm"]
+
+#: What each task reports, per split and readout.
+ARITHMETIC_METRICS = ("exact_accuracy", "mae", "log_mae", "within_1_percent", "parsed_share")
+JOKE_METRICS = ("rmse", "mae", "pearson")
+
+
+@torch.no_grad()
+def generate_answers(
+    model: Any, tokenizer: Any, examples: Sequence[Encoded], batch_size: int, new_tokens: int
+) -> list[str]:
+    """Each prompt's greedy continuation of up to ``new_tokens`` tokens, decoded."""
+    device = next(model.parameters()).device
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    texts: list[str] = []
+    for start in range(0, len(examples), batch_size):
+        prompts = [e.prompt for e in examples[start : start + batch_size]]
+        batch = {k: v.to(device) for k, v in prompt_batch(prompts, pad).items()}
+        generated = model.generate(
+            **batch, max_new_tokens=new_tokens, do_sample=False, pad_token_id=pad,
+            eos_token_id=tokenizer.eos_token_id,
+        )  # fmt: skip
+        new = generated[:, batch["input_ids"].shape[1] :]
+        texts += tokenizer.batch_decode(new, skip_special_tokens=True)
+    return texts
+
+
+def _arithmetic_metrics(texts: Sequence[str], examples: Sequence[Encoded]) -> dict[str, float]:
+    scored = numeric_metrics(list(texts), [e.value for e in examples])
+    return {
+        "exact_accuracy": scored.exact_accuracy,
+        "mae": scored.mae,
+        "log_mae": scored.log_mae,
+        "within_1_percent": scored.within_1_percent,
+        "parsed_share": scored.parsed / scored.count,
+    }
+
+
+def _joke_metrics(
+    predictions: Sequence[float | str], examples: Sequence[Encoded]
+) -> dict[str, float]:
+    scored = numeric_metrics(list(predictions), [e.value for e in examples])
+    return {
+        "rmse": scored.rmse,
+        "mae": scored.mae,
+        "pearson": scored.pearson,
+        "parsed_share": scored.parsed / scored.count,
+    }
+
+
+@torch.no_grad()
+def _head_predictions(
+    trained: Trained, examples: Sequence[Encoded], batch_size: int, pad_id: int
+) -> list[float]:
+    assert trained.head is not None
+    device = next(trained.model.parameters()).device
+    mean, std = trained.score_scale
+    values: list[float] = []
+    for start in range(0, len(examples), batch_size):
+        batch = training_batch(examples[start : start + batch_size], pad_id)
+        states = prompt_states(trained.model, {k: v.to(device) for k, v in batch.items()})
+        values += (trained.head(states).squeeze(-1).double() * std + mean).tolist()
+    return values
+
+
+def score_arm(
+    trained: Trained,
+    tokenizer: Any,
+    task: str,
+    splits: Mapping[str, Sequence[Encoded]],
+    *,
+    batch_size: int,
+    new_tokens: int,
+    max_digits: int,
+) -> tuple[dict[str, dict[str, dict[str, float]]], dict[str, dict[str, list[Any]]]]:
+    """``(metrics[split][readout][metric], predictions[split][readout])`` of one trained arm."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    metrics: dict[str, dict[str, dict[str, float]]] = {}
+    predictions: dict[str, dict[str, list[Any]]] = {}
+    for split, examples in splits.items():
+        if trained.head is not None:
+            values = _head_predictions(trained, examples, batch_size, pad)
+            predictions[split] = {"head": values}
+            metrics[split] = {"head": _joke_metrics(values, examples)}
+            continue
+        texts = generate_answers(trained.model, tokenizer, examples, batch_size, new_tokens)
+        predictions[split] = {"greedy": texts}
+        if task == "arithmetic":
+            metrics[split] = {"greedy": _arithmetic_metrics(texts, examples)}
+            continue
+        metrics[split] = {"greedy": _joke_metrics(texts, examples)}
+        read = predict_numbers(
+            trained.model, tokenizer, [list(e.prompt) for e in examples], max_digits=max_digits
+        )
+        for readout, numbers in (("expected", read.mean), ("median", read.median)):
+            values = numbers.tolist()
+            predictions[split][readout] = values
+            metrics[split][readout] = _joke_metrics(values, examples)
+    return metrics, predictions

@@ -1,0 +1,159 @@
+"""Fine-tuning one arm of a pretrained causal LM on one seed.
+
+Every arm of a seed starts from the same pretrained weights (with LoRA, the same adapters: their
+initialisation is drawn from the seed) and takes the same batches (a permutation of the training
+examples drawn from the seed). The token arms compute their loss on the answer positions only:
+the decoder runs over the whole batch, the output layer only at the positions whose next label
+is part of an answer, and :class:`numtok.experiments.objectives.Objective` (CE, CE + λ·NTL-WAS,
+NTL-MSE, DEL, or Gaussian-label-smoothed CE) reads those logits. The ``head`` arm (rJokes) reads
+the hidden state of each prompt's last token into a linear layer and minimises the squared error
+to the standardised score. AdamW, linear warm-up then cosine decay, gradient clipping
+(:mod:`numtok.experiments.loop`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from numtok.experiments.finetune.config import FinetuneConfig
+from numtok.experiments.finetune.examples import IGNORE_INDEX, Encoded, training_batch
+from numtok.experiments.loop import learning_rate_at, optimizer_step
+from numtok.experiments.objectives import Objective
+from numtok.vocab import NumberVocab
+
+__all__ = ["Trained", "answer_logits", "causal_lm_of", "load_model", "prompt_states", "train_arm"]
+
+Log = Callable[[str], None]
+
+
+def causal_lm_of(model: Any) -> Any:
+    """The causal LM itself (the base model under PEFT's LoRA)."""
+    get_base_model = getattr(model, "get_base_model", None)
+    return get_base_model() if callable(get_base_model) else model
+
+
+def load_model(model_dir: Path, config: FinetuneConfig, seed: int) -> Any:
+    """The pretrained model in float32, in training mode; with LoRA wrapped in adapters on the
+    q and v projections (rank ``lora_rank``, α = 2·rank, initialised from ``seed``)."""
+    from transformers import AutoModelForCausalLM
+
+    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if config.adaptation == "lora":
+        import peft
+
+        torch.manual_seed(seed)
+        lora = peft.LoraConfig(
+            r=config.lora_rank, lora_alpha=2 * config.lora_rank, lora_dropout=0.0,
+            target_modules=["q_proj", "v_proj"],
+        )  # fmt: skip
+        model = peft.get_peft_model(model, lora)
+    return model.to(config.device)
+
+
+def answer_logits(model: Any, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(logits (P, V), labels (P,))`` at the P positions whose next label is not ignored: the
+    decoder over the whole batch, the output layer at those positions only. The labels run in
+    the batch's order, so a number's digits stay consecutive (an answer's end-of-turn token
+    separates it from the next example's)."""
+    causal_lm = causal_lm_of(model)
+    hidden = causal_lm.model(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
+    ).last_hidden_state  # (B, T, H)
+    next_labels = batch["labels"][:, 1:]  # (B, T - 1): position t predicts t + 1
+    where = next_labels != IGNORE_INDEX
+    logits = causal_lm.lm_head(hidden[:, :-1][where])  # (P, V)
+    return logits, next_labels[where]
+
+
+def prompt_states(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """(B, H): each right-padded row's hidden state at its prompt's last token (where the
+    answer is predicted from)."""
+    causal_lm = causal_lm_of(model)
+    hidden = causal_lm.model(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
+    ).last_hidden_state  # (B, T, H)
+    answers = batch["labels"] != IGNORE_INDEX
+    last_prompt = answers.int().argmax(dim=1) - 1  # the first answer token's position, less 1
+    states: torch.Tensor = hidden[torch.arange(hidden.shape[0]), last_prompt]
+    return states
+
+
+@dataclass
+class Trained:
+    """A fine-tuned arm: the model (and the ``head`` arm's layer with the score's scale), its
+    logged losses and the median seconds per step."""
+
+    model: Any
+    head: nn.Linear | None
+    score_scale: tuple[float, float]
+    history: list[dict[str, float]]
+    seconds_per_step: float
+
+
+def train_arm(
+    config: FinetuneConfig,
+    arm: str,
+    seed: int,
+    model_dir: Path,
+    examples: Sequence[Encoded],
+    vocab: NumberVocab,
+    pad_id: int,
+    log: Log,
+) -> Trained:
+    """Fine-tune ``arm`` for ``config.steps`` steps of ``config.batch_size`` examples (the
+    ``base`` arm returns the pretrained model untouched)."""
+    model = load_model(model_dir, config, seed)
+    values = torch.tensor([e.value for e in examples], dtype=torch.float64)
+    scale = (float(values.mean()), float(values.std().clamp_min(1e-6)))
+    if arm == "base":
+        return Trained(model.eval(), None, scale, [], 0.0)
+    torch.manual_seed(seed)
+    head = nn.Linear(causal_lm_of(model).config.hidden_size, 1) if arm == "head" else None
+    objective = (
+        None if head is not None else Objective(arm, vocab, ntl_weight=config.weight_of(arm))
+    )
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    if head is not None:
+        head = head.to(config.device)
+        parameters += list(head.parameters())
+    trainable = nn.ModuleList([model] + ([head] if head is not None else []))
+    optimizer = torch.optim.AdamW(
+        parameters, lr=config.learning_rate, weight_decay=config.weight_decay
+    )
+    order = torch.randperm(
+        len(examples), generator=torch.Generator().manual_seed(1000 + seed)
+    ).tolist()
+    history: list[dict[str, float]] = []
+    seconds: list[float] = []
+    model.train()
+    for step in range(config.steps):
+        start = (step * config.batch_size) % len(order)
+        picked = [examples[order[(start + i) % len(order)]] for i in range(config.batch_size)]
+        batch = {k: v.to(config.device) for k, v in training_batch(picked, pad_id).items()}
+        began = time.perf_counter()
+        if head is not None:
+            targets = torch.tensor([(e.value - scale[0]) / scale[1] for e in picked])
+            predicted = head(prompt_states(model, batch)).squeeze(-1)
+            loss = nn.functional.mse_loss(predicted, targets.to(predicted))
+            ce = ntl = None
+        else:
+            assert objective is not None
+            loss, ce, ntl = objective(*answer_logits(model, batch))
+        optimizer_step(trainable, optimizer, loss, config, learning_rate_at(step, config))
+        seconds.append(time.perf_counter() - began)
+        if step % 10 == 0 or step == config.steps - 1:
+            entry = {"step": float(step), "loss": float(loss.detach())}
+            terms = (("ce", ce), ("ntl", ntl))
+            entry.update({k: float(v.detach()) for k, v in terms if v is not None})
+            history.append(entry)
+            log(f"seed {seed} {arm} step {step}: loss {entry['loss']:.4f}")
+    model.eval()
+    timed = sorted(seconds[min(3, len(seconds) - 1) :])
+    return Trained(model, head, scale, history, timed[len(timed) // 2])

@@ -1,0 +1,187 @@
+"""The fine-tuning presets' harness (numtok.experiments.finetune) on a tiny random Llama saved as
+a model folder (no download): the arithmetic splits, the examples and their batches, the answer
+positions the loss reads, a whole run of each task (every arm, the report, the regression head),
+resuming, and the command line."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from numtok.experiments.finetune.arithmetic import arithmetic_splits
+from numtok.experiments.finetune.config import FinetuneConfig
+from numtok.experiments.finetune.examples import encode, prompt_batch, training_batch
+from numtok.experiments.finetune.runner import run_finetune
+from numtok.experiments.finetune.train import answer_logits, load_model, prompt_states
+
+from _hf_tiny import build_model, build_tokenizer
+
+SIZES = {"train": 40, "validation": 8, "test": 8, "test_harder": 6}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    tokenizer = build_tokenizer()
+    build_model(tokenizer).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def jokes_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("jokes")
+    rng = random.Random(0)
+    for name, count in (("dev.tsv.gz", 60), ("test.tsv.gz", 20)):
+        lines = [
+            f"{rng.randint(0, 11)}\tjoke {i} about {rng.randint(0, 99)} cats" for i in range(count)
+        ]
+        with gzip.open(folder / name, "wt") as file:
+            file.write("\n".join(lines) + "\n")
+    return folder
+
+
+def small(model_dir: Path, **changes: Any) -> FinetuneConfig:
+    settings: dict[str, Any] = {
+        "model": str(model_dir), "steps": 3, "batch_size": 4, "train_examples": SIZES["train"],
+        "validation_examples": SIZES["validation"], "test_examples": SIZES["test"],
+        "harder_examples": SIZES["test_harder"], "seeds": (0, 1), "eval_batch_size": 4,
+        "threads": 1, "max_prompt_tokens": 12, "max_new_tokens": 4, "warmup_steps": 1,
+        "learning_rate": 1e-2,
+    }  # fmt: skip
+    return FinetuneConfig(**{**settings, **changes})
+
+
+def test_arithmetic_splits_are_disjoint_correct_and_fixed() -> None:
+    splits = arithmetic_splits(SIZES)
+    assert {k: len(v) for k, v in splits.items()} == SIZES
+    questions = [q.question for split in splits.values() for q in split]
+    assert len(set(questions)) == len(questions)
+    for split, entries in splits.items():
+        for entry in entries:
+            a, sign, b = entry.question.removeprefix("What is ").removesuffix("?").split()
+            assert int(entry.answer) == (int(a) + int(b) if sign == "+" else int(a) - int(b))
+            assert int(entry.answer) >= 0
+            widths = {len(a), len(b)}
+            assert widths <= ({4} if split == "test_harder" else {2, 3})
+    assert arithmetic_splits(SIZES) == splits
+    assert arithmetic_splits({"test": 5})["test"] == splits["test"][:5]
+    with pytest.raises(ValueError, match="sizes names splits"):
+        arithmetic_splits({"dev": 3})
+
+
+def test_examples_train_on_the_answer_only() -> None:
+    tokenizer = build_tokenizer()
+    examples = [encode(tokenizer, "What is 12 + 30?", "42"), encode(tokenizer, "1+1=", "2")]
+    assert examples[0].answer[-1] == tokenizer.eos_token_id and examples[0].value == 42.0
+    batch = training_batch(examples, pad_id=0)
+    for row, example in enumerate(examples):
+        answer = batch["labels"][row][batch["labels"][row] != -100].tolist()
+        assert answer == list(example.answer)
+        assert int(batch["attention_mask"][row].sum()) == len(example.prompt) + len(example.answer)
+    prompts = prompt_batch([e.prompt for e in examples], pad_id=0)
+    assert prompts["input_ids"][1, -len(examples[1].prompt) :].tolist() == list(examples[1].prompt)
+    assert prompts["attention_mask"][1, 0] == 0
+
+
+def test_the_loss_reads_the_answer_positions(model_dir: Path) -> None:
+    """The output layer at the positions whose next label is an answer token gives the
+    cross-entropy of the full logits with the prompt's labels ignored."""
+    tokenizer = build_tokenizer()
+    model = load_model(model_dir, small(model_dir), seed=0)
+    examples = [
+        encode(tokenizer, q.question, q.answer) for q in arithmetic_splits({"test": 3})["test"]
+    ]
+    batch = training_batch(examples, pad_id=0)
+    logits, labels = answer_logits(model, batch)
+    full = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    expected = F.cross_entropy(
+        full[:, :-1].reshape(-1, full.shape[-1]), batch["labels"][:, 1:].reshape(-1)
+    )
+    torch.testing.assert_close(F.cross_entropy(logits, labels), expected)
+    states = prompt_states(model, batch)
+    hidden = model.model(input_ids=batch["input_ids"]).last_hidden_state
+    for row, example in enumerate(examples):
+        torch.testing.assert_close(states[row], hidden[row, len(example.prompt) - 1])
+
+
+def test_a_whole_arithmetic_run_reports_and_resumes(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = small(model_dir, arms=("base", "ce", "was", "mse", "del", "gls"))
+    results = run_finetune(config, tmp_path / "run", log=lambda _: None)
+    runs = {(run["seed"], run["arm"]): run for run in results["runs"]}
+    assert set(runs) == {(s, a) for s in (0, 1) for a in config.arms}
+    assert runs[(0, "base")]["metrics"] == runs[(1, "base")]["metrics"]  # scored once
+    assert runs[(1, "base")]["scored_as_seed"] == 0
+    assert set(runs[(0, "ce")]["metrics"]) == {"test", "test_harder"}
+    greedy = runs[(0, "was")]["metrics"]["test"]["greedy"]
+    assert set(greedy) == {"exact_accuracy", "mae", "log_mae", "within_1_percent", "parsed_share"}
+    assert runs[(0, "was")]["history"][-1]["ntl"] >= 0  # the NTL term was computed
+    assert runs[(0, "ce")]["history"] != runs[(0, "was")]["history"]
+    compared = [c for c in results["comparisons"] if c["arm"] == "del" and c["vs_ce"]]
+    assert compared and all(len(c["values"]) == 2 for c in compared)
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "## test_harder" in report and "| del | greedy | CE greedy |" in report
+    assert (tmp_path / "run" / "report.png").stat().st_size > 0
+
+    import numtok.experiments.finetune.runner as runner
+
+    def refuse(*_: Any, **__: Any) -> None:
+        raise AssertionError("a finished arm was trained again")
+
+    monkeypatch.setattr(runner, "train_arm", refuse)
+    again = run_finetune(config, tmp_path / "run", log=lambda _: None)
+    assert again["runs"] == results["runs"]
+    model_json = tmp_path / "run" / "model.json"
+    model_json.write_text(json.dumps({"folder": "elsewhere", "digest": "0" * 12}))
+    with pytest.raises(ValueError, match="holds arms of another model"):
+        run_finetune(config, tmp_path / "run", log=lambda _: None)
+
+
+def test_rjokes_with_the_regression_head_and_the_readouts(
+    model_dir: Path, jokes_dir: Path, tmp_path: Path
+) -> None:
+    config = small(
+        model_dir, task="rjokes", arms=("ce", "was", "head"), seeds=(0,), evaluate_on="validation"
+    )
+    results = run_finetune(config, tmp_path / "run", data_dir=jokes_dir, log=lambda _: None)
+    runs = {run["arm"]: run for run in results["runs"]}
+    assert set(runs["ce"]["metrics"]["validation"]) == {"greedy", "expected", "median"}
+    head = runs["head"]["metrics"]["validation"]["head"]
+    assert set(head) == {"rmse", "mae", "pearson", "parsed_share"} and head["parsed_share"] == 1
+    baselines = {c["baseline"] for c in results["comparisons"] if c["arm"] == "head"
+                 for c in c["vs_ce"]}  # fmt: skip
+    assert baselines == {"expected", "greedy"}
+
+
+def test_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="'head' arm"):
+        FinetuneConfig(arms=("ce", "head"))
+    with pytest.raises(ValueError, match="arms must be distinct, include 'ce'"):
+        FinetuneConfig(arms=("was",))
+    with pytest.raises(ValueError, match="adaptation must be one of"):
+        FinetuneConfig(adaptation="qlora")
+    assert FinetuneConfig.from_dict(FinetuneConfig().to_dict()) == FinetuneConfig()
+
+
+def test_command_line(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from numtok.cli import main
+
+    out = tmp_path / "cli"
+    arguments = ["repro", "--preset", "smollm2-arithmetic", "--model", str(model_dir),
+                 "--steps", "2", "--seeds", "1", "--arms", "base,ce", "--threads", "1",
+                 "--out", str(out), "--no-progress"]  # fmt: skip
+    assert main(arguments) == 0
+    assert "report.md" in capsys.readouterr().out
+    assert json.loads((out / "config.json").read_text())["steps"] == 2
+    with pytest.raises(SystemExit):
+        main([*arguments[:5], "--eval-jokes", "3"])
+    assert "--eval-jokes does not apply" in capsys.readouterr().err
