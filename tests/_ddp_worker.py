@@ -11,6 +11,7 @@ Usage: ``torchrun --nproc_per_node 2 tests/_ddp_worker.py OUT_DIR NTL_WEIGHT MIC
 
 from __future__ import annotations
 
+import gc
 import sys
 import warnings
 from pathlib import Path
@@ -69,6 +70,27 @@ def main() -> None:
     rank = torch.distributed.get_rank()
     results["world_size"] = torch.distributed.get_world_size()  # type: ignore[assignment]
     torch.save(results, out_dir / f"rank{rank}.pt")
+    shut_down_gloo()
+
+
+def shut_down_gloo() -> None:
+    """Destroy the process group (the Trainers' accelerate made it) and with it gloo's worker
+    threads, joined, while the interpreter is whole.
+
+    Gloo runs each collective on a worker thread ("pt_gloo_runloop"), which lets go of the
+    collective's tensors only after the caller's ``wait()`` has returned; a tensor that Python has
+    already dropped is freed there, taking the GIL. A thread that does so after the interpreter
+    has begun to finalize (the last such frees come 20-80 ms before the exit: a thread held up
+    that long on a loaded machine; left running, this group was only destroyed with the modules,
+    during finalization) is ended by Python 3.11 with ``pthread_exit``, whose unwinding through
+    the work's noexcept destructor calls ``std::terminate``: "terminate called without an active
+    exception", SIGABRT, after the results are saved. Freeing the group joins the threads, with
+    the GIL released, so that such a pending free completes first. A Trainer left in a reference
+    cycle would still hold its DDP-wrapped model, and through it the group: collected first, so
+    that destroying frees it.
+    """
+    gc.collect()
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -13,12 +13,14 @@ Usage: ``torchrun --nproc_per_node 2 tests/_fsdp_worker.py OUT_DIR NTL_WEIGHT``
 
 from __future__ import annotations
 
+import gc
 import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
@@ -90,6 +92,24 @@ def main() -> None:
     }
     results["world_size"] = dist.get_world_size()
     torch.save(results, out_dir / f"rank{dist.get_rank()}.pt")
+    shut_down_gloo()
+
+
+def shut_down_gloo() -> None:
+    """Destroy the process group and with it gloo's worker threads, joined, while the interpreter
+    is whole (why: ``_ddp_worker.shut_down_gloo``).
+
+    ``destroy_process_group()`` alone leaves the group alive here: each of FSDP2's device meshes
+    holds its process groups (``_pg_registry``), and torch keeps the meshes alive after the
+    models (DTensor's caches of sharding propagation and redistribution plans, among others, hold
+    specs that name them), so gloo's worker threads outlived ``main()`` and could still free a
+    collective's tensors, under the GIL, once the interpreter had begun to finalize: SIGABRT at
+    exit. The meshes are not used again: they let go of their groups, so that destroying frees
+    them.
+    """
+    gc.collect()
+    for mesh in [o for o in gc.get_objects() if isinstance(o, DeviceMesh)]:
+        mesh._pg_registry.clear()
     dist.destroy_process_group()
 
 
