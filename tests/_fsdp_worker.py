@@ -1,12 +1,14 @@
 """One process of the FSDP2/DDP test (``test_hf_fsdp.py``), launched by torchrun on CPU (gloo).
 
 Each process builds the tiny Llama (untied and tied) and patches it before wrapping it: with
-``patch_model`` (logits-free), or by attaching ``NTLossForTrainer(logits_free=True)`` to a
-Trainer of it. It shards the model with FSDP2 (``fully_shard`` on every decoder layer and on the
-root, what accelerate's ``fsdp_version: 2`` does, which refuses a CPU) or wraps it in DDP, runs
-one forward and backward of the whole batch (the same on every process; for the attached loss
-through ``trainer.compute_loss``, as a training step calls it) and saves the loss and every
-parameter's full gradient to ``<out>/rank<r>.pt``.
+``patch_model`` (logits-free, or beside the model's own cross-entropy), by attaching
+``NTLossForTrainer(logits_free=True)`` to a Trainer of it, or by attaching ``NTLossForTrainer``
+to TRL's SFTTrainer of it (TRL's fused head or numtok's cross-entropy). It shards the model
+with FSDP2 (``fully_shard`` on every decoder layer and on the root, what accelerate's
+``fsdp_version: 2`` does, which refuses a CPU) or wraps it in DDP, runs one forward and backward
+of the whole batch (the same on every process; for the attached loss through
+``trainer.compute_loss``, as a training step calls it) and saves the loss and every parameter's
+full gradient to ``<out>/rank<r>.pt``.
 
 Usage: ``torchrun --nproc_per_node 2 tests/_fsdp_worker.py OUT_DIR NTL_WEIGHT``
 """
@@ -28,6 +30,9 @@ from numtok.hf import NTLossForTrainer, patch_model
 
 from _hf_tiny import build_dataset, build_model, build_tokenizer, collate, training_args
 
+#: Every route run under FSDP2 (and patch_model's under DDP too).
+WRAPPERS = ("fsdp2", "ddp", "model-ce-fsdp2", "attached-fsdp2", "trl-fsdp2", "trl-numtok-fsdp2")
+
 
 def build(tokenizer: Any, tied: bool) -> Any:
     model = build_model(tokenizer)
@@ -37,8 +42,20 @@ def build(tokenizer: Any, tied: bool) -> Any:
     return model
 
 
+def _sft_trainer(tokenizer: Any, model: Any, out_dir: Path) -> Any:
+    import datasets
+    import trl
+
+    data = datasets.Dataset.from_list([{"text": "1+1=2"}])
+    settings = training_args(out_dir / "sft", ddp_backend="gloo").to_dict()
+    args = trl.SFTConfig(**settings | {"max_length": 64, "bf16": False})
+    return trl.SFTTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer)
+
+
 def run(out_dir: Path, wrapper: str, tied: bool, ntl_weight: float) -> dict[str, Any]:
-    """``wrapper``: "fsdp2" or "ddp" (``patch_model``), "attached-fsdp2" (the Trainer's loss)."""
+    """``wrapper``: "fsdp2" or "ddp" (``patch_model``), "model-ce-fsdp2" (``patch_model(...,
+    cross_entropy="model")``), "attached-fsdp2" (the Trainer's loss), "trl-fsdp2" and
+    "trl-numtok-fsdp2" (attached to TRL's SFTTrainer, TRL's or numtok's cross-entropy)."""
     from transformers import Trainer
 
     tokenizer = build_tokenizer()
@@ -51,8 +68,18 @@ def run(out_dir: Path, wrapper: str, tied: bool, ntl_weight: float) -> dict[str,
         )
         NTLossForTrainer(tokenizer, ntl_weight=ntl_weight, logits_free=True).attach(trainer)
         model = trainer.model
+    elif wrapper.startswith("trl"):
+        trainer = _sft_trainer(tokenizer, build(tokenizer, tied), out_dir)
+        cross_entropy = "numtok" if wrapper.startswith("trl-numtok") else "trl"
+        NTLossForTrainer(tokenizer, ntl_weight=ntl_weight, cross_entropy=cross_entropy).attach(
+            trainer
+        )
+        model = trainer.model
     else:
-        model = patch_model(build(tokenizer, tied), tokenizer, ntl_weight=ntl_weight)
+        cross_entropy = "model" if wrapper.startswith("model-ce") else "numtok"
+        model = patch_model(
+            build(tokenizer, tied), tokenizer, ntl_weight=ntl_weight, cross_entropy=cross_entropy
+        )
     if wrapper.endswith("fsdp2"):
         for layer in model.model.layers:
             fully_shard(layer)
@@ -62,6 +89,8 @@ def run(out_dir: Path, wrapper: str, tied: bool, ntl_weight: float) -> dict[str,
     if trainer is None:
         outputs = model(**batch)
         loss = outputs.loss
+    elif wrapper.startswith("trl"):
+        loss, outputs = trainer.compute_loss(model, dict(batch), return_outputs=False), None
     else:
         loss, outputs = trainer.compute_loss(model, dict(batch), return_outputs=True)
     loss.backward()
@@ -74,7 +103,7 @@ def run(out_dir: Path, wrapper: str, tied: bool, ntl_weight: float) -> dict[str,
     }
     return {
         "loss": loss.detach(),
-        "logits": outputs.logits,
+        "logits": None if outputs is None else outputs.logits,
         "gradients": gradients,
         "sharded": all(sharded),
     }
@@ -87,7 +116,7 @@ def main() -> None:
     dist.init_process_group("gloo")
     results: dict[str, Any] = {
         f"{wrapper}-{'tied' if tied else 'untied'}": run(out_dir, wrapper, tied, ntl_weight)
-        for wrapper in ("fsdp2", "ddp", "attached-fsdp2")
+        for wrapper in WRAPPERS
         for tied in (False, True)
     }
     results["world_size"] = dist.get_world_size()
