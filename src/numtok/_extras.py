@@ -14,7 +14,7 @@ import importlib.util
 EXTRAS: dict[str, tuple[str, ...]] = {
     "hf": ("transformers", "accelerate"),
     "demo": ("numpy", "matplotlib", "tqdm", "mathematics_dataset", "absl", "six"),
-    "pretrained": ("transformers", "accelerate", "gguf"),
+    "pretrained": ("transformers", "accelerate", "gguf", "peft"),
 }
 
 
