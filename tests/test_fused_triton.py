@@ -1,23 +1,34 @@
 """The Triton backend of cross_entropy_with_ntl (``impl="triton"``): every reference case against
 the float64 reference, rows held on chip and rows read in blocks, in place, under torch.compile,
-bad input, and the dispatch's choices and refusals. On CPU the kernels run in Triton's
-interpreter (conftest sets TRITON_INTERPRET=1); the device tests run on a GPU in gpu.sh.
-(The edge cases and the low-precision tests of test_fused.py run on both backends.)"""
+bad input, the dispatch's choices, refusals and fall-backs; and what the interpreter cannot
+show: every launch of a set of public calls compiled as Triton's JIT compiles it for sm_90 and
+sm_80, int64 addressing of strided columns, the GPU a launch runs on, the warps a ROCm program
+gets. On CPU the kernels run in Triton's interpreter (conftest sets TRITON_INTERPRET=1); the
+device tests run on a GPU in gpu.sh. (The edge cases and the low-precision tests of
+test_fused.py run on both backends, as do float16 under a loss scale and a digit length without
+float32 mass here.)"""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
-import textwrap
-from typing import Any
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
 import torch
+import triton.language as tl
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_map
 
-from numtok import NumberTokenLoss
+import numtok.kernels
+from numtok import NumberTokenLoss, NumberVocab
 from numtok.fused import cross_entropy_with_ntl
-from numtok.kernels import dispatch, triton_loss
+from numtok.kernels import dispatch, triton_loss, triton_rows
 from numtok.linear import linear_cross_entropy_with_ntl
 
 from cases import REFERENCE_CASES, make_batch, make_vocab
@@ -28,6 +39,7 @@ from test_fused import (
     on_device,
     reference,
 )
+from test_linear import make_inputs
 
 #: Every reference case whose kind the kernels compute (a callable kind stays on the torch path).
 TRITON_CASES = [case for case in REFERENCE_CASES if not callable(case.values[3].get("kind"))]
@@ -58,6 +70,15 @@ BLOCK_CASES = _cases(
     "chunks-mse-reweigh=False-mean",
     "chunks-squash=1.5-reweigh=False",
 )
+
+
+@pytest.fixture
+def first_tries(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The dispatch tries the Triton kernels on each device afresh, and warns afresh."""
+    dispatch._first_failure.cache_clear()
+    monkeypatch.setattr(dispatch, "_WARNED", set())
+    yield
+    dispatch._first_failure.cache_clear()
 
 
 @pytest.fixture
@@ -184,6 +205,65 @@ def test_an_upstream_gradient_scales_the_kept_gradient(
     torch.testing.assert_close(unit, ref_grad, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+@pytest.mark.parametrize("kind", ["mse", "mae", "huber"])
+def test_a_digit_length_without_float32_mass_gives_the_float64_limit(kind: str, impl: str) -> None:
+    """A 2-digit and a 3-digit label whose lengths' number logits lie about 120 below the
+    1-digit ones: their share of the number mass, e^-120, is 0 in float32. The prediction
+    within the label's length is still the softmax-weighted mean of its values (taken from the
+    length's own maximum), the loss ``P·f + (1 - P)·D`` is D's limit, and both backends give
+    the float64 reference's values and gradients (the Triton kernel gave 0/0 = NaN)."""
+    vocab = make_vocab("chunks")
+    logits = torch.zeros(2, 59)
+    logits[:, :20] = 60.0  # "0".."9" twice
+    logits[:, 20:35] = -60.0 + torch.linspace(0.0, 3.0, 15)  # 2 digits
+    logits[:, 40:51] = -60.0 + torch.linspace(0.0, 2.0, 11)  # 3 digits
+    labels = torch.tensor([27, 45])
+    settings: dict[str, Any] = {"kind": kind, "reduction": "none"}
+    float32 = logits.clone().requires_grad_()
+    out = cross_entropy_with_ntl(float32, labels, vocab, ntl_weight=WEIGHT, impl=impl, **settings)
+    (grad,) = torch.autograd.grad(out.loss.sum(), float32)
+    float64 = logits.double().requires_grad_()
+    ref, _ = reference(float64, labels, vocab, **settings)
+    (ref_grad,) = torch.autograd.grad(ref.sum(), float64)
+    torch.testing.assert_close(out.loss.double(), ref, rtol=1e-6, atol=0)
+    torch.testing.assert_close(grad.double(), ref_grad, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_float16_under_a_loss_scale_keeps_the_small_gradient_entries(
+    impl: str, inplace: bool
+) -> None:
+    """16 tokens of a batch of 32,768 (``num_items_in_batch``), 4,096 columns, GradScaler's
+    2^16: for a unit upstream gradient most entries (softmax/32,768, about 7.5e-9) lie below
+    float16's smallest subnormal 2^-24; scaled, above it. The gradient is the float32
+    reference's times 2^16 rounded once to float16, with no entry flushed to 0 (95 % of those
+    the reference keeps were 0 on both backends when the gradient was rounded in forward)."""
+    vocab_size, tokens = 4096, 16
+    vocab = NumberVocab.from_values({i: str(i) for i in range(10)}, vocab_size=vocab_size)
+    generator = torch.Generator().manual_seed(21)
+    logits = (2 * torch.randn(tokens, vocab_size, generator=generator)).half()
+    labels = torch.randint(vocab_size, (tokens,), generator=generator)
+    labels[::2] = torch.randint(10, (tokens // 2,), generator=generator)
+    settings: dict[str, Any] = {"num_items_in_batch": 32768, "reweigh": True}
+    loss_scale = torch.tensor(2.0**16)
+    leaf = logits.clone().requires_grad_()
+    out = cross_entropy_with_ntl(
+        leaf.clone(), labels, vocab, ntl_weight=WEIGHT, inplace_backward=inplace, impl=impl,
+        **settings,
+    )  # fmt: skip
+    (grad,) = torch.autograd.grad(out.loss, leaf, loss_scale)
+    upcast = logits.float().requires_grad_()
+    ref, _ = reference(upcast, labels, vocab, **settings)
+    (ref_grad,) = torch.autograd.grad(ref, upcast, loss_scale)
+    expected = ref_grad.half()
+    kept = expected != 0
+    assert float((ref_grad.abs() / loss_scale < 2.0**-24).float().mean()) > 0.9  # unscaled
+    assert int((grad[kept] == 0).sum()) == 0
+    torch.testing.assert_close(grad.float(), expected.float(), rtol=2.0**-10, atol=2.0**-24)
+
+
 def test_an_empty_batch_gives_zero() -> None:
     vocab = make_vocab("digits")
     logits = torch.zeros(0, 17, dtype=torch.float64, requires_grad=True)
@@ -274,6 +354,7 @@ def test_auto_runs_no_triton_kernel_until_one_has_run_on_a_gpu(
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     monkeypatch.delenv(dispatch.IMPL_VARIABLE, raising=False)
     monkeypatch.setattr(dispatch, "triton_importable", lambda: True)
+    monkeypatch.setattr(dispatch, "_first_failure", lambda device: None)  # a GPU that runs it
     assert dispatch.resolve_impl("auto", cuda) == "torch"
     assert dispatch.resolve_impl("auto", cpu) == "torch"  # also under the interpreter
     assert dispatch.unfused_by_default("auto", cuda)
@@ -306,6 +387,65 @@ def test_triton_on_cpu_needs_the_interpreter(monkeypatch: pytest.MonkeyPatch) ->
         dispatch.resolve_impl("triton", torch.device("cpu"))
 
 
+def test_numtok_impl_triton_falls_back_where_triton_does_not_import(
+    monkeypatch: pytest.MonkeyPatch, first_tries: None
+) -> None:
+    """triton installed but failing to import (here: hidden, so that ``import triton``
+    raises): ``$NUMTOK_IMPL=triton`` computes with the torch row passes and warns once;
+    ``impl="triton"`` raises an error that says why."""
+    monkeypatch.setitem(sys.modules, "triton", None)
+    for module in ("triton_loss", "triton_rows"):
+        monkeypatch.delitem(sys.modules, f"numtok.kernels.{module}")
+        monkeypatch.delattr(numtok.kernels, module)
+    vocab = make_vocab("digits")
+    logits, labels = make_batch("digits", seed=23)
+    expected = cross_entropy_with_ntl(logits, labels, vocab, impl="torch").loss
+    monkeypatch.setenv(dispatch.IMPL_VARIABLE, "triton")
+    with pytest.warns(RuntimeWarning) as warned:
+        for _ in range(2):
+            loss = cross_entropy_with_ntl(logits, labels, vocab).loss
+            torch.testing.assert_close(loss, expected, rtol=0, atol=0)
+    assert len(warned) == 1
+    assert re.fullmatch(
+        r"\$NUMTOK_IMPL=triton, but impl='triton' cannot run on cpu: ModuleNotFoundError: "
+        r"import of triton halted; None in sys.modules; use impl='torch'; computing with the "
+        r"torch row passes on cpu instead",
+        str(warned[0].message),
+    ), warned[0].message
+    with pytest.raises(RuntimeError, match=r"impl='triton' cannot run on cpu: ModuleNotFound"):
+        cross_entropy_with_ntl(logits, labels, vocab, impl="triton")
+
+
+def test_numtok_impl_triton_falls_back_where_the_first_launch_fails(
+    monkeypatch: pytest.MonkeyPatch, first_tries: None
+) -> None:
+    """On a GPU Triton compiles for its architecture and builds its launcher with the host's
+    C compiler at the first launch; where that fails, ``$NUMTOK_IMPL=triton`` takes the torch
+    row passes (one warning for each device) and ``impl="triton"`` raises, naming the device
+    and the failure. Tried once per device."""
+    tries: list[torch.device] = []
+
+    def no_compiler(device: torch.device) -> None:
+        tries.append(device)
+        raise RuntimeError("Failed to find C compiler. Please specify via CC environment variable")
+
+    monkeypatch.setattr(triton_loss, "check_launch", no_compiler)
+    monkeypatch.setenv(dispatch.IMPL_VARIABLE, "triton")
+    gpus = [torch.device("cuda", 0), torch.device("cuda", 1)]
+    with pytest.warns(RuntimeWarning, match="Failed to find C compiler") as warned:
+        for _ in range(3):
+            assert [dispatch.resolve_impl("auto", gpu) for gpu in gpus] == ["torch", "torch"]
+    assert [str(w.message).split(": ")[0] for w in warned] == [
+        f"$NUMTOK_IMPL=triton, but impl='triton' cannot run on {gpu}" for gpu in gpus
+    ]
+    with pytest.raises(RuntimeError, match=r"cannot run on cuda:1: RuntimeError: Failed to find C"):
+        dispatch.resolve_impl("triton", gpus[1])
+    assert tries == gpus
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # and CPU tensors without the interpreter
+    with pytest.warns(RuntimeWarning, match="runs on CUDA tensors, got tensors on cpu"):
+        assert dispatch.resolve_impl("auto", torch.device("cpu")) == "torch"
+
+
 def test_numtok_impl_sets_what_auto_means(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = _spy_on_triton(monkeypatch)
     vocab = make_vocab("digits")
@@ -336,6 +476,119 @@ def test_the_module_takes_impl(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 # ------------------------------------------------------------------ the GPU without a GPU
+
+_KERNELS = ("prepare_rows", "ce_ntl_rows", "sum_terms", "scale_rows")
+
+
+class _OnSecondGpu(torch.Tensor):
+    """A CPU tensor that says it is on cuda:1 (what the launch code reads of a device)."""
+
+    @property  # type: ignore[override]
+    def device(self) -> torch.device:
+        return torch.device("cuda", 1)
+
+
+def _second_gpu(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and not isinstance(value, _OnSecondGpu):
+        return value.as_subclass(_OnSecondGpu)
+    return value
+
+
+class _AsIfOnSecondGpu(TorchFunctionMode):
+    """Runs every torch call on the CPU, with CUDA devices asked for (``device=``, ``.to``)
+    replaced by the CPU, and hands out its tensors as :class:`_OnSecondGpu`."""
+
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+    ) -> Any:
+        def on_cpu(value: Any) -> Any:
+            is_cuda = isinstance(value, torch.device) and value.type == "cuda"
+            is_cuda |= isinstance(value, str) and value.startswith("cuda")
+            return torch.device("cpu") if is_cuda else value
+
+        kwargs = {k: on_cpu(v) for k, v in (kwargs or {}).items()}
+        if func is torch.Tensor.to:
+            args = tuple(on_cpu(a) for a in args)
+        return tree_map(_second_gpu, func(*args, **kwargs))
+
+
+class _CurrentDevice:
+    """Stands in for ``torch.cuda.device`` (which needs a GPU): a context that makes its
+    device's index the current one (``current``, 0 outside every context)."""
+
+    current: ClassVar[list[int]] = [0]
+
+    def __init__(self, device: torch.device) -> None:
+        self.index = torch.device(device).index
+
+    def __enter__(self) -> None:
+        self.current.append(self.index)
+
+    def __exit__(self, *_: object) -> None:
+        self.current.pop()
+
+
+@pytest.mark.parametrize(
+    ("dtype", "settings", "kernels"),
+    [
+        (torch.float32, {"reweigh": True}, ["prepare_rows", "ce_ntl_rows", "sum_terms"]),
+        # float16: the gradient in backward; "none": no reduction.
+        (torch.float16, {"reduction": "none", "kind": "dist2"}, ["prepare_rows", "ce_ntl_rows"]),
+    ],
+    ids=["float32", "float16-none"],
+)
+def test_kernels_launch_on_the_tensors_gpu(
+    dtype: torch.dtype,
+    settings: dict[str, Any],
+    kernels: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+    first_tries: None,
+) -> None:
+    """Triton launches on the current CUDA device, not on the tensors': logits on cuda:1 (a
+    model split over GPUs) with cuda:0 current would be read on the wrong GPU. Without a GPU:
+    the loss's own code runs on tensors that report cuda:1 (CPU tensors underneath, the
+    kernels in the interpreter), ``torch.cuda.device`` records the device it makes current,
+    and every launch (the dispatch's first, forward, backward; float16's gradient in backward
+    too) happens with cuda:1 current and gives the values of the torch backend. (What autograd
+    saves comes back a plain CPU tensor, so the fake reaches backward through what the call
+    keeps itself: its labels, whose device its launches take.)"""
+    seen: list[tuple[str, int]] = []
+
+    def on_which_gpu(kernel: Any) -> Any:
+        class Launch:
+            def __getitem__(self, grid: tuple[int, ...]) -> Any:
+                def launch(*args: Any, **kwargs: Any) -> None:
+                    seen.append((kernel.__name__, _CurrentDevice.current[-1]))
+                    with torch._C.DisableTorchFunction():
+                        cpu = [
+                            a.as_subclass(torch.Tensor) if isinstance(a, torch.Tensor) else a
+                            for a in args
+                        ]
+                        kernel[grid](*cpu, **kwargs)
+
+                return launch
+
+        return Launch()
+
+    for name in _KERNELS:
+        monkeypatch.setattr(triton_rows, name, on_which_gpu(getattr(triton_rows, name)))
+    monkeypatch.setattr(torch.cuda, "device", _CurrentDevice)
+    vocab = make_vocab("chunks")
+    logits, labels = make_batch("chunks", seed=22, dtype=dtype)
+    expected = cross_entropy_with_ntl(logits, labels, vocab, impl="torch", **settings)
+    try:
+        with _AsIfOnSecondGpu():
+            logits = logits.detach().as_subclass(_OnSecondGpu).requires_grad_()
+            labels = labels.as_subclass(_OnSecondGpu)
+            out = cross_entropy_with_ntl(logits, labels, vocab, impl="triton", **settings)
+            upstream = torch.rand(out.loss.shape)
+            torch.autograd.grad(out.loss, logits, upstream)
+    finally:
+        triton_loss._constants_on.cache_clear()
+    # The dispatch's first launch on cuda:1, forward, backward.
+    backward = "ce_ntl_rows" if dtype == torch.float16 else "scale_rows"
+    assert seen == [(name, 1) for name in ["scale_rows", *kernels, backward]]
+    torch.testing.assert_close(out.loss.as_subclass(torch.Tensor), expected.loss)
 
 
 @pytest.mark.device
@@ -373,94 +626,78 @@ def test_no_host_synchronisation_on_cuda(device: torch.device) -> None:
             torch.cuda.set_sync_debug_mode("default")
 
 
-_COMPILE_FOR_H100_CLASS = """
-import torch, triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from numtok import NumberVocab
-from numtok.kernels import triton_loss, triton_rows
+@pytest.mark.parametrize(("hip", "most"), [(None, 32), ("6.2.41133", 16)], ids=["cuda", "rocm"])
+def test_a_row_program_has_at_most_1024_threads(
+    hip: str | None, most: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows of 32,768 columns or more take 32 warps of 32 threads on NVIDIA GPUs; AMD's
+    wavefronts are 64 wide, and 32 of them (2,048 threads) cannot launch: ROCm builds of torch
+    (``torch.version.hip``) get 16, the same 32 columns a thread."""
+    monkeypatch.setattr(torch.version, "hip", hip)
+    for vocab_size in (32768, 131072, 262144):
+        for dtype in (torch.bfloat16, torch.float32):
+            block_v, _, _, num_warps = triton_loss._row_launch(vocab_size, 1110, dtype)
+            assert num_warps == most
+            assert block_v // (num_warps * (1024 // most)) == 32  # columns a thread
 
-launches = {}
 
-class Recorder:
-    def __init__(self, kernel):
-        self.kernel = kernel
+# ------------------------------------------------------------------ what the GPU's JIT compiles
 
-    def __getitem__(self, grid):
-        def record(*args, num_warps, **constexprs):
-            key = (self.kernel.__name__, tuple(sorted(constexprs.items())), tuple(
-                str(a.dtype) if isinstance(a, torch.Tensor) else type(a).__name__ for a in args))
-            launches[key] = (self.kernel, args, constexprs, num_warps)
+_JIT_COMPILE = Path(__file__).with_name("_jit_compile.py")
+
+
+def _described(value: Any) -> Any:
+    """A launch argument as tests/_jit_compile.py reads it: a tensor by its dtype and address
+    (all the JIT's binder reads of it), a ``tl`` dtype by its name, a scalar as itself."""
+    if isinstance(value, torch.Tensor):
+        return {"tensor": str(value.dtype).removeprefix("torch."), "data_ptr": value.data_ptr()}
+    if isinstance(value, tl.dtype):
+        return {"tl": value.name}
+    return value
+
+
+class _LaunchRecorder:
+    """Stands in for a kernel of ``triton_rows``: records each launch's arguments as they are
+    at the launch, then runs it (in the interpreter)."""
+
+    def __init__(self, kernel: Any, launches: list[dict[str, Any]]) -> None:
+        self.kernel, self.launches = kernel, launches
+
+    def __getitem__(self, grid: tuple[int, ...]) -> Any:
+        launch = self.kernel[grid]
+
+        def record(*args: Any, **kwargs: Any) -> Any:
+            self.launches.append(
+                {
+                    "kernel": self.kernel.__name__,
+                    "args": [_described(a) for a in args],
+                    "kwargs": {k: _described(v) for k, v in kwargs.items()},
+                }
+            )
+            return launch(*args, **kwargs)
+
         return record
 
-for name in ("prepare_rows", "ce_ntl_rows", "sum_terms", "scale_rows"):
-    setattr(triton_rows, name, Recorder(getattr(triton_rows, name)))
 
-def run(vocab, logits, labels, **settings):
-    from numtok._ntl_maths import LossSpec
-    keys = ("kind", "reweigh", "squash_factor", "ignore_index", "reduction", "shift",
-            "logit_softcap")
-    spec = LossSpec.build(vocab, **{k: settings.pop(k) for k in keys})
-    tables = vocab.tables()
-    loss, _, _ = triton_loss.cross_entropy_with_ntl(
-        logits, labels, settings.pop("loss_weights", None), tables, spec, 0.3,
-        settings.pop("num_items", None), needs_grad=logits.requires_grad, inplace=False)
-    if logits.requires_grad:
-        loss.backward(torch.full_like(loss, 2.0))
-
-base = dict(ignore_index=-100, squash_factor=None, shift=False, reweigh=False, reduction="mean",
-            logit_softcap=None)
-digits = NumberVocab.from_values({i: str(i) for i in range(10)}, vocab_size=32768)
-chunks = NumberVocab.from_values({10 + i: f"{i:03d}" for i in range(1000)} | {
-    1010 + i: f"{i:02d}" for i in range(100)} | {i: str(i) for i in range(10)}, vocab_size=131072)
-labels = torch.tensor([[3, 5, 1020, -100]])
-run(digits, torch.zeros(1, 4, 32768, dtype=torch.bfloat16, requires_grad=True), labels,
-    **{**base, "kind": "was", "reweigh": True, "squash_factor": 3.0, "shift": True,
-       "loss_weights": torch.ones(1, 4)})
-run(chunks, torch.zeros(1, 4, 131072, requires_grad=True), labels,
-    **{**base, "kind": "mse", "reduction": "none", "num_items": torch.tensor(3)})
-run(chunks, torch.zeros(1, 4, 131072, dtype=torch.bfloat16), labels,
-    **{**base, "kind": "huber", "reweigh": True, "logit_softcap": 30.0})
-run(digits, torch.zeros(1, 4, 32768, dtype=torch.bfloat16, requires_grad=True), labels,
-    **{**base, "kind": "was", "logit_softcap": 30.0})
-run(digits, torch.zeros(1, 4, 32768, dtype=torch.float64), labels, **{**base, "kind": "mae"})
-run(digits, torch.zeros(1, 4, 32768, dtype=torch.bfloat16, requires_grad=True), labels,
-    **{**base, "kind": "del", "shift": True})
-run(chunks, torch.zeros(1, 4, 131072, requires_grad=True), labels,
-    **{**base, "kind": "smmd", "reduction": "none"})
-run(chunks, torch.zeros(1, 4, 131072, dtype=torch.bfloat16), labels, **{**base, "kind": "dist2"})
-triton_loss._ce_ntl_backward_op(
-    torch.zeros(4, 32768, dtype=torch.bfloat16), labels.reshape(-1), None, *digits.tables(),
-    [0.3, 9.0, 9.0, 1.0, 0.0, 30.0, 1.0], [0, 0, 1, 0, 1, 1, -100, 4, 2, 1], None, [],
-    torch.zeros(4), torch.ones(3), torch.ones(4))
-
-target = GPUTarget("cuda", 90, 32)
-def type_of(value):
-    if isinstance(value, torch.Tensor):
-        return "*" + {torch.float32: "fp32", torch.float64: "fp64", torch.bfloat16: "bf16",
-                      torch.int64: "i64", torch.int32: "i32"}[value.dtype]
-    return "i64" if abs(value) >= 2**31 else "i32"
-for (name, _, _), (kernel, args, constexprs, num_warps) in sorted(launches.items(), key=str):
-    names = kernel.arg_names
-    signature = {n: type_of(a) for n, a in zip(names, args)}
-    signature |= {n: "constexpr" for n in constexprs}
-    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
-    compiled = triton.compile(source, target=target, options={"num_warps": num_warps})
-    assert compiled.asm["cubin"], name
-    print(name, "compiled")
-"""
+@pytest.fixture
+def launches(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """Every launch of a kernel of ``triton_rows`` during the test, in order."""
+    recorded: list[dict[str, Any]] = []
+    for name in _KERNELS:
+        recorder = _LaunchRecorder(getattr(triton_rows, name), recorded)
+        monkeypatch.setattr(triton_rows, name, recorder)
+    return recorded
 
 
-@pytest.mark.slow  # about 15 s: each kernel variant through Triton's compiler and ptxas
-def test_kernels_compile_for_an_h100_class_gpu_without_one() -> None:
-    """Every kernel, in the variants that a bf16, float32 and float64 call, each kind (DEL, SMMD
-    with 1,110 number tokens, DIST2 among them), reweigh,
-    squash, shift, weights, rows on chip and in blocks, and the compiled path's backward launch,
-    compiles through Triton's full pipeline to a cubin for sm_90 (the H100/H200): what the
-    interpreter cannot see (types, layouts, register allocation) is checked without a GPU."""
+def _compile_as_the_jit(
+    launches: list[dict[str, Any]], capabilities: list[int], ttir: bool = False
+) -> list[dict[str, Any]]:
+    """The variants of ``launches`` that Triton's JIT would build for those CUDA capabilities,
+    each compiled to a cubin in a process without the interpreter (tests/_jit_compile.py)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(_COMPILE_FOR_H100_CLASS)],
+        [sys.executable, str(_JIT_COMPILE)],
+        input=json.dumps({"targets": capabilities, "launches": launches, "ttir": ttir}),
         capture_output=True,
         text=True,
         timeout=600,
@@ -468,6 +705,182 @@ def test_kernels_compile_for_an_h100_class_gpu_without_one() -> None:
         check=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    compiled = result.stdout.split()
-    for kernel in ("prepare_rows", "ce_ntl_rows", "sum_terms", "scale_rows"):
-        assert kernel in compiled, result.stdout
+    variants: list[dict[str, Any]] = json.loads(result.stdout)["variants"]
+    return variants
+
+
+_BIG_DIGITS = NumberVocab.from_values({i: str(i) for i in range(10)}, vocab_size=32768)
+#: 1,110 number tokens (1-3 digits) in Qwen-sized rows of 131,072 columns: rows in blocks.
+_BIG_CHUNKS = NumberVocab.from_values(
+    {i: str(i) for i in range(10)}
+    | {10 + i: f"{i:03d}" for i in range(1000)}
+    | {1010 + i: f"{i:02d}" for i in range(100)},
+    vocab_size=131072,
+)
+
+#: (dtype, upstream gradient (None: evaluation), settings, ignore_index) of the calls below:
+#: every reduction and way of setting its scale (the counts, and num_items_in_batch as an int,
+#: 1 among them, and as a tensor), shift, weights, reweigh, squash, soft cap, in place, upstream
+#: gradients of 1, 2^16 (GradScaler's), 0.5 and one per position; the float64 ones apart.
+_LOW_PRECISION_CALLS: list[tuple[torch.dtype, Any, dict[str, Any], int]] = [
+    (torch.bfloat16, 1.0, {"reweigh": True, "shift": True, "loss_weights": True}, -100),
+    (torch.float32, "per-row", {"reduction": "none", "squash_factor": 3.0}, -100),
+    (torch.float16, 2.0**16, {"num_items_in_batch": 1, "inplace_backward": True}, -100),
+    (torch.bfloat16, None, {"reduction": "sum", "logit_softcap": 2.0}, -100),
+]
+_FLOAT64_CALLS: list[tuple[torch.dtype, Any, dict[str, Any], int]] = [
+    (torch.float64, 0.5, {"num_items_in_batch": torch.tensor(7), "logit_softcap": 2.0}, 0),
+    (torch.float64, None, {"reweigh": True, "num_items_in_batch": 5, "squash_factor": 2.0}, 0),
+]
+
+
+def _given_logits(
+    vocab: NumberVocab, logits: torch.Tensor, labels: torch.Tensor, upstream: Any, **settings: Any
+) -> None:
+    """One call of the public loss with ``impl="triton"`` (``loss_weights=True``: random ones)
+    and, unless ``upstream`` is None, its backward with that upstream gradient."""
+    if settings.get("loss_weights") is True:
+        settings["loss_weights"] = torch.rand(labels.shape, dtype=torch.float64)
+    logits.requires_grad_(upstream is not None)
+    out = cross_entropy_with_ntl(logits.clone(), labels, vocab, impl="triton", **settings)
+    if upstream == "per-row":
+        torch.autograd.grad(out.loss, logits, torch.rand_like(out.loss))
+    elif upstream is not None:
+        torch.autograd.grad(out.loss, logits, torch.full_like(out.loss, upstream))
+
+
+def _public_calls() -> None:
+    """The calls of the public functions whose launches the compile test records: each kind
+    on a single-digit and on a multi-digit vocabulary, once in float64 and once in a low
+    precision (the settings above in turn), and on a vocabulary of one number token; sequences
+    of one position, a batch of one and strided logits; the shapes of a real model (32,768
+    and 131,072 columns: rows on chip at 32 warps and in blocks, SMMD with 1,110 number
+    tokens); the logits-free loss in chunks of one row (row offsets 0, 1, 2, 3);
+    torch.compile's two custom ops."""
+    generator = torch.Generator().manual_seed(0)
+    one_number = NumberVocab.from_values({2: "7"}, vocab_size=16)
+    for index, kind in enumerate(triton_loss.KIND_CODES):
+        names = ("digits", "chunks")[:: 1 if index % 2 else -1]
+        calls = (_LOW_PRECISION_CALLS[index % 4], _FLOAT64_CALLS[index % 2])
+        for name, (dtype, upstream, settings, ignore_index) in zip(names, calls, strict=True):
+            # Squashing is WAS's alone, reweighing NTL's kinds' (not numtok.kinds').
+            unused = {"reweigh"} if kind in ("del", "smmd", "dist2") else set()
+            unused |= set() if kind == "was" else {"squash_factor"}
+            chosen = {k: v for k, v in settings.items() if k not in unused}
+            logits, labels = make_batch(name, (1, 4), 3, dtype, ignore_index)
+            _given_logits(
+                make_vocab(name), logits.detach(), labels, upstream, kind=kind,
+                ignore_index=ignore_index, **chosen,
+            )  # fmt: skip
+        if kind in ("was", "del", "smmd", "dist2"):
+            logits = torch.randn(1, 4, 16, generator=generator)
+            _given_logits(one_number, logits, torch.tensor([[2, 5, 2, -100]]), 1.0, kind=kind)
+    vocab = make_vocab("chunks")
+    logits, labels = make_batch("chunks", shape=(4, 1), seed=4, dtype=torch.float32)
+    _given_logits(vocab, logits.detach(), labels, 1.0, shift=True, kind="mse")
+    _given_logits(vocab, logits.detach()[0], labels[0], 1.0, reweigh=True)
+    strided = logits.detach().reshape(4, 59).t().contiguous().t()
+    _given_logits(vocab, strided, labels.reshape(4), 2.0, kind="huber")
+
+    labels = torch.tensor([[3, 1020]])
+    for big, dtype, upstream, settings in [
+        (_BIG_DIGITS, torch.bfloat16, 1.0, {"reweigh": True, "squash_factor": 3.0}),
+        (_BIG_DIGITS, torch.float16, 2.0**16, {"kind": "dist2", "shift": True}),
+        (_BIG_DIGITS, torch.float64, None, {"kind": "mae"}),
+        (_BIG_CHUNKS, torch.float32, "per-row", {"kind": "mse", "reduction": "none"}),
+        (_BIG_CHUNKS, torch.bfloat16, None, {"kind": "huber", "logit_softcap": 30.0}),
+        (_BIG_CHUNKS, torch.bfloat16, 1.0, {"kind": "smmd", "loss_weights": True}),
+    ]:
+        logits = torch.randn(1, 2, big.vocab_size, generator=generator).to(dtype)
+        _given_logits(big, logits, labels, upstream, **settings)
+
+    hidden, weight, _, labels = make_inputs("chunks", (1, 4), 5, torch.bfloat16, False)
+    out = linear_cross_entropy_with_ntl(
+        hidden, weight, labels, vocab, chunk_size=1, kind="del", impl="triton"
+    )
+    torch.autograd.grad(out.loss, [hidden, weight])
+
+    torch._dynamo.reset()
+    logits, labels = make_batch("chunks", shape=(1, 4), seed=12, dtype=torch.float32)
+
+    def loss(x: torch.Tensor) -> torch.Tensor:
+        out = cross_entropy_with_ntl(x, labels, vocab, reduction="none", impl="triton")
+        return out.loss
+
+    value = torch.compile(loss, backend="aot_eager", fullgraph=True)(logits)
+    torch.autograd.grad(value, logits, torch.rand_like(value))
+
+
+@pytest.mark.slow  # 40-55 s on 2 shared cores, 8-16 s with Triton's cache warm: 116 binaries
+def test_every_launch_compiles_as_triton_s_jit_compiles_it_for_sm_90_and_sm_80(
+    launches: list[dict[str, Any]],
+) -> None:
+    """Each launch that the public calls above make, specialised on its arguments as Triton's
+    JIT specialises them on a GPU (an int equal to 1 a constant, ints and pointers divisible by
+    16 marked so) and compiled through Triton's full pipeline to a cubin for sm_90 (H100, H200)
+    and sm_80 (A100): what the interpreter cannot see (types after specialisation, layouts,
+    register allocation) checked without a GPU."""
+    _public_calls()
+    variants = _compile_as_the_jit(launches, [90, 80])
+    failures = [v for v in variants if "error" in v]
+    assert not failures, "\n".join(
+        f"{v['kernel']} for sm_{v['capability']} with constants {v['constants']}: {v['error']}"
+        for v in failures
+    )
+    for capability in (90, 80):
+        compiled = {v["kernel"] for v in variants if v["capability"] == capability}
+        assert compiled == set(_KERNELS)
+    # The JIT's specialisations happened: the cases above make these ints 1 (constants) ...
+    constants = {(v["kernel"], name) for v in variants for name in v["constants"]}
+    for kernel, name in [
+        ("prepare_rows", "denominator"),
+        ("prepare_rows", "seq_len"),
+        ("ce_ntl_rows", "logits_column_stride"),
+        ("ce_ntl_rows", "first_row"),
+        ("ce_ntl_rows", "upstream_stride"),
+        ("ce_ntl_rows", "K"),
+        ("scale_rows", "upstream_stride"),
+    ]:
+        assert (kernel, name) in constants
+    # ... and these arguments divisible by 16 in some variants, not in others.
+    divisible = [set(v["divisible"]) for v in variants if v["kernel"] == "ce_ntl_rows"]
+    assert any("V" in d for d in divisible) and not all("V" in d for d in divisible)
+    assert all("logits_ptr" in d for d in divisible)
+
+
+@pytest.mark.slow  # about 5 s: two calls in the interpreter, five compilations
+def test_strided_columns_are_addressed_in_int64_as_compiled(
+    launches: list[dict[str, Any]],
+) -> None:
+    """Logits (and a gradient) whose last dimension has a stride other than 1 (columns of a
+    transposed buffer) are addressed at ``column · stride``, which passes 2^31 for a stride of
+    2^27 + 1 and 17 columns: compiled as the JIT compiles the recorded launches with that
+    stride (an i32 argument), every block of row pointers is offset in int64. (The
+    interpreter computes in numpy's integers and cannot show an int32 overflow, and a buffer
+    that large does not fit here.)"""
+    vocab = make_vocab("digits")
+    logits, labels = make_batch("digits", shape=(4, 6), seed=16, dtype=torch.float32)
+    transposed = logits.detach().reshape(24, 17).t().contiguous().t()
+    _given_logits(vocab, transposed, labels.reshape(24), 2.0, reweigh=True)
+    _given_logits(vocab, transposed, labels.reshape(24), None, kind="mse")
+    wide = 2**27 + 1
+    assert wide < 2**31 <= wide * 16
+    strided = []
+    for launch in launches:
+        if launch["kernel"] in ("ce_ntl_rows", "scale_rows"):
+            names = getattr(triton_rows, launch["kernel"]).kernel.arg_names
+            for index, name in enumerate(names):
+                if name.endswith("column_stride"):
+                    assert launch["args"][index] == 24
+                    launch["args"][index] = wide
+            strided.append(launch)
+    variants = _compile_as_the_jit(strided, [90], ttir=True)
+    assert {v["kernel"] for v in variants} == {"ce_ntl_rows", "scale_rows"}
+    for variant in variants:
+        assert "error" not in variant, variant["error"]
+        # tt.addptr %pointers, %offsets : tensor<32x!tt.ptr<f32>>, tensor<32xi64>: the rows'
+        # blocks of 32 columns (the 10 number tokens are blocks of 16, int64 ids).
+        offsets = re.findall(
+            r"tt\.addptr .*: tensor<32x!tt\.ptr<\w+>>, tensor<32x(\w+)>", variant["ttir"]
+        )
+        assert offsets and set(offsets) == {"i64"}, (variant["kernel"], offsets)

@@ -147,3 +147,30 @@ def test_what_the_kernel_does_not_compute_stays_on_the_torch_path(device: torch.
         linear_cross_entropy_with_ntl(hidden, weight, labels, vocab, bias=bias, impl="triton")
     with pytest.raises(ValueError, match="impl must be one of"):
         linear_cross_entropy_with_ntl(hidden, weight, labels, vocab, impl="gpu")
+
+
+def test_float16_under_a_loss_scale_takes_the_pass_that_knows_it() -> None:
+    """float16 hidden states and weight, 16 tokens of a batch of 32,768, GradScaler's 2^16:
+    rounding each chunk's gradient before the scale arrives flushed most of it to 0, and
+    multiplying by the scale as a float16 number (2^16 is past float16's largest, 65,504) made
+    the gradients inf and NaN. float16 takes the pass that recomputes the logits in backward,
+    where the scale is known: the gradients within float16's precision of the float32
+    reference's. The Triton row kernel, which serves the gradient-in-forward pass only,
+    refuses it."""
+    vocab = make_vocab("chunks")
+    hidden, weight, _, labels = make_inputs("chunks", (2, 8), 17, torch.float32, False)
+    low = [t.detach().half().requires_grad_() for t in (hidden, weight)]
+    settings: dict[str, Any] = {"num_items_in_batch": 32768, "reweigh": True}
+    loss_scale = torch.tensor(2.0**16)
+    out = linear_cross_entropy_with_ntl(
+        *low, labels, vocab, chunk_size=4, ntl_weight=WEIGHT, **settings
+    )
+    grads = torch.autograd.grad(out.loss, low, loss_scale)
+    upcast = [t.detach().float().requires_grad_() for t in low]
+    ref, _ = reference(materialised_logits(*upcast, None), labels, vocab, **settings)
+    ref_grads = torch.autograd.grad(ref, upcast, loss_scale)
+    for grad, ref_grad in zip(grads, ref_grads, strict=True):
+        assert grad.dtype == torch.float16
+        assert float((grad.float() - ref_grad).norm() / ref_grad.norm()) < 2.0**-10
+    with pytest.raises(ValueError, match=r"does not compute the pass .*float16 with a gradient"):
+        linear_cross_entropy_with_ntl(*low, labels, vocab, impl="triton", **settings)

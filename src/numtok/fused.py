@@ -21,7 +21,8 @@ logits need a gradient, the forward pass computes it too
 (:mod:`numtok.kernels.gradient_in_forward`): the per-row coefficients come from
 :func:`loss_and_row_gradients`'s formulas, the NTL part from the number logits before the pass,
 and one pass over the logits turns each chunk into its rows of the gradient as soon as its
-log-sum-exp is known; backward scales it. Without a gradient one pass computes the statistics and
+log-sum-exp is known; backward scales it (float16: backward writes it, the upstream gradient
+known). Without a gradient one pass computes the statistics and
 :func:`combine_terms` the values; under ``torch.compile`` (and for differentiable
 ``loss_weights``) autograd runs through :func:`combine_terms` and the statistics' custom op, whose
 backward writes the gradient.
@@ -63,13 +64,19 @@ from numtok.kernels.dispatch import (
     triton_unsupported,
     unfused_by_default,
 )
-from numtok.kernels.gradient_in_forward import loss_with_gradient_in_forward
+from numtok.kernels.gradient_in_forward import (
+    WriteGradient,
+    gradient_waits_for_upstream,
+    loss_with_gradient_in_backward,
+    loss_with_gradient_in_forward,
+)
 from numtok.kernels.torch_rows import (
     compute_row_statistics,
     gather_rows,
     row_statistics,
     scale_rows_in_place,
     statistics_and_gradient,
+    write_row_gradient,
 )
 from numtok.vocab import NumberTables, NumberVocab
 
@@ -456,6 +463,45 @@ def _loss_and_gradient_into(
     return ce + ntl_weight * ntl, ce, ntl
 
 
+def _loss_then_gradient(
+    rows: _Rows,
+    tables: NumberTables,
+    spec: LossSpec,
+    ntl_weight: float,
+    num_items: torch.Tensor | int | None,
+    shape: torch.Size,
+    flat: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, WriteGradient]:
+    """The torch backend's pass for :func:`~numtok.kernels.gradient_in_forward.
+    loss_with_gradient_in_backward` (float16 logits): ``(loss, ce, ntl)`` of the logits ``flat``
+    (M, V) in one read, and the function that writes their gradient in backward, where the
+    upstream gradient ``u`` (one value, or one per row) multiplies the pieces ``∂L/∂lse``,
+    ``∂L/∂x[y]`` and ``∂L/∂z`` before :func:`~numtok.kernels.torch_rows.write_row_gradient`
+    rounds the gradient once. The pieces come again from the label's and the number logits
+    (a gather of N + 1 columns), not kept from forward (an (M, N) buffer)."""
+    dtype = compute_dtype(flat)
+    softcap = spec.logit_softcap
+    lse, target_logit, number_logits = compute_row_statistics(
+        flat, rows.target_ids, tables.ids, dtype, softcap
+    )
+    scales = reduction_scales(rows, spec, num_items)
+    terms = _number_terms(number_logits, rows, tables, spec, ntl_weight, scales)
+    ce, ntl = _row_losses(lse, target_logit, terms.base, terms.number_lse, rows, spec)
+    ce, ntl = reduce_terms(ce, ntl, rows, spec, num_items, shape)
+
+    def write(logits: torch.Tensor, gradient: torch.Tensor, upstream: torch.Tensor) -> None:
+        _, number_logits = gather_rows(logits, rows.target_ids, tables.ids, dtype, softcap)
+        terms = _number_terms(number_logits, rows, tables, spec, ntl_weight, scales)
+        grad_lse, grad_target, grad_numbers = _row_gradients(lse, terms, rows, spec, scales)
+        per_row = upstream.reshape(-1).to(dtype)  # (1,) or (M,)
+        write_row_gradient(
+            gradient, logits, lse, rows.target_ids, tables.ids, grad_lse * per_row,
+            grad_target * per_row, grad_numbers * per_row[:, None], softcap=softcap,
+        )  # fmt: skip
+
+    return ce + ntl_weight * ntl, ce, ntl, write
+
+
 def cross_entropy_with_ntl_from_tables(
     logits: torch.Tensor,
     labels: torch.Tensor,
@@ -507,6 +553,14 @@ def cross_entropy_with_ntl_from_tables(
     # through the row statistics: two opaque custom ops, the statistics in forward and the
     # logits' gradient in backward (one more read of the logits, into a fresh buffer).
     recompute = torch.compiler.is_compiling() or weights_need_grad
+    if needs_grad and not recompute and gradient_waits_for_upstream(logits.dtype):
+        then_write = functools.partial(
+            _loss_then_gradient, rows, tables, spec, ntl_weight, num_items, shape
+        )
+        loss, ce, ntl = loss_with_gradient_in_backward(
+            logits, spec.vocab_size, inplace_backward, then_write
+        )
+        return CEWithNTLOutput(loss=loss, ce=ce, ntl=ntl)
     if needs_grad and not recompute:
         compute = functools.partial(
             _loss_and_gradient_into, rows, tables, spec, ntl_weight, num_items, shape
@@ -603,7 +657,11 @@ def cross_entropy_with_ntl(
     raise). Without a gradient (evaluation, ``torch.no_grad()``), forward reads the logits once
     and writes nothing of their size. bfloat16/float16 logits are upcast one chunk at a time into
     a reused float32 buffer, never as a whole, and the gradient is rounded to their dtype once
-    (once more when the upstream gradient is not 1). Under ``torch.compile``, and when
+    (bfloat16: once more when the upstream gradient is not 1). float16 logits, whose range ends
+    where a unit-upstream gradient's small entries lie (2^-24), are read once more instead: the
+    gradient is written in backward, with the upstream gradient (a loss scale) known, rounded
+    once, into a fresh buffer or with ``inplace_backward`` into the logits. Under
+    ``torch.compile``, and when
     ``loss_weights`` require grad, the loss runs as two opaque custom ops instead, the statistics
     in forward and the gradient in backward (one more read of the logits). The computation
     itself never synchronises with the host; the argument checks do, once each: the label range

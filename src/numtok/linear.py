@@ -15,9 +15,10 @@ statistics (log-sum-exp, the label's logit, the N number-token logits; see
   products, as for the materialised logits.
 * **recompute in backward** (:mod:`numtok._linear_recompute`): for ``reduction="none"`` (the
   upstream gradient differs per position, so the weight's gradient cannot be summed before it is
-  known), for differentiable ``loss_weights``, under ``torch.compile`` (two custom ops in the
-  graph) and under saved-tensor hooks. Forward keeps the statistics; backward recomputes the
-  logits block by block of vocabulary columns. Four products.
+  known), for float16 (whose gradient entries, rounded before a loss scale multiplies them,
+  would flush to 0), for differentiable ``loss_weights``, under ``torch.compile`` (two custom
+  ops in the graph) and under saved-tensor hooks. Forward keeps the statistics; backward
+  recomputes the logits block by block of vocabulary columns. Four products.
 * **statistics only**: without gradients (evaluation, ``torch.no_grad()``), one product.
 
 Each chunk's row pass runs on the torch row passes (``impl="auto"``, on every device) or, with
@@ -53,6 +54,7 @@ from numtok._validation import (
 )
 from numtok.fused import CEWithNTLOutput, combine_terms, prepare_rows
 from numtok.kernels.dispatch import check_impl, resolve_impl, triton_unsupported
+from numtok.kernels.gradient_in_forward import gradient_waits_for_upstream
 from numtok.vocab import NumberTables, NumberVocab
 
 __all__ = [
@@ -252,7 +254,10 @@ def linear_cross_entropy_with_ntl_from_tables(
         hidden, weight, bias, labels, spec.vocab_size
     )
     rows_per_chunk = _check_chunk_size(chunk_size)
+    # float16 waits for the upstream gradient (GradScaler's 2^16) before rounding a gradient:
+    # the recompute pass, whose backward has it.
     in_forward = _gradients_in_forward(hidden, weight, bias, loss_weights, spec)
+    in_forward = in_forward and not gradient_waits_for_upstream(hidden.dtype)
     evaluation = not (
         torch.is_grad_enabled()
         and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
@@ -261,8 +266,8 @@ def linear_cross_entropy_with_ntl_from_tables(
     unsupported = triton_unsupported(spec, weights_need_grad=weights_need_grad)
     if unsupported is None and not (in_forward or (evaluation and not _compiling())):
         unsupported = (
-            "the pass that recomputes the logits in backward (reduction='none' with a gradient, "
-            "torch.compile, saved-tensor hooks)"
+            "the pass that recomputes the logits in backward (reduction='none' or float16 with "
+            "a gradient, torch.compile, saved-tensor hooks)"
         )
     backend = resolve_impl(impl, hidden.device, unsupported)
     # The Triton path checks the values on the GPU (no read-back to the host).

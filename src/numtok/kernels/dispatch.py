@@ -16,12 +16,21 @@ kernels, CPU ones under the interpreter; with ``torch``, the row passes on every
 (slow: for tests on small shapes) and is refused otherwise. Settings the Triton kernels do not
 compute (a callable ``kind``, ``loss_weights`` that require grad) take the torch path under
 ``$NUMTOK_IMPL=triton`` and are refused under ``impl="triton"``.
+
+Where the Triton kernels cannot run at all (triton missing, or failing to import; on CUDA a
+first launch failing: Triton's launcher needs a C compiler, and the device an architecture
+Triton compiles for; CPU tensors without the interpreter), ``impl="triton"`` raises an error
+that says why, and ``$NUMTOK_IMPL=triton`` takes the torch row passes with one
+``RuntimeWarning`` per device. The import and the first launch are tried once per device.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 import importlib.util
 import os
+import warnings
 from typing import Literal
 
 import torch
@@ -99,19 +108,45 @@ def resolve_impl(impl: str, device: torch.device, unsupported: str | None = None
     """``"torch"`` or ``"triton"``, the backend of numtok's row passes, for a validated ``impl``
     and tensors on ``device``; ``unsupported`` names a setting the Triton kernels do not compute
     (None: every setting is theirs). ``"auto"`` is ``"torch"`` unless ``$NUMTOK_IMPL`` says
-    ``triton``. Raises ``ValueError`` (or ``ModuleNotFoundError`` without triton) where Triton is
-    asked for and cannot run."""
-    if impl == "auto":
+    ``triton``, and then ``"torch"`` too where the kernels do not compute the settings or cannot
+    run on ``device`` (warned once per device). ``impl="triton"`` where they cannot raises:
+    ``ValueError`` for the settings or the device, ``ModuleNotFoundError`` without triton,
+    ``RuntimeError`` when triton or its first launch fails."""
+    chosen_by_auto = impl == "auto"
+    if chosen_by_auto:
         impl = _auto()
-        if impl == "triton" and unsupported is not None:
-            return "torch"
     if impl in ("auto", "torch"):
         return "torch"
     if unsupported is not None:
+        if chosen_by_auto:
+            return "torch"
         raise ValueError(
             f"impl='triton' does not compute {unsupported}; use impl='auto' (which takes the "
             "torch path for it) or impl='torch'"
         )
+    try:
+        _check_triton_runs(device)
+    except (ModuleNotFoundError, ValueError, RuntimeError) as error:
+        if not chosen_by_auto:
+            raise
+        if device not in _WARNED:
+            _WARNED.add(device)
+            warnings.warn(
+                f"${IMPL_VARIABLE}=triton, but {error}; computing with the torch row passes "
+                f"on {device} instead",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return "torch"
+    return "triton"
+
+
+#: The devices whose fall-back from ``$NUMTOK_IMPL=triton`` to torch has been warned of.
+_WARNED: set[torch.device] = set()
+
+
+def _check_triton_runs(device: torch.device) -> None:
+    """Raises where the Triton kernels cannot run on ``device``, with the reason."""
     if not triton_importable():
         raise ModuleNotFoundError(
             "impl='triton' needs triton: pip install triton (CUDA builds of torch ship it)",
@@ -123,4 +158,26 @@ def resolve_impl(impl: str, device: torch.device, unsupported: str | None = None
             "TRITON_INTERPRET=1 (before the first Triton call) to run the kernels in Triton's "
             "interpreter (slow, for tests), or use impl='torch'"
         )
-    return "triton"
+    # torch.compile cannot trace the first try (an import, a launch): a compiled graph's
+    # first launch raises where it would fail.
+    failure = None if torch.compiler.is_compiling() else _first_failure(device)
+    if failure is not None:
+        raise RuntimeError(
+            f"impl='triton' cannot run on {device}: {type(failure).__name__}: {failure}; use "
+            "impl='torch'"
+        ) from failure
+
+
+@functools.cache
+def _first_failure(device: torch.device) -> Exception | None:
+    """What failed when the Triton kernels were first tried on ``device`` (None: nothing): the
+    import of numtok's Triton modules (and so of triton, which can fail past its installation)
+    and, on CUDA, one launch (Triton compiles for the device's architecture and builds its
+    launcher with the host's C compiler). Tried once per device."""
+    try:
+        triton_loss = importlib.import_module("numtok.kernels.triton_loss")
+        if device.type == "cuda":
+            triton_loss.check_launch(device)
+    except Exception as error:  # a failure anywhere in triton's stack means: not here
+        return error
+    return None

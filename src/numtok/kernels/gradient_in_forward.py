@@ -1,4 +1,4 @@
-"""The autograd node of a loss whose forward pass also writes the logits' gradient.
+"""The autograd nodes of a loss whose logits' gradient is written in one pass over them.
 
 Cross-entropy + NTL reduced to a scalar is a sum of per-row terms whose scales are known before
 any logit is read, so a backend can write the logits' gradient for a unit upstream gradient in
@@ -7,6 +7,14 @@ Backward then only multiplies that buffer by the upstream gradient (a scalar, or
 row for ``reduction="none"``) and hands it out. Both backends (:mod:`numtok.kernels.torch_rows`,
 :mod:`numtok.kernels.triton_loss`) go through :func:`loss_with_gradient_in_forward`, each with
 its own pass and its own scaling.
+
+float16 cannot take that order (:func:`gradient_waits_for_upstream`): its smallest subnormal is
+2^-24, and a unit-upstream gradient entry ``softmax/num_items`` ((1/4,096)/32,768 = 7.5e-9)
+is 0 there before GradScaler's 2^16 arrives to lift it (95 % of a 4,096-column row's entries that
+``F.cross_entropy`` keeps, measured). :func:`loss_with_gradient_in_backward` computes the loss
+in forward (one read) and writes the gradient in backward, with the upstream gradient folded
+into its coefficients before anything is rounded (one more read and the write), as
+``F.cross_entropy`` does.
 """
 
 from __future__ import annotations
@@ -17,7 +25,15 @@ from typing import Any
 import torch
 from torch.autograd.function import once_differentiable
 
-__all__ = ["ComputeInto", "ScaleBy", "loss_with_gradient_in_forward"]
+__all__ = [
+    "ComputeInto",
+    "ComputeThenWrite",
+    "ScaleBy",
+    "WriteGradient",
+    "gradient_waits_for_upstream",
+    "loss_with_gradient_in_backward",
+    "loss_with_gradient_in_forward",
+]
 
 #: ``compute(flat_logits (M, V), gradient (M, V)) -> (loss, ce, ntl)``: the loss terms, with the
 #: logits' gradient for a unit upstream gradient written into ``gradient`` (which may be
@@ -28,6 +44,28 @@ ComputeInto = Callable[
 #: ``scale(gradient (M, V), upstream)`` multiplies the gradient in place by the upstream gradient
 #: of the loss (one value, or M values for ``reduction="none"``).
 ScaleBy = Callable[[torch.Tensor, torch.Tensor], None]
+#: ``write(flat_logits (M, V), gradient (M, V), upstream)`` writes the logits' gradient for the
+#: upstream gradient of the loss (one value, or M) into ``gradient`` (which may be
+#: ``flat_logits`` itself), rounded once to its dtype.
+WriteGradient = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
+#: ``compute(flat_logits (M, V)) -> (loss, ce, ntl, write)``: the loss terms, and the
+#: :data:`WriteGradient` of the same call for backward.
+ComputeThenWrite = Callable[
+    [torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor, WriteGradient]
+]
+
+_ONE_BACKWARD = (
+    "cross_entropy_with_ntl hands out the logits' gradient in the first backward; a second "
+    "backward through the same call (retain_graph=True) is not supported: call the loss again"
+)
+
+
+def gradient_waits_for_upstream(dtype: torch.dtype) -> bool:
+    """Whether logits of ``dtype`` get their gradient in backward, once the upstream gradient
+    is known (:func:`loss_with_gradient_in_backward`): float16, whose range ends at 2^-24, where
+    the unit-upstream entries of a loss divided by a batch's tokens already lie (bfloat16 has
+    float32's range)."""
+    return dtype == torch.float16
 
 
 class _GradientInForward(torch.autograd.Function):
@@ -64,11 +102,7 @@ class _GradientInForward(torch.autograd.Function):
     ) -> tuple[torch.Tensor | None, ...]:
         gradient = ctx.gradient
         if gradient is None:
-            raise RuntimeError(
-                "cross_entropy_with_ntl computes the logits' gradient in its forward pass and "
-                "hands it out in the first backward; a second backward through the same call "
-                "(retain_graph=True) is not supported: call the loss again"
-            )
+            raise RuntimeError(_ONE_BACKWARD)
         ctx.gradient = None
         ctx.scale(gradient, grad_loss)
         return gradient.view(ctx.logits_shape), None, None, None, None
@@ -81,5 +115,58 @@ def loss_with_gradient_in_forward(
     that ``compute`` wrote (scaled in backward by ``scale``)."""
     loss, ce, ntl = _GradientInForward.apply(  # type: ignore[no-untyped-call]
         logits, vocab_size, inplace, compute, scale
+    )
+    return loss, ce, ntl
+
+
+class _GradientInBackward(torch.autograd.Function):
+    """``(loss, ce, ntl)`` of ``logits`` (..., V); ``ce`` and ``ntl`` are not differentiable.
+    The logits are saved (version-checked: changed in place after the call, backward raises);
+    backward writes their gradient into a fresh (M, V) buffer or, with ``inplace``, into their
+    own storage, and can run once."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        logits: torch.Tensor,
+        vocab_size: int,
+        inplace: bool,
+        compute: ComputeThenWrite,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        loss, ce, ntl, write = compute(logits.reshape(-1, vocab_size))  # (M, V)
+        if inplace:
+            # Backward overwrites the logits: any other node that saved them fails loudly in
+            # its backward ("modified by an inplace operation"), as with the gradient written
+            # in forward.
+            torch.autograd.graph.increment_version(logits)
+        ctx.save_for_backward(logits)
+        ctx.write, ctx.vocab_size, ctx.inplace = write, vocab_size, inplace
+        ctx.mark_non_differentiable(ce, ntl)
+        return loss, ce, ntl
+
+    @staticmethod
+    @once_differentiable
+    def backward(
+        ctx: Any, grad_loss: torch.Tensor, *_: torch.Tensor
+    ) -> tuple[torch.Tensor | None, ...]:
+        if ctx.write is None:
+            raise RuntimeError(_ONE_BACKWARD)
+        write, ctx.write = ctx.write, None
+        (logits,) = ctx.saved_tensors
+        flat = (
+            logits.view(-1, ctx.vocab_size) if ctx.inplace else logits.reshape(-1, ctx.vocab_size)
+        )
+        gradient = flat if ctx.inplace else torch.empty_like(flat)
+        write(flat, gradient, grad_loss)
+        return gradient.view(logits.shape), None, None, None
+
+
+def loss_with_gradient_in_backward(
+    logits: torch.Tensor, vocab_size: int, inplace: bool, compute: ComputeThenWrite
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(loss, ce, ntl)`` from ``compute``, differentiable in ``logits`` through the
+    :data:`WriteGradient` it returns, which backward calls with the upstream gradient."""
+    loss, ce, ntl = _GradientInBackward.apply(  # type: ignore[no-untyped-call]
+        logits, vocab_size, inplace, compute
     )
     return loss, ce, ntl

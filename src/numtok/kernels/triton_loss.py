@@ -13,6 +13,11 @@ on CUDA one or two device-side asserts) and one in backward:
 4. in backward, ``scale_rows`` multiplies the gradient by the upstream gradient, and does
    nothing at all where that is exactly 1 (``loss.backward()``), decided on the device.
 
+float16 logits are the exception (:func:`~numtok.kernels.gradient_in_forward.
+gradient_waits_for_upstream`): step 2 writes no gradient, and backward runs ``ce_ntl_rows``
+from the saved log-sum-exp with the upstream gradient in its coefficients (one read, one write).
+Every launch runs with its tensors' GPU current (Triton launches on the current one).
+
 Without a gradient, step 2 writes no gradient (one read of the logits). Under ``torch.compile``
 the loss is one custom op (the per-row terms and their reduction, one read) whose backward is
 another (the gradient from the saved log-sum-exp and the upstream gradient, one read and one
@@ -26,6 +31,7 @@ cross-entropy does. These were chosen from the kernels' shape, not measured here
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any, NamedTuple
 
@@ -37,11 +43,22 @@ from numtok._ntl_maths import LossSpec, place_weights, smmd_tables_for
 from numtok._number_logits import compute_dtype
 from numtok._shift import shift_left
 from numtok.kernels import triton_rows
-from numtok.kernels.gradient_in_forward import loss_with_gradient_in_forward
+from numtok.kernels.gradient_in_forward import (
+    WriteGradient,
+    gradient_waits_for_upstream,
+    loss_with_gradient_in_backward,
+    loss_with_gradient_in_forward,
+)
 from numtok.kinds import DIST2, SMMDTables, uses_places
 from numtok.vocab import NumberTables
 
-__all__ = ["KIND_CODES", "ChunkRows", "cross_entropy_with_ntl", "scale_gradient"]
+__all__ = [
+    "KIND_CODES",
+    "ChunkRows",
+    "check_launch",
+    "cross_entropy_with_ntl",
+    "scale_gradient",
+]
 
 #: The named kinds the kernels compute, and their codes there (numtok.kinds: 4-6).
 KIND_CODES = {"was": 0, "mse": 1, "mae": 2, "huber": 3, "del": 4, "smmd": 5, "dist2": 6}
@@ -178,32 +195,44 @@ def _call(
     )
 
 
+def _on_the_gpu_of(tensor: torch.Tensor) -> contextlib.AbstractContextManager[Any]:
+    """The context to launch a kernel over tensors on ``tensor``'s device in. Triton launches
+    on the current CUDA device (its driver's ``get_current_device()``), not on its tensors', so
+    on CUDA the tensor's device is made current (logits on cuda:1 of a model split over GPUs,
+    with cuda:0 current, would be read on the wrong GPU); nothing elsewhere. A call's launches
+    take its labels' device (all its tensors share it: checked before)."""
+    if tensor.device.type == "cuda":
+        return torch.cuda.device(tensor.device)
+    return contextlib.nullcontext()
+
+
 def _prepare(call: _Call, vocab_size: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """``(scales (3,), status (2,))`` of :func:`~numtok.kernels.triton_rows.prepare_rows`."""
     scales = call.labels.new_empty(3, dtype=dtype)
     status = call.labels.new_empty(2, dtype=torch.int32)
     settings = call.settings
-    triton_rows.prepare_rows[(1,)](
-        call.labels,
-        call.labels if call.weights is None else call.weights,
-        call.tables.position_of_id,
-        call.labels if call.num_items is None else call.num_items,
-        scales,
-        status,
-        call.labels.numel(),
-        vocab_size,
-        settings.seq_len,
-        settings.ignore_index,
-        call.constants(dtype),
-        settings.denominator,
-        SHIFT=bool(settings.shift),
-        HAS_WEIGHTS=call.weights is not None,
-        SCALE_MODE=settings.scale_mode,
-        C=_triton_dtype(dtype),
-        TINY=torch.finfo(dtype).tiny,
-        BLOCK=_LABEL_BLOCK,
-        num_warps=4,
-    )
+    with _on_the_gpu_of(call.labels):
+        triton_rows.prepare_rows[(1,)](
+            call.labels,
+            call.labels if call.weights is None else call.weights,
+            call.tables.position_of_id,
+            call.labels if call.num_items is None else call.num_items,
+            scales,
+            status,
+            call.labels.numel(),
+            vocab_size,
+            settings.seq_len,
+            settings.ignore_index,
+            call.constants(dtype),
+            settings.denominator,
+            SHIFT=bool(settings.shift),
+            HAS_WEIGHTS=call.weights is not None,
+            SCALE_MODE=settings.scale_mode,
+            C=_triton_dtype(dtype),
+            TINY=torch.finfo(dtype).tiny,
+            BLOCK=_LABEL_BLOCK,
+            num_warps=4,
+        )
     return scales, status
 
 
@@ -222,14 +251,22 @@ def _assert_valid(status: torch.Tensor, call: _Call, vocab_size: int) -> None:
 
 
 def _row_launch(vocab_size: int, num_numbers: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
-    """``(BLOCK_V, BLOCK_K, BLOCK_J, num_warps)`` of a row program; float64 rows in half the
-    columns (twice the registers per value); SMMD's (K, K) kernel in tiles of ``BLOCK_K ×
-    BLOCK_J`` of at most 8,192 values."""
+    """``(BLOCK_V, BLOCK_K, BLOCK_J, num_warps)`` of a row program: ``BLOCK_V / 1,024`` warps,
+    at least 4 and at most :func:`_most_warps`; float64 rows in half the columns (twice the
+    registers per value); SMMD's (K, K) kernel in tiles of ``BLOCK_K × BLOCK_J`` of at most
+    8,192 values."""
     widest = _MAX_BLOCK_V // 2 if dtype == torch.float64 else _MAX_BLOCK_V
     block_v = min(triton.next_power_of_2(vocab_size), widest)
     block_k = triton.next_power_of_2(max(1, num_numbers))
     block_j = max(2, min(block_k, _PAIR_TILE // block_k))
-    return block_v, block_k, block_j, min(32, max(4, block_v // 1024))
+    return block_v, block_k, block_j, min(_most_warps(), max(4, block_v // 1024))
+
+
+def _most_warps() -> int:
+    """The warps of a program of 1,024 threads, the most a GPU launches: 32 of 32 threads on
+    NVIDIA GPUs, 16 wavefronts of 64 on AMD's (a ROCm build of torch: ``torch.version.hip``),
+    32 columns a thread either way at the widest block."""
+    return 16 if torch.version.hip else 32
 
 
 def _launch_rows(
@@ -255,54 +292,56 @@ def _launch_rows(
     output = logits if gradient is None else gradient
     constants = call.constants(lse.dtype)
     smmd = call.smmd or SMMDTables(constants, constants, constants)
-    triton_rows.ce_ntl_rows[(num_rows,)](
-        logits,
-        logits.stride(0),
-        logits.stride(1),
-        output,
-        output.stride(0),
-        output.stride(1),
-        call.labels,
-        call.labels if call.weights is None else call.weights,
-        tables.position_of_id,
-        tables.ids,
-        tables.scaled_values,
-        tables.groups,
-        constants if call.place is None else call.place,
-        smmd.kernel,
-        smmd.degree,
-        smmd.coefficients,
-        lse,
-        ce_rows,
-        ntl_rows,
-        scales,
-        scales if upstream is None else upstream,
-        upstream_stride,
-        vocab_size,
-        tables.ids.numel(),
-        settings.seq_len,
-        settings.ignore_index,
-        constants,
-        first_row,
-        KIND=settings.kind,
-        SQUASH=bool(settings.squash),
-        REWEIGH=bool(settings.reweigh),
-        SHIFT=bool(settings.shift),
-        HAS_WEIGHTS=call.weights is not None,
-        HAS_PLACE=call.place is not None,
-        SINGLE_GROUP=bool(settings.single_group),
-        SOFTCAP=bool(settings.softcap),
-        LSE_KNOWN=upstream is not None,
-        WRITE_GRAD=gradient is not None,
-        HAS_UPSTREAM=upstream is not None,
-        ROW_ON_CHIP=block_v >= vocab_size,
-        C=_triton_dtype(lse.dtype),
-        FINITE_MIN=torch.finfo(lse.dtype).min,
-        BLOCK_V=block_v,
-        BLOCK_K=block_k,
-        BLOCK_J=block_j,
-        num_warps=num_warps,
-    )
+    with _on_the_gpu_of(call.labels):
+        triton_rows.ce_ntl_rows[(num_rows,)](
+            logits,
+            logits.stride(0),
+            logits.stride(1),
+            output,
+            output.stride(0),
+            output.stride(1),
+            call.labels,
+            call.labels if call.weights is None else call.weights,
+            tables.position_of_id,
+            tables.ids,
+            tables.scaled_values,
+            tables.groups,
+            constants if call.place is None else call.place,
+            smmd.kernel,
+            smmd.degree,
+            smmd.coefficients,
+            lse,
+            ce_rows,
+            ntl_rows,
+            scales,
+            scales if upstream is None else upstream,
+            upstream_stride,
+            vocab_size,
+            tables.ids.numel(),
+            settings.seq_len,
+            settings.ignore_index,
+            constants,
+            first_row,
+            KIND=settings.kind,
+            SQUASH=bool(settings.squash),
+            REWEIGH=bool(settings.reweigh),
+            SHIFT=bool(settings.shift),
+            HAS_WEIGHTS=call.weights is not None,
+            HAS_PLACE=call.place is not None,
+            SINGLE_GROUP=bool(settings.single_group),
+            SOFTCAP=bool(settings.softcap),
+            LSE_KNOWN=upstream is not None,
+            WRITE_GRAD=gradient is not None,
+            HAS_UPSTREAM=upstream is not None,
+            ROW_ON_CHIP=block_v >= vocab_size,
+            STRIDED_COLUMNS=logits.stride(1) != 1 or output.stride(1) != 1,
+            C=_triton_dtype(lse.dtype),
+            FINITE_MIN=torch.finfo(lse.dtype).min,
+            BLOCK_V=block_v,
+            BLOCK_K=block_k,
+            BLOCK_J=block_j,
+            num_warps=num_warps,
+        )
 
 
 def _reduce(
@@ -312,19 +351,20 @@ def _reduce(
     if call.reduction == "none":
         return torch.add(ce_rows, ntl_rows, alpha=call.float_settings[0]), ce_rows, ntl_rows
     loss, ce, ntl = (ce_rows.new_empty(()) for _ in range(3))
-    triton_rows.sum_terms[(1,)](
-        ce_rows,
-        ntl_rows,
-        scales,
-        loss,
-        ce,
-        ntl,
-        ce_rows.numel(),
-        call.constants(ce_rows.dtype),
-        C=_triton_dtype(ce_rows.dtype),
-        BLOCK=_LABEL_BLOCK,
-        num_warps=4,
-    )
+    with _on_the_gpu_of(call.labels):
+        triton_rows.sum_terms[(1,)](
+            ce_rows,
+            ntl_rows,
+            scales,
+            loss,
+            ce,
+            ntl,
+            ce_rows.numel(),
+            call.constants(ce_rows.dtype),
+            C=_triton_dtype(ce_rows.dtype),
+            BLOCK=_LABEL_BLOCK,
+            num_warps=4,
+        )
     return loss, ce, ntl
 
 
@@ -370,6 +410,21 @@ def _terms_into(
     return _terms(call, logits, gradient)[:3]
 
 
+def _terms_then_gradient(
+    call: _Call, logits: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, WriteGradient]:
+    """``(loss, ce, ntl)`` of the logits (M, V) without a gradient (one read), and the function
+    that writes their gradient in backward: ``ce_ntl_rows`` from the saved log-sum-exp with the
+    upstream gradient in its coefficients (one read, one write; for float16 logits)."""
+    loss, ce, ntl, lse, scales = _terms(call, logits, None)
+
+    def write(logits: torch.Tensor, gradient: torch.Tensor, upstream: torch.Tensor) -> None:
+        if logits.shape[0]:
+            _launch_rows(call, logits, gradient, scales, lse, lse, lse, upstream.reshape(-1))
+
+    return loss, ce, ntl, write
+
+
 def _in_labels_shape(
     call: _Call, terms: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -389,17 +444,27 @@ def scale_gradient(gradient: torch.Tensor, upstream: torch.Tensor) -> None:
     block_v = min(triton.next_power_of_2(vocab_size), 1 << 13)
     if num_rows == 0:
         return
-    triton_rows.scale_rows[(num_rows,)](
-        gradient,
-        gradient.stride(0),
-        gradient.stride(1),
-        upstream,
-        0 if upstream.numel() == 1 else upstream.stride(0),
-        vocab_size,
-        C=_triton_dtype(gradient.dtype),
-        BLOCK_V=block_v,
-        num_warps=min(8, max(1, block_v // 256)),
-    )
+    with _on_the_gpu_of(gradient):
+        triton_rows.scale_rows[(num_rows,)](
+            gradient,
+            gradient.stride(0),
+            gradient.stride(1),
+            upstream,
+            0 if upstream.numel() == 1 else upstream.stride(0),
+            vocab_size,
+            STRIDED_COLUMNS=gradient.stride(1) != 1,
+            C=_triton_dtype(gradient.dtype),
+            BLOCK_V=block_v,
+            num_warps=min(8, max(1, block_v // 256)),
+        )
+
+
+def check_launch(device: torch.device) -> None:
+    """One launch on ``device`` (``scale_rows`` on a (1, 1) tensor): Triton compiles for the
+    device's architecture and builds its launcher with the host's C compiler at a first
+    launch, so that what fails there fails here, before any loss (see
+    :func:`numtok.kernels.dispatch.resolve_impl`)."""
+    scale_gradient(torch.zeros(1, 1, device=device), torch.full((1,), 2.0, device=device))
 
 
 # ---------------------------------------------------------------------- torch.compile custom ops
@@ -630,6 +695,9 @@ def cross_entropy_with_ntl(
     call = _call(logits.device, dtype, labels, loss_weights, tables, spec, ntl_weight, num_items)
     if torch.compiler.is_compiling():
         terms = _compiled(call, logits, spec.vocab_size)
+    elif needs_grad and gradient_waits_for_upstream(logits.dtype):
+        then_write = functools.partial(_terms_then_gradient, call)
+        terms = loss_with_gradient_in_backward(logits, spec.vocab_size, inplace, then_write)
     elif needs_grad:
         compute = functools.partial(_terms_into, call)
         terms = loss_with_gradient_in_forward(

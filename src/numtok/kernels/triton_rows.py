@@ -133,7 +133,8 @@ def prepare_rows(
             targets += tl.where(is_target, 1.0, 0.0).to(C)
             number_weight += tl.where(is_number, weight, 0.0)
     if SCALE_MODE == 0:
-        ce_scale = 1.0 / denominator.to(C)
+        # tl.cast, not denominator.to: the JIT passes a denominator of 1 as the Python int 1.
+        ce_scale = 1.0 / tl.cast(denominator, C)
         ntl_scale = ce_scale
     elif SCALE_MODE == 1:
         ce_scale = 1.0 / tl.load(num_items_ptr).to(C)
@@ -166,11 +167,33 @@ def _cap_slope(capped, softcap):
 
 
 @triton.jit
-def _row_block(row_logits, columns, V, column_stride, softcap, SOFTCAP: tl.constexpr, C):
+def _column_offsets(columns, column_stride, STRIDED_COLUMNS: tl.constexpr):
+    """``columns · column_stride`` in int64 with ``STRIDED_COLUMNS`` (a stride other than 1,
+    such as the rows of a transposed buffer, whose ``stride · V`` passes 2^31 once M·V does:
+    int32 would wrap), else ``columns`` (a unit stride; they stay below V)."""
+    if STRIDED_COLUMNS:  # noqa: SIM108 (a compile-time branch: the other one is not compiled)
+        offsets = columns.to(tl.int64) * column_stride
+    else:
+        offsets = columns
+    return offsets
+
+
+@triton.jit
+def _row_block(
+    row_logits,
+    columns,
+    V,
+    column_stride,
+    softcap,
+    SOFTCAP: tl.constexpr,
+    C,
+    STRIDED_COLUMNS: tl.constexpr,
+):
     """The logits of one row at ``columns`` in the compute dtype ``C``, soft-capped with
     ``SOFTCAP``; -inf at columns beyond V."""
     inside = columns < V
-    block = tl.load(row_logits + columns * column_stride, mask=inside, other=float("-inf")).to(C)
+    at = row_logits + _column_offsets(columns, column_stride, STRIDED_COLUMNS)
+    block = tl.load(at, mask=inside, other=float("-inf")).to(C)
     if SOFTCAP:
         block = tl.where(inside, _soft_capped(block, softcap), float("-inf"))
     return block
@@ -207,9 +230,9 @@ def _number_terms(
 
     * WAS: ``ℓ = Σ_j p_j d_j``, ``d_j = |ṽ_j - ỹ|`` within the label's group, ``D`` outside,
       squashed to ``1 + (d - d_min)·slope`` (0 stays 0); ``∂ℓ/∂z_j = p_j (d_j - ℓ)``.
-    * Lp: ``ℓ = P·f(ŷ, ỹ) + (1 - P)·D_f`` with ``q`` the softmax within the group, ``P`` its
-      share of the number mass and ``ŷ = Σ q_j ṽ_j``; with ``1_j`` = token j is in the group,
-      ``∂P/∂z_j = p_j (1_j - P)`` and ``P·∂ŷ/∂z_j = p_j (ṽ_j - ŷ) 1_j``, so
+    * Lp: ``ℓ = P·f(ŷ, ỹ) + (1 - P)·D_f`` with ``q`` the softmax within the group (of ``z``
+      there), ``P`` its share of the number mass and ``ŷ = Σ q_j ṽ_j``; with ``1_j`` = token j
+      is in the group, ``∂P/∂z_j = p_j (1_j - P)`` and ``P·∂ŷ/∂z_j = p_j (ṽ_j - ŷ) 1_j``, so
       ``∂ℓ/∂z_j = p_j (1_j - P)(f - D_f) + f'(ŷ)·p_j (ṽ_j - ŷ) 1_j``.
     """
     number_lse, probs = _number_softmax(z)
@@ -225,9 +248,13 @@ def _number_terms(
         base = tl.sum(probs * distance, 0)
         grad_base = probs * (distance - base)
     else:
-        in_group_probs = tl.where(same, probs, 0.0)
-        share = tl.sum(in_group_probs, 0)
-        prediction = tl.sum(in_group_probs * values, 0) / share
+        # ŷ from the softmax within the group, taken from the group's own maximum: P is 0 in
+        # float32 for a length whose logits lie over 103 below another's, and Σ_G p_j ṽ_j / P
+        # would be 0/0 there; ŷ stays the group's mean and ℓ = D_f (float64's limit).
+        group_z = tl.where(same, z, float("-inf"))
+        in_group_exp = tl.exp(group_z - tl.max(group_z, 0))
+        prediction = tl.sum(in_group_exp * values, 0) / tl.sum(in_group_exp, 0)
+        share = tl.sum(tl.where(same, probs, 0.0), 0)
         error = prediction - target_value
         if KIND == 1:
             cost = error * error
@@ -462,6 +489,7 @@ def ce_ntl_rows(
     WRITE_GRAD: tl.constexpr,
     HAS_UPSTREAM: tl.constexpr,
     ROW_ON_CHIP: tl.constexpr,
+    STRIDED_COLUMNS: tl.constexpr,
     C: tl.constexpr,
     FINITE_MIN: tl.constexpr,
     BLOCK_V: tl.constexpr,
@@ -474,12 +502,13 @@ def ce_ntl_rows(
     where the label is ignored) and NTL (reweighed when ``REWEIGH``, times the loss weight; 0
     where the label is no number token) unless ``LSE_KNOWN`` (then ``lse`` is read), and with
     ``WRITE_GRAD`` its row of the gradient (m, V) (``grad_ptr`` may be ``logits_ptr``).
-    ``ROW_ON_CHIP`` when ``BLOCK_V >= V``; ``constants = (ntl_weight, D, max distance, nearest
-    distance, squash slope, soft cap, DIST2's τ)`` in the compute dtype ``C``. ``HAS_PLACE``:
-    the place weights (M,) of DEL and DIST2 multiply each row's ℓ; SMMD (``KIND`` 5) reads its
-    kernel (K, K), degrees (K,) and ``(A, B)`` from the ``pair_*`` pointers, ``BLOCK_J`` kernel
-    columns at a time. With ``SOFTCAP`` the row is
-    read as ``c·tanh(x/c)`` everywhere and the gradient carries the cap's slope ``1 - (x'/c)²``.
+    ``ROW_ON_CHIP`` when ``BLOCK_V >= V``; ``STRIDED_COLUMNS`` when the logits or the gradient
+    have a column stride other than 1 (offsets in int64); ``constants = (ntl_weight, D, max
+    distance, nearest distance, squash slope, soft cap, DIST2's τ)`` in the compute dtype ``C``.
+    ``HAS_PLACE``: the place weights (M,) of DEL and DIST2 multiply each row's ℓ; SMMD (``KIND``
+    5) reads its kernel (K, K), degrees (K,) and ``(A, B)`` from the ``pair_*`` pointers,
+    ``BLOCK_J`` kernel columns at a time. With ``SOFTCAP`` the row is read as ``c·tanh(x/c)``
+    everywhere and the gradient carries the cap's slope ``1 - (x'/c)²``.
     """
     max_cost = tl.load(constants_ptr + 1)
     max_distance = tl.load(constants_ptr + 2)
@@ -577,7 +606,9 @@ def ce_ntl_rows(
     # Pass 1: the online log-sum-exp; a row of one block stays in registers for pass 2.
     if ROW_ON_CHIP:
         columns = tl.arange(0, BLOCK_V)
-        x = _row_block(row_logits, columns, V, logits_column_stride, softcap, SOFTCAP, C)
+        x = _row_block(
+            row_logits, columns, V, logits_column_stride, softcap, SOFTCAP, C, STRIDED_COLUMNS
+        )
     if LSE_KNOWN:
         lse = tl.load(lse_ptr + position_of_row).to(C)
     else:
@@ -591,8 +622,9 @@ def ce_ntl_rows(
             for start in range(0, V, BLOCK_V):
                 columns = start + tl.arange(0, BLOCK_V)
                 block = _row_block(
-                    row_logits, columns, V, logits_column_stride, softcap, SOFTCAP, C
-                )
+                    row_logits, columns, V, logits_column_stride, softcap, SOFTCAP, C,
+                    STRIDED_COLUMNS,
+                )  # fmt: skip
                 new_peak = tl.maximum(peak, tl.max(block, 0))
                 shift = tl.where(new_peak == minus_inf, 0.0, new_peak)
                 total = total * tl.exp(peak - shift) + tl.sum(tl.exp(block - shift), 0)
@@ -639,19 +671,20 @@ def ce_ntl_rows(
             dense = softmax_scale * tl.exp(x - finite_lse)
             if SOFTCAP:
                 dense *= _cap_slope(x, softcap)
-            tl.store(row_grad + columns * grad_column_stride, dense.to(out_dtype), mask=columns < V)
+            at = row_grad + _column_offsets(columns, grad_column_stride, STRIDED_COLUMNS)
+            tl.store(at, dense.to(out_dtype), mask=columns < V)
         else:
             for start in range(0, V, BLOCK_V):
                 columns = start + tl.arange(0, BLOCK_V)
                 block = _row_block(
-                    row_logits, columns, V, logits_column_stride, softcap, SOFTCAP, C
-                )
+                    row_logits, columns, V, logits_column_stride, softcap, SOFTCAP, C,
+                    STRIDED_COLUMNS,
+                )  # fmt: skip
                 dense = softmax_scale * tl.exp(block - finite_lse)
                 if SOFTCAP:
                     dense *= _cap_slope(block, softcap)
-                tl.store(
-                    row_grad + columns * grad_column_stride, dense.to(out_dtype), mask=columns < V
-                )
+                at = row_grad + _column_offsets(columns, grad_column_stride, STRIDED_COLUMNS)
+                tl.store(at, dense.to(out_dtype), mask=columns < V)
         # The sparse columns, after every dense store of this program: the label's and the number
         # tokens' entries overwritten with dense + fix-up, computed from the values read before
         # the dense pass (which may have overwritten the logits).
@@ -708,18 +741,20 @@ def scale_rows(
     upstream_ptr,
     upstream_stride,
     V,
+    STRIDED_COLUMNS: tl.constexpr,
     C: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
     """Row ``program_id(0)`` of the gradient (M, V) times its upstream gradient (row stride 0:
     one value for all rows), in the compute dtype, rounded once; a row whose upstream gradient
-    is exactly 1 is not touched (the loop runs 0 times)."""
+    is exactly 1 is not touched (the loop runs 0 times). ``STRIDED_COLUMNS``: a column stride
+    other than 1 (offsets in int64)."""
     row = tl.program_id(0).to(tl.int64)
     upstream = tl.load(upstream_ptr + row * upstream_stride).to(C)
     row_grad = grad_ptr + row * grad_row_stride
     columns_to_scale = tl.where(upstream == 1.0, 0, V)
     for start in range(0, columns_to_scale, BLOCK_V):
         columns = start + tl.arange(0, BLOCK_V)
-        at = row_grad + columns * grad_column_stride
+        at = row_grad + _column_offsets(columns, grad_column_stride, STRIDED_COLUMNS)
         block = tl.load(at, mask=columns < V, other=0.0).to(C)
         tl.store(at, (block * upstream).to(grad_ptr.dtype.element_ty), mask=columns < V)
