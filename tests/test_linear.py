@@ -513,3 +513,28 @@ def test_entropy_and_top1_take_the_first_of_equal_maxima() -> None:
     assert is_top1.tolist() == [True, False, True]
     probs = torch.softmax(logits, dim=-1)
     torch.testing.assert_close(entropy, -(probs * probs.log()).sum(-1))
+
+
+def test_a_large_upstream_gradient_is_not_rounded_to_the_weights_dtype() -> None:
+    """Backward multiplies the gradients computed in forward by the upstream gradient without
+    rounding that factor to float16 (2^16, a loss scale, would be inf there)."""
+    vocab = make_vocab("digits")
+    hidden, weight, _, labels = make_inputs("digits", shape=(2, 5), seed=9, with_bias=False)
+    low = [t.detach().half().requires_grad_() for t in (hidden, weight)]
+    out = linear_loss_and_row_terms(
+        low[0], low[1], labels, vocab.tables(), _SPEC_DIGITS, WEIGHT, None, None
+    )[0]
+    (out.loss * 2.0**16).backward()
+    reference = linear_cross_entropy_with_ntl(hidden, weight, labels, vocab, ntl_weight=WEIGHT)
+    expected = torch.autograd.grad(reference.loss * 2.0**16, (hidden, weight))
+    for got, want in zip((low[0].grad, low[1].grad), expected, strict=True):
+        assert got is not None and bool(torch.isfinite(got).all())
+        torch.testing.assert_close(
+            got.double(), want, rtol=2e-2, atol=2e-2 * float(want.abs().max())
+        )
+
+
+_SPEC_DIGITS = LossSpec.build(
+    make_vocab("digits"), kind="was", reweigh=False, squash_factor=None, ignore_index=-100,
+    reduction="mean", shift=False,
+)  # fmt: skip

@@ -230,7 +230,9 @@ class _LossWithGradients(torch.autograd.Function):
     def backward(
         ctx: Any, grad_loss: torch.Tensor, *_: torch.Tensor
     ) -> tuple[torch.Tensor | None, ...]:
-        scaled = [None if g is None else g * grad_loss.to(g.dtype) for g in ctx.saved_tensors]
+        # The upstream gradient stays in its own dtype: a 0-dim factor does not promote the
+        # product, which is computed in float32 and rounded once (2^16 would be inf in float16).
+        scaled = [None if g is None else g * grad_loss for g in ctx.saved_tensors]
         return (*scaled, None, None, None)
 
 
