@@ -5,12 +5,14 @@ the float64 reference are in test_fused.py (every reference case, both dtypes)."
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import pytest
 import torch
 
 from numtok.fused import cross_entropy_with_ntl
+from numtok.kernels.gradient_in_forward import gradient_in_backward
 
 from cases import make_batch, make_vocab
 from test_fused import reference
@@ -167,3 +169,29 @@ def test_inplace_backward_must_be_a_bool() -> None:
     logits, labels = batch()
     with pytest.raises(TypeError, match="inplace_backward must be a bool"):
         loss_of(logits, labels, inplace_backward=1)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "reduction", "autocast", "in_backward"),
+    [
+        (torch.float32, "mean", None, False),
+        (torch.bfloat16, "sum", None, False),
+        (torch.bfloat16, "mean", torch.bfloat16, False),
+        (torch.float16, "mean", None, True),
+        (torch.float32, "none", None, True),
+        (torch.bfloat16, "mean", torch.float16, True),
+    ],
+)
+def test_the_gradient_waits_for_backward_where_the_upstream_gradient_will_not_be_1(
+    dtype: torch.dtype, reduction: str, autocast: torch.dtype | None, in_backward: bool
+) -> None:
+    """Forward writes the gradient (2 passes over the logits for an upstream gradient of 1, 4
+    otherwise) unless it knows the upstream gradient will not be 1: float16 logits, a loss per
+    position, a scalar loss under float16 autocast (GradScaler's scale); then backward writes
+    it (3 passes, rounded once)."""
+    logits = torch.zeros(2, 3, dtype=dtype)
+    context = (
+        torch.autocast("cpu", dtype=autocast) if autocast is not None else contextlib.nullcontext()
+    )
+    with context:
+        assert gradient_in_backward(logits, reduction) is in_backward

@@ -21,9 +21,9 @@ logits need a gradient, the forward pass computes it too
 (:mod:`numtok.kernels.gradient_in_forward`): the per-row coefficients come from
 :func:`loss_and_row_gradients`'s formulas, the NTL part from the number logits before the pass,
 and one pass over the logits turns each chunk into its rows of the gradient as soon as its
-log-sum-exp is known; backward scales it (float16: backward writes it, the upstream gradient
-known). Without a gradient one pass computes the statistics and
-:func:`combine_terms` the values; under ``torch.compile`` (and for differentiable
+log-sum-exp is known; backward scales it (float16, ``reduction="none"`` and float16 autocast:
+backward writes it, the upstream gradient known). Without a gradient one pass computes the
+statistics and :func:`combine_terms` the values; under ``torch.compile`` (and for differentiable
 ``loss_weights``) autograd runs through :func:`combine_terms` and the statistics' custom op, whose
 backward writes the gradient.
 """
@@ -66,7 +66,7 @@ from numtok.kernels.dispatch import (
 )
 from numtok.kernels.gradient_in_forward import (
     WriteGradient,
-    gradient_waits_for_upstream,
+    gradient_in_backward,
     loss_with_gradient_in_backward,
     loss_with_gradient_in_forward,
 )
@@ -473,12 +473,14 @@ def _loss_then_gradient(
     flat: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, WriteGradient]:
     """The torch backend's pass for :func:`~numtok.kernels.gradient_in_forward.
-    loss_with_gradient_in_backward` (float16 logits): ``(loss, ce, ntl)`` of the logits ``flat``
-    (M, V) in one read, and the function that writes their gradient in backward, where the
-    upstream gradient ``u`` (one value, or one per row) multiplies the pieces ``∂L/∂lse``,
-    ``∂L/∂x[y]`` and ``∂L/∂z`` before :func:`~numtok.kernels.torch_rows.write_row_gradient`
-    rounds the gradient once. The pieces come again from the label's and the number logits
-    (a gather of N + 1 columns), not kept from forward (an (M, N) buffer)."""
+    loss_with_gradient_in_backward` (where :func:`~numtok.kernels.gradient_in_forward.
+    gradient_in_backward` chooses it: float16 logits, ``reduction="none"``, float16 autocast):
+    ``(loss, ce, ntl)`` of the logits ``flat`` (M, V) in one read, and the function that writes
+    their gradient in backward, where the upstream gradient ``u`` (one value, or one per row)
+    multiplies the pieces ``∂L/∂lse``, ``∂L/∂x[y]`` and ``∂L/∂z`` before
+    :func:`~numtok.kernels.torch_rows.write_row_gradient` rounds the gradient once. The pieces
+    come again from the label's and the number logits (a gather of N + 1 columns), not kept
+    from forward (an (M, N) buffer)."""
     dtype = compute_dtype(flat)
     softcap = spec.logit_softcap
     lse, target_logit, number_logits = compute_row_statistics(
@@ -553,7 +555,7 @@ def cross_entropy_with_ntl_from_tables(
     # through the row statistics: two opaque custom ops, the statistics in forward and the
     # logits' gradient in backward (one more read of the logits, into a fresh buffer).
     recompute = torch.compiler.is_compiling() or weights_need_grad
-    if needs_grad and not recompute and gradient_waits_for_upstream(logits.dtype):
+    if needs_grad and not recompute and gradient_in_backward(logits, spec.reduction):
         then_write = functools.partial(
             _loss_then_gradient, rows, tables, spec, ntl_weight, num_items, shape
         )
@@ -657,11 +659,13 @@ def cross_entropy_with_ntl(
     raise). Without a gradient (evaluation, ``torch.no_grad()``), forward reads the logits once
     and writes nothing of their size. bfloat16/float16 logits are upcast one chunk at a time into
     a reused float32 buffer, never as a whole, and the gradient is rounded to their dtype once
-    (bfloat16: once more when the upstream gradient is not 1). float16 logits, whose range ends
-    where a unit-upstream gradient's small entries lie (2^-24), are read once more instead: the
-    gradient is written in backward, with the upstream gradient (a loss scale) known, rounded
-    once, into a fresh buffer or with ``inplace_backward`` into the logits. Under
-    ``torch.compile``, and when
+    (bfloat16: once more when a scalar loss's upstream gradient is not 1). Where forward knows
+    that the upstream gradient will not be 1 (:func:`~numtok.kernels.gradient_in_forward.
+    gradient_in_backward`: ``reduction="none"``, float16 autocast's loss scale) and for float16
+    logits, whose range ends where a unit-upstream gradient's small entries lie (2^-24), the
+    logits are read once more instead: the gradient is written in backward, with the upstream
+    gradient known, rounded once, into a fresh buffer or with ``inplace_backward`` into the
+    logits. Under ``torch.compile``, and when
     ``loss_weights`` require grad, the loss runs as two opaque custom ops instead, the statistics
     in forward and the gradient in backward (one more read of the logits). The computation
     itself never synchronises with the host; the argument checks do, once each: the label range

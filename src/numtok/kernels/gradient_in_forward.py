@@ -15,6 +15,13 @@ is 0 there before GradScaler's 2^16 arrives to lift it (95 % of a 4,096-column r
 in forward (one read) and writes the gradient in backward, with the upstream gradient folded
 into its coefficients before anything is rounded (one more read and the write), as
 ``F.cross_entropy`` does.
+
+The same order is also the cheaper one wherever it is known in forward that the upstream
+gradient ``u`` will not be exactly 1 (:func:`gradient_in_backward`). Counted in passes over
+(M, V), a read or a write each: the gradient written in forward costs 2 when ``u = 1`` (one read,
+one write, backward does nothing) and 4 otherwise (backward reads and writes the gradient again
+to scale it); written in backward it costs 3 whatever ``u`` is (a read in forward; a read and the
+write in backward, ``u`` folded into the per-row coefficients, rounded once).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ __all__ = [
     "ComputeThenWrite",
     "ScaleBy",
     "WriteGradient",
+    "gradient_in_backward",
     "gradient_waits_for_upstream",
     "loss_with_gradient_in_backward",
     "loss_with_gradient_in_forward",
@@ -66,6 +74,35 @@ def gradient_waits_for_upstream(dtype: torch.dtype) -> bool:
     the unit-upstream entries of a loss divided by a batch's tokens already lie (bfloat16 has
     float32's range)."""
     return dtype == torch.float16
+
+
+def gradient_in_backward(logits: torch.Tensor, reduction: str) -> bool:
+    """Whether the loss of ``logits`` writes their gradient in backward
+    (:func:`loss_with_gradient_in_backward`: 3 passes over (M, V) for any upstream gradient
+    ``u``) rather than in forward (:func:`loss_with_gradient_in_forward`: 2 passes for ``u = 1``,
+    4 otherwise), from what is known when forward runs, without reading anything back from the
+    device:
+
+    * float16 logits (:func:`gradient_waits_for_upstream`): for their range, whatever ``u``;
+    * ``reduction="none"``: ``u`` is one value per position (a weighting, a sum divided by a
+      count), practically never all exactly 1;
+    * a scalar loss computed under float16 autocast on the logits' device: float16 training
+      scales the loss with a GradScaler (``u`` = its scale, 2^16 at first, a power of two), as
+      it must for float16's range; without one this costs one pass more than needed (3, not 2).
+
+    Every other scalar loss (``loss.backward()`` in bfloat16 or float32, which need no loss
+    scale) writes the gradient in forward: for ``u = 1`` that is the least traffic there is,
+    and backward decides on the device whether to scale. A loss divided afterwards (by the
+    accumulation steps) pays the 4 passes; folding that division into ``num_items_in_batch``
+    (the tokens of all micro-batches) keeps ``u = 1``."""
+    if gradient_waits_for_upstream(logits.dtype) or reduction == "none":
+        return True
+    device = logits.device.type
+    return (
+        torch.amp.is_autocast_available(device)
+        and torch.is_autocast_enabled(device)
+        and torch.get_autocast_dtype(device) == torch.float16
+    )
 
 
 class _GradientInForward(torch.autograd.Function):

@@ -13,10 +13,14 @@ on CUDA one or two device-side asserts) and one in backward:
 4. in backward, ``scale_rows`` multiplies the gradient by the upstream gradient, and does
    nothing at all where that is exactly 1 (``loss.backward()``), decided on the device.
 
-float16 logits are the exception (:func:`~numtok.kernels.gradient_in_forward.
-gradient_waits_for_upstream`): step 2 writes no gradient, and backward runs ``ce_ntl_rows``
-from the saved log-sum-exp with the upstream gradient in its coefficients (one read, one write).
-Every launch runs with its tensors' GPU current (Triton launches on the current one).
+Where forward knows that the upstream gradient will not be 1 (:func:`~numtok.kernels.
+gradient_in_forward.gradient_in_backward`: ``reduction="none"``, float16 logits, float16
+autocast), step 2 writes no gradient, and backward runs ``ce_ntl_rows`` from the saved
+log-sum-exp with the upstream gradient in its coefficients (one read, one write, rounded once)
+instead of step 4 re-reading and re-writing a gradient from forward. Rows whose label is
+ignored are read by no kernel (each program masks its loads by its own label) and get zeros
+as their gradient. Every launch runs with its tensors' GPU current (Triton launches on the
+current one).
 
 Without a gradient, step 2 writes no gradient (one read of the logits). Under ``torch.compile``
 the loss is one custom op (the per-row terms and their reduction, one read) whose backward is
@@ -44,8 +48,9 @@ from numtok._number_logits import compute_dtype
 from numtok._shift import shift_left
 from numtok.kernels import triton_rows
 from numtok.kernels.gradient_in_forward import (
+    ScaleBy,
     WriteGradient,
-    gradient_waits_for_upstream,
+    gradient_in_backward,
     loss_with_gradient_in_backward,
     loss_with_gradient_in_forward,
 )
@@ -415,7 +420,9 @@ def _terms_then_gradient(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, WriteGradient]:
     """``(loss, ce, ntl)`` of the logits (M, V) without a gradient (one read), and the function
     that writes their gradient in backward: ``ce_ntl_rows`` from the saved log-sum-exp with the
-    upstream gradient in its coefficients (one read, one write; for float16 logits)."""
+    upstream gradient ``u`` (one value, or one per row) in its coefficients, ``u·∂L/∂x`` rounded
+    once (one read, one write; where :func:`~numtok.kernels.gradient_in_forward.
+    gradient_in_backward` chooses it)."""
     loss, ce, ntl, lse, scales = _terms(call, logits, None)
 
     def write(logits: torch.Tensor, gradient: torch.Tensor, upstream: torch.Tensor) -> None:
@@ -435,10 +442,20 @@ def _in_labels_shape(
     return loss.view(call.shape), ce.view(call.shape), ntl.view(call.shape)
 
 
-def scale_gradient(gradient: torch.Tensor, upstream: torch.Tensor) -> None:
+def scale_gradient(
+    gradient: torch.Tensor,
+    upstream: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    seq_len: int = 1,
+    ignore_index: int = -100,
+    shift: bool = False,
+) -> None:
     """``gradient`` (M, V) times ``upstream`` (one value, or M), in place and in the compute
-    dtype, rounded once; rows whose upstream gradient is exactly 1 are left alone (on the
-    device: no read-back)."""
+    dtype, rounded once; rows whose upstream gradient is exactly 1, and rows whose label among
+    ``labels`` (M,) (the next position's with ``shift``, in sequences of ``seq_len``) is
+    ``ignore_index`` (their gradient is 0), are left alone, decided on the device (no
+    read-back)."""
     num_rows, vocab_size = gradient.shape
     upstream = upstream.reshape(-1)
     block_v = min(triton.next_power_of_2(vocab_size), 1 << 13)
@@ -451,7 +468,11 @@ def scale_gradient(gradient: torch.Tensor, upstream: torch.Tensor) -> None:
             gradient.stride(1),
             upstream,
             0 if upstream.numel() == 1 else upstream.stride(0),
+            labels,
             vocab_size,
+            seq_len,
+            ignore_index,
+            SHIFT=shift,
             STRIDED_COLUMNS=gradient.stride(1) != 1,
             C=_triton_dtype(gradient.dtype),
             BLOCK_V=block_v,
@@ -459,12 +480,29 @@ def scale_gradient(gradient: torch.Tensor, upstream: torch.Tensor) -> None:
         )
 
 
+def _scale_by(call: _Call) -> ScaleBy:
+    """The backward of the gradient written in forward for ``call``: :func:`scale_gradient`
+    with the call's labels."""
+    settings = call.settings
+    return functools.partial(
+        scale_gradient,
+        labels=call.labels,
+        seq_len=settings.seq_len,
+        ignore_index=settings.ignore_index,
+        shift=bool(settings.shift),
+    )
+
+
 def check_launch(device: torch.device) -> None:
     """One launch on ``device`` (``scale_rows`` on a (1, 1) tensor): Triton compiles for the
     device's architecture and builds its launcher with the host's C compiler at a first
     launch, so that what fails there fails here, before any loss (see
     :func:`numtok.kernels.dispatch.resolve_impl`)."""
-    scale_gradient(torch.zeros(1, 1, device=device), torch.full((1,), 2.0, device=device))
+    scale_gradient(
+        torch.zeros(1, 1, device=device),
+        torch.full((1,), 2.0, device=device),
+        torch.zeros(1, dtype=torch.long, device=device),
+    )
 
 
 # ---------------------------------------------------------------------- torch.compile custom ops
@@ -695,13 +733,13 @@ def cross_entropy_with_ntl(
     call = _call(logits.device, dtype, labels, loss_weights, tables, spec, ntl_weight, num_items)
     if torch.compiler.is_compiling():
         terms = _compiled(call, logits, spec.vocab_size)
-    elif needs_grad and gradient_waits_for_upstream(logits.dtype):
+    elif needs_grad and gradient_in_backward(logits, spec.reduction):
         then_write = functools.partial(_terms_then_gradient, call)
         terms = loss_with_gradient_in_backward(logits, spec.vocab_size, inplace, then_write)
     elif needs_grad:
         compute = functools.partial(_terms_into, call)
         terms = loss_with_gradient_in_forward(
-            logits, spec.vocab_size, inplace, compute, scale_gradient
+            logits, spec.vocab_size, inplace, compute, _scale_by(call)
         )
     else:
         terms = _terms(call, logits.reshape(-1, spec.vocab_size), None)[:3]

@@ -26,7 +26,13 @@ The other kernels: :func:`prepare_rows` (one program: the ``"mean"`` denominator
 flags for labels out of range or negative weights, so that no check reads data back to the host),
 :func:`sum_terms` (one program: the reduced terms in a fixed order, deterministic) and
 :func:`scale_rows` (the backward of a gradient computed in forward: multiply by the upstream
-gradient, nothing at all where it is exactly 1, decided on the device).
+gradient, nothing at all where it is exactly 1 or the row's label is ignored, decided on the
+device).
+
+Ignored rows (label ``ignore_index``) have no loss and a zero gradient, so no kernel reads their
+logits: each row program checks its own label and masks its loads (no host sync, no compaction),
+and :func:`ce_ntl_rows` writes zeros as their gradient rows. With half the labels ignored (an SFT
+batch's prompts) that halves the reads.
 
 Kinds (``KIND``): 0 NTL-WAS, 1 MSE, 2 MAE, 3 Huber (δ = 1), as in :mod:`numtok._ntl_maths`, and
 the kinds of :mod:`numtok.kinds`: 4 DEL, 5 SMMD, 6 DIST2 (:func:`_kind_terms`), whose place
@@ -190,7 +196,8 @@ def _row_block(
     STRIDED_COLUMNS: tl.constexpr,
 ):
     """The logits of one row at ``columns`` in the compute dtype ``C``, soft-capped with
-    ``SOFTCAP``; -inf at columns beyond V."""
+    ``SOFTCAP``; -inf at columns from V on, which are not read (a masked load touches no
+    memory: ``V = 0`` reads nothing)."""
     inside = columns < V
     at = row_logits + _column_offsets(columns, column_stride, STRIDED_COLUMNS)
     block = tl.load(at, mask=inside, other=float("-inf")).to(C)
@@ -533,8 +540,17 @@ def ce_ntl_rows(
         C,
     )
     is_target, is_number, column, position = _classify(label, position_ptr, V, ignore_index)
+    # A row whose label does not count (ignore_index: the prompt of an SFT batch, padding) has
+    # no loss and a zero gradient: none of its logits is read (every load below is masked by
+    # is_target, or by is_number, which implies it), and its gradient row gets zeros. Decided
+    # by the program from its own label: no host sync, no compaction of the rows. ``read``: the
+    # columns of the row that are read, V or 0 (a bound, not a mask of its own: a masked load
+    # keeps V's alignment, and so its vector width, as before).
+    read = tl.where(is_target, V, 0)
     row_logits = logits_ptr + row * logits_row_stride
-    target_logit = tl.load(row_logits + column * logits_column_stride).to(C)
+    target_logit = tl.load(
+        row_logits + column * logits_column_stride, mask=is_target, other=0.0
+    ).to(C)
     if SOFTCAP:
         target_logit = _soft_capped(target_logit, softcap)
 
@@ -607,7 +623,7 @@ def ce_ntl_rows(
     if ROW_ON_CHIP:
         columns = tl.arange(0, BLOCK_V)
         x = _row_block(
-            row_logits, columns, V, logits_column_stride, softcap, SOFTCAP, C, STRIDED_COLUMNS
+            row_logits, columns, read, logits_column_stride, softcap, SOFTCAP, C, STRIDED_COLUMNS
         )
     if LSE_KNOWN:
         lse = tl.load(lse_ptr + position_of_row).to(C)
@@ -619,10 +635,11 @@ def ce_ntl_rows(
         else:
             peak = tl.max(tl.full([BLOCK_V], minus_inf, C), 0)
             total = tl.sum(tl.zeros([BLOCK_V], C), 0)
-            for start in range(0, V, BLOCK_V):
+            # An ignored row's loop runs 0 times.
+            for start in range(0, read, BLOCK_V):
                 columns = start + tl.arange(0, BLOCK_V)
                 block = _row_block(
-                    row_logits, columns, V, logits_column_stride, softcap, SOFTCAP, C,
+                    row_logits, columns, read, logits_column_stride, softcap, SOFTCAP, C,
                     STRIDED_COLUMNS,
                 )  # fmt: skip
                 new_peak = tl.maximum(peak, tl.max(block, 0))
@@ -630,6 +647,8 @@ def ce_ntl_rows(
                 total = total * tl.exp(peak - shift) + tl.sum(tl.exp(block - shift), 0)
                 peak = new_peak
             lse = tl.where(peak == minus_inf, 0.0, peak) + tl.log(total)
+        # An ignored row's lse is 0 (its logits were not read): finite for whatever reads it.
+        lse = tl.where(is_target, lse, 0.0)
 
     # Reweighing: R = ℓ·m + 1.01·D·(1 - m) with log m = logsumexp(z) - lse, m clamped to 1.
     log_mass = number_lse - lse
@@ -667,22 +686,26 @@ def ce_ntl_rows(
         out_dtype = grad_ptr.dtype.element_ty
         # Every read of the logits above happens before any write below (they may be one buffer).
         tl.debug_barrier()
+        # An ignored row's gradient is written as zeros, from no logits (x = -inf there, and the
+        # cap's slope at -inf is -inf: 0·inf would be NaN, so the zeros are selected).
         if ROW_ON_CHIP:
             dense = softmax_scale * tl.exp(x - finite_lse)
             if SOFTCAP:
                 dense *= _cap_slope(x, softcap)
+            dense = tl.where(is_target, dense, 0.0)
             at = row_grad + _column_offsets(columns, grad_column_stride, STRIDED_COLUMNS)
             tl.store(at, dense.to(out_dtype), mask=columns < V)
         else:
             for start in range(0, V, BLOCK_V):
                 columns = start + tl.arange(0, BLOCK_V)
                 block = _row_block(
-                    row_logits, columns, V, logits_column_stride, softcap, SOFTCAP, C,
+                    row_logits, columns, read, logits_column_stride, softcap, SOFTCAP, C,
                     STRIDED_COLUMNS,
                 )  # fmt: skip
                 dense = softmax_scale * tl.exp(block - finite_lse)
                 if SOFTCAP:
                     dense *= _cap_slope(block, softcap)
+                dense = tl.where(is_target, dense, 0.0)
                 at = row_grad + _column_offsets(columns, grad_column_stride, STRIDED_COLUMNS)
                 tl.store(at, dense.to(out_dtype), mask=columns < V)
         # The sparse columns, after every dense store of this program: the label's and the number
@@ -740,19 +763,29 @@ def scale_rows(
     grad_column_stride,
     upstream_ptr,
     upstream_stride,
+    labels_ptr,
     V,
+    seq_len,
+    ignore_index,
+    SHIFT: tl.constexpr,
     STRIDED_COLUMNS: tl.constexpr,
     C: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
     """Row ``program_id(0)`` of the gradient (M, V) times its upstream gradient (row stride 0:
-    one value for all rows), in the compute dtype, rounded once; a row whose upstream gradient
-    is exactly 1 is not touched (the loop runs 0 times). ``STRIDED_COLUMNS``: a column stride
+    one value for all rows), in the compute dtype, rounded once. Rows left alone (the loop runs
+    0 times): those whose upstream gradient is exactly 1, and those whose label (``labels``
+    (M,), the next position's with ``SHIFT``, as :func:`ce_ntl_rows` reads it) does not count,
+    whose gradient :func:`ce_ntl_rows` wrote as zeros. ``STRIDED_COLUMNS``: a column stride
     other than 1 (offsets in int64)."""
     row = tl.program_id(0).to(tl.int64)
+    label, _ = _label_and_weight(
+        labels_ptr, labels_ptr, row, row >= 0, seq_len, ignore_index, SHIFT, False, C
+    )
+    counts = (label != ignore_index) & (label >= 0) & (label < V)
     upstream = tl.load(upstream_ptr + row * upstream_stride).to(C)
     row_grad = grad_ptr + row * grad_row_stride
-    columns_to_scale = tl.where(upstream == 1.0, 0, V)
+    columns_to_scale = tl.where((upstream == 1.0) | ~counts, 0, V)
     for start in range(0, columns_to_scale, BLOCK_V):
         columns = start + tl.arange(0, BLOCK_V)
         at = row_grad + _column_offsets(columns, grad_column_stride, STRIDED_COLUMNS)
