@@ -12,9 +12,10 @@ model unpatched (``unpatched``: its own cross-entropy, no NTL): time and peak me
 ``--preset 1b`` (a GPU's): Llama-3.2-1B's shape, random weights in bfloat16 (hidden 2048, MLP
 8192, 16 layers, 32 heads, 8 KV heads, tied embeddings, V = 128,256: 1.24B parameters),
 sequences of 2048, batch 4 (8,192 tokens a step); AdamW on the bfloat16 parameters. On CUDA
-the loss runs the default backend (the Triton kernels), the step is timed with a
+the loss runs the default backend (``impl="auto"``: PyTorch's cross-entropy beside the number
+head from the logits, the chunked torch pass logits-free), the step is timed with a
 synchronisation at both ends and its memory is ``max_memory_allocated`` during the second step
-over what was allocated at its start, in process.
+over what was allocated at its start, in process; the model is built on the GPU.
 
 Method: the model is a 2-layer Llama (hidden 256, MLP 512, 4 heads, 2 KV heads, untied output
 layer, float32, 66M parameters of which 2 x 32.8M are the embeddings and the output layer), the
@@ -33,18 +34,18 @@ Results go to ``benchmarks/results/<date>T<time>-trainer-step-cpu-t<threads>.{js
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
-import time
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
-from bench_common import proc_status, provenance, quantiles, reset_peak_memory
+from bench_common import StepClock, proc_status, provenance, quantiles
 
 from numtok import NumberVocab
 from numtok.hf import NTLossForTrainer, patch_model
@@ -81,7 +82,9 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def build_model(size: dict[str, Any]) -> Any:
+def build_model(size: dict[str, Any], device: torch.device | None = None) -> Any:
+    """The random Llama of ``size``; on a CUDA ``device`` its weights are created (and drawn)
+    there, not on the host (a 1B-shaped model takes seconds of host sampling)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
@@ -98,7 +101,10 @@ def build_model(size: dict[str, Any]) -> Any:
         pad_token_id=None,
     )
     torch.manual_seed(0)
-    return LlamaForCausalLM(config).to(getattr(torch, size.get("dtype", "float32")))
+    on_gpu = device is not None and device.type == "cuda"
+    with torch.device(device) if on_gpu else contextlib.nullcontext():
+        model = LlamaForCausalLM(config)
+    return model.to(getattr(torch, size.get("dtype", "float32")))
 
 
 def build_dataset(size: dict[str, Any], examples: int) -> list[dict[str, torch.Tensor]]:
@@ -108,41 +114,6 @@ def build_dataset(size: dict[str, Any], examples: int) -> list[dict[str, torch.T
     digits = FIRST_DIGIT_ID + torch.randint(10, shape, generator=generator)
     ids = torch.where(torch.rand(shape, generator=generator) < NUMBER_FRACTION, digits, ids)
     return [{"input_ids": row, "labels": row} for row in ids]
-
-
-class StepClock:
-    """A Trainer callback: wall-clock seconds of every optimizer step, and optionally the peak
-    memory of the second one (CPU: the rise of VmHWM; CUDA: of ``max_memory_allocated``)."""
-
-    def __init__(self, device: torch.device, measure_memory: bool = False) -> None:
-        self.device = device
-        self.seconds: list[float] = []
-        self.measure_memory = measure_memory
-        self.memory: dict[str, int] = {}
-        self._start = 0.0
-
-    def _synchronize(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
-    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._synchronize()
-        if self.measure_memory and state.global_step == 1:
-            if self.device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(self.device)
-                self.memory["rss_before"] = torch.cuda.memory_allocated(self.device)
-            else:
-                self.memory["rss_before"] = reset_peak_memory()
-        self._start = time.perf_counter()
-
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._synchronize()
-        self.seconds.append(time.perf_counter() - self._start)
-        if self.measure_memory and state.global_step == 2:
-            if self.device.type == "cuda":
-                self.memory["hwm_step"] = torch.cuda.max_memory_allocated(self.device)
-            else:
-                self.memory["hwm_step"] = proc_status("VmHWM")
 
 
 def build_trainer(mode: str, size: dict[str, Any], steps: int, clock: StepClock) -> Any:
@@ -167,7 +138,7 @@ def build_trainer(mode: str, size: dict[str, Any], steps: int, clock: StepClock)
         seed=0,
     )
     trainer = Trainer(
-        model=build_model(size),
+        model=build_model(size, clock.device),
         args=args,
         train_dataset=build_dataset(size, size["batch"] * steps),
         callbacks=[Callback()],
@@ -203,7 +174,7 @@ def time_modes(
             clocks[mode].measure_memory = False  # the first round's second step is measured
     memory = {
         mode: {
-            "step_peak_bytes": clock.memory["hwm_step"] - clock.memory["rss_before"],
+            "step_peak_bytes": clock.memory["peak"] - clock.memory["before"],
             "process_peak_bytes": torch.cuda.max_memory_allocated(device),
         }
         for mode, clock in clocks.items()
@@ -217,7 +188,7 @@ def probe_memory(mode: str, size: dict[str, Any]) -> dict[str, int]:
     clock = StepClock(torch.device("cpu"), measure_memory=True)
     build_trainer(mode, size, 2, clock).train()
     return {
-        "step_peak_bytes": clock.memory["hwm_step"] - clock.memory["rss_before"],
+        "step_peak_bytes": clock.memory["peak"] - clock.memory["before"],
         "process_peak_bytes": proc_status("VmHWM"),
     }
 

@@ -72,7 +72,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_common import proc_status, provenance, quantiles, reset_peak_memory
+from bench_common import StepClock, proc_status, provenance, quantiles
 
 RESULTS = Path(__file__).resolve().parent / "results"
 NUMBER_FRACTION = 0.10
@@ -178,52 +178,6 @@ def build_dataset(size: dict[str, Any], examples: int, loss_on: str) -> Any:
         for row in ids.tolist()
     ]
     return datasets.Dataset.from_list(rows)
-
-
-class StepClock:
-    """Trainer callbacks: wall-clock and CPU seconds (user + system, all threads) of every
-    optimizer step, optionally the peak memory of the second one (CPU: the rise of VmHWM; CUDA: of
-    ``max_memory_allocated``), and the first logged loss, ce and ntl."""
-
-    def __init__(self, device: torch.device, measure_memory: bool = False) -> None:
-        self.device = device
-        self.seconds: list[float] = []
-        self.cpu_seconds: list[float] = []
-        self.measure_memory = measure_memory
-        self.memory: dict[str, int] = {}
-        self.first_log: dict[str, float] | None = None
-        self._start = self._cpu_start = 0.0
-
-    def _synchronize(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
-    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._synchronize()
-        if self.measure_memory and state.global_step == 1:
-            if self.device.type == "cuda":
-                self.memory["peak_before"] = torch.cuda.max_memory_allocated(self.device)
-                torch.cuda.reset_peak_memory_stats(self.device)
-                self.memory["before"] = torch.cuda.memory_allocated(self.device)
-            else:
-                self.memory["before"] = reset_peak_memory()
-        self._start = time.perf_counter()
-        self._cpu_start = time.process_time()
-
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._synchronize()
-        self.seconds.append(time.perf_counter() - self._start)
-        self.cpu_seconds.append(time.process_time() - self._cpu_start)
-        if self.measure_memory and state.global_step == 2:
-            if self.device.type == "cuda":
-                self.memory["peak"] = torch.cuda.max_memory_allocated(self.device)
-            else:
-                self.memory["peak"] = proc_status("VmHWM")
-
-    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
-        if self.first_log is None and logs and "loss" in logs:
-            keys = ("loss", "ce", "ntl", "mean_token_accuracy", "entropy")
-            self.first_log = {key: float(logs[key]) for key in keys if key in logs}
 
 
 class ForwardCounter:
