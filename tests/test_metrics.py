@@ -233,7 +233,7 @@ def test_compute_metrics_on_generated_ids(gpt2_tokenizer: Any) -> None:
     # Generation pads with a special token, which decoding skips.
     predictions = np.array(pad(generated, tok.eos_token_id))
     labels = np.array(pad(answers, -100))
-    compute_metrics = make_compute_metrics(tok)
+    compute_metrics = make_compute_metrics(tok, shift_labels=False)
     result = compute_metrics(EvalPrediction(predictions=predictions, label_ids=labels))
     expected = numeric_metrics(["x = 12", "-3", "no", "1,250"], [12, -4, 7, 1250]).as_dict()
     assert result == pytest.approx(expected, nan_ok=True)
@@ -263,11 +263,11 @@ def test_compute_metrics_teacher_forced_causal_lm(digit_tokenizer: Any) -> None:
 
 def test_compute_metrics_bad_input(digit_tokenizer: Any) -> None:
     with pytest.raises(TypeError, match="tokenizer must have a batch_decode"):
-        make_compute_metrics(object())
+        make_compute_metrics(object(), shift_labels=False)
     with pytest.raises(TypeError, match="shift_labels must be a bool"):
         make_compute_metrics(digit_tokenizer, shift_labels=1)
     with pytest.raises(TypeError, match="ignore_index must be an int, got None"):
-        make_compute_metrics(digit_tokenizer, ignore_index=None)  # type: ignore[arg-type]
+        make_compute_metrics(digit_tokenizer, shift_labels=True, ignore_index=None)  # type: ignore[arg-type]
     compute_metrics = make_compute_metrics(digit_tokenizer, shift_labels=True)
     with pytest.raises(TypeError, match="EvalPrediction or a"):
         compute_metrics(42)

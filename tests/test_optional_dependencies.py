@@ -76,7 +76,7 @@ def test_the_hf_adapter_names_the_extra_to_install() -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == (
         "NTLossForTrainer (the Hugging Face Trainer adapter) needs transformers and accelerate, "
-        "which numtok's 'hf' extra installs: pip install \"numtok[hf]\""
+        "which numtok's 'hf' extra installs: pip install \".[hf]\" in a checkout of numtok"
     )
 
 
@@ -107,5 +107,5 @@ def test_the_command_names_the_extra_to_install() -> None:
     assert result.stderr.strip().splitlines()[-1] == (
         "numtok: error: numtok demo / numtok repro needs numpy, matplotlib, tqdm, "
         "mathematics_dataset and absl, which numtok's 'demo' extra installs: "
-        'pip install "numtok[demo]"'
+        'pip install ".[demo]" in a checkout of numtok'
     )

@@ -13,7 +13,7 @@ from numtok.kinds import DEL, DIST2, SMMD
 from numtok.label_smoothing import GaussianLabelSmoothingLoss, gaussian_label_smoothing_ce
 from numtok.linear import linear_cross_entropy_with_ntl
 from numtok.losses import number_token_loss
-from numtok.metrics import NumericMetrics, make_compute_metrics, numeric_metrics
+from numtok.metrics import NumericMetrics, argmax_logits, make_compute_metrics, numeric_metrics
 from numtok.module import NumberTokenLoss
 from numtok.number_head import LinearNumberTokenLoss, linear_number_token_loss
 from numtok.number_level import NumberLevelLoss, number_level_loss
@@ -38,6 +38,7 @@ __all__ = [
     "NumberTokenLoss",
     "NumberVocab",
     "NumericMetrics",
+    "argmax_logits",
     "cross_entropy_with_ntl",
     "expected_numbers",
     "expected_span_values",

@@ -1,7 +1,8 @@
 """Optional dependencies: an entry point that needs one says which extra installs it.
 
 The core of numtok needs torch alone. The Hugging Face adapter needs the ``hf`` extra
-(``pip install "numtok[hf]"``), the ``numtok`` command's experiments the ``demo`` extra;
+(``pip install ".[hf]"`` in a checkout: numtok is not published on PyPI), the ``numtok``
+command's experiments the ``demo`` extra;
 :func:`require_extra` turns their absence into one clear error at the entry point instead of a
 traceback from deep inside a later call.
 """
@@ -24,12 +25,12 @@ def _listed(names: list[str]) -> str:
 
 
 def require_extra(extra: str, feature: str) -> None:
-    """Raise ``ModuleNotFoundError`` naming ``pip install "numtok[extra]"`` when a module of
+    """Raise ``ModuleNotFoundError`` naming ``pip install ".[extra]"`` when a module of
     ``extra`` cannot be imported; ``feature`` says what needed it."""
     missing = [name for name in EXTRAS[extra] if importlib.util.find_spec(name) is None]
     if missing:
         raise ModuleNotFoundError(
             f"{feature} needs {_listed(missing)}, which numtok's {extra!r} extra installs: "
-            f'pip install "numtok[{extra}]"',
+            f'pip install ".[{extra}]" in a checkout of numtok',
             name=missing[0],
         )

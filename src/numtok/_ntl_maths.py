@@ -70,6 +70,16 @@ _KINDS = ("was", *_POINTWISE)
 NUMBER_LEVEL = "number"
 
 
+def refuse_number_level(kind: Kind, entry_point: str, instead: str) -> None:
+    """Raise a ``ValueError`` for ``kind="number"`` at an entry point that has no number-level
+    path, naming the entry point and what computes that loss instead (``instead``)."""
+    if isinstance(kind, str) and kind == NUMBER_LEVEL:
+        raise ValueError(
+            f"{entry_point} does not take kind='number' (the number-level loss over whole "
+            f"numbers): it has no fused or logits-free path. {instead}"
+        )
+
+
 def check_number_level_squash(squash_factor: float | None) -> None:
     if squash_factor is not None:
         raise ValueError(

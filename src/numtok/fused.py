@@ -43,6 +43,7 @@ from numtok._ntl_maths import (
     number_positions,
     place_weights,
     position_losses,
+    refuse_number_level,
     reweighed,
     reweighed_derivatives,
 )
@@ -737,6 +738,12 @@ def cross_entropy_with_ntl(
         >>> bool(torch.isclose(out.loss, reference))
         True
     """
+    refuse_number_level(
+        kind,
+        "cross_entropy_with_ntl",
+        "Add it to a cross-entropy instead: F.cross_entropy(...) + ntl_weight * "
+        "number_token_loss(logits, labels, vocab, kind='number', shift=...)",
+    )
     spec = LossSpec.build(
         vocab,
         kind=kind,

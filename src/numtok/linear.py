@@ -43,7 +43,7 @@ from numtok._linear_in_forward import (
     linear_loss_in_forward,
 )
 from numtok._linear_recompute import linear_row_statistics
-from numtok._ntl_maths import Kind, LossSpec
+from numtok._ntl_maths import Kind, LossSpec, refuse_number_level
 from numtok._number_logits import compute_dtype
 from numtok._validation import (
     check_linear_inputs,
@@ -204,6 +204,13 @@ def linear_cross_entropy_with_ntl(
         >>> bool(torch.isclose(out.loss, reference.loss))
         True
     """
+    refuse_number_level(
+        kind,
+        "linear_cross_entropy_with_ntl",
+        "Add it to a cross-entropy instead: your cross-entropy + ntl_weight * "
+        "linear_number_token_loss(hidden, weight, labels, vocab, kind='number', shift=...), "
+        "the number head, which needs no logits either",
+    )
     spec = LossSpec.build(
         vocab,
         kind=kind,

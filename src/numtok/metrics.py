@@ -227,7 +227,16 @@ def numeric_metrics(
 
 def argmax_logits(logits: Any, labels: Any) -> torch.Tensor:
     """For ``Trainer(preprocess_logits_for_metrics=argmax_logits)``: keep the predicted token ids
-    (B, T) instead of the logits (B, T, V), which the Trainer would otherwise gather in memory."""
+    (B, T) instead of the logits (B, T, V), which the Trainer would otherwise gather in memory;
+    with :func:`make_compute_metrics` ``(tokenizer, shift_labels=True)`` on a causal LM.
+
+    Args:
+        logits: (B, T, V) logits, or a tuple whose first item they are (the model's outputs).
+        labels: unused (the Trainer passes them).
+
+    Returns:
+        (B, T) the argmax token ids.
+    """
     if isinstance(logits, (tuple, list)):
         logits = logits[0]
     return torch.as_tensor(logits).argmax(dim=-1)
@@ -256,8 +265,8 @@ def _token_rows(tensor: torch.Tensor, ignore_index: int) -> list[list[int]]:
 def make_compute_metrics(
     tokenizer: Any,
     *,
+    shift_labels: bool,
     tolerance: float = 0.0,
-    shift_labels: bool = False,
     ignore_index: int = -100,
 ) -> Callable[[Any], dict[str, float]]:
     """A ``compute_metrics`` function for the Hugging Face ``Trainer``.
@@ -266,18 +275,30 @@ def make_compute_metrics(
     True)`` (positions equal to ``ignore_index`` are dropped first) and returns
     :func:`numeric_metrics` ``(...).as_dict()``.
 
-    * Generation (``Seq2SeqTrainer`` with ``predict_with_generate=True``): predictions are the
-      generated ids; keep ``shift_labels=False``.
-    * Teacher forcing with a causal LM (plain ``Trainer``): pass
-      ``preprocess_logits_for_metrics=argmax_logits`` and ``shift_labels=True``: the prediction at
-      position t is compared with the label at t + 1, and only positions with a label are
-      decoded. Logits (B, T, V) are also accepted and reduced with ``argmax``.
+    ``shift_labels`` has no default, because the wrong choice gives metrics one token off
+    without any error:
+
+    * Teacher forcing with a causal LM (a plain ``Trainer``): ``shift_labels=True``, and
+      ``Trainer(..., preprocess_logits_for_metrics=argmax_logits)`` so that the Trainer keeps
+      token ids (B, T) instead of gathering the logits (B, T, V). The prediction at position t is
+      compared with the label at t + 1, and only positions with a label are decoded. Logits
+      (B, T, V) are also accepted and reduced with ``argmax``.
+    * Generation (``Seq2SeqTrainer`` with ``predict_with_generate=True``), or an
+      encoder-decoder under teacher forcing: predictions are already aligned with the labels;
+      ``shift_labels=False``.
 
     Args:
         tokenizer: anything with ``batch_decode(list_of_id_lists, skip_special_tokens=True)``.
+        shift_labels: align predictions at t with labels at t + 1 (causal LMs, teacher forcing);
+            False for generated ids and encoder-decoders.
         tolerance: passed to :func:`numeric_metrics`.
-        shift_labels: align predictions at t with labels at t + 1 (causal LMs, teacher forcing).
         ignore_index: label value of positions that are not scored.
+
+    Example:
+        >>> from numtok import argmax_logits, make_compute_metrics
+        >>> compute_metrics = make_compute_metrics(tokenizer, shift_labels=True)  # doctest: +SKIP
+        >>> trainer = Trainer(..., compute_metrics=compute_metrics,
+        ...                   preprocess_logits_for_metrics=argmax_logits)  # doctest: +SKIP
     """
     tolerance = check_number("tolerance", tolerance, minimum=0, inclusive=True)
     if not callable(getattr(tokenizer, "batch_decode", None)):

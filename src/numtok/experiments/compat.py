@@ -72,7 +72,7 @@ def load_mathematics_dataset() -> types.ModuleType:
     except ModuleNotFoundError as error:
         raise ModuleNotFoundError(
             f"the demo needs DeepMind's Mathematics generator ({error.name} is missing); "
-            "install it with: pip install 'numtok[demo]' "
+            "install it with: pip install '.[demo]' in a checkout of numtok "
             "(or: pip install mathematics_dataset==1.0.1 absl-py)"
         ) from error
     _reexport_base_solution_linear()

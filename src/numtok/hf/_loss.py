@@ -13,7 +13,23 @@ from numtok.hf._head import BypassedHead
 from numtok.linear import linear_cross_entropy_with_ntl_from_tables
 from numtok.vocab import NumberTables
 
-__all__ = ["ce_plus_ntl", "count_targets", "denominator_dtype", "token_share_denominators"]
+__all__ = [
+    "NUMBER_LEVEL_INSTEAD",
+    "ce_plus_ntl",
+    "count_targets",
+    "denominator_dtype",
+    "token_share_denominators",
+]
+
+#: What computes ``kind="number"`` where these routes refuse it (their counts are of number tokens,
+#: the number-level loss's mean is over whole numbers).
+NUMBER_LEVEL_INSTEAD = (
+    "Its step counts are of number tokens, not of whole numbers. Add the number-level loss to the "
+    "model's loss in your own loss code instead: outputs.loss + ntl_weight * "
+    "number_token_loss(outputs.logits, labels, vocab, kind='number', shift=True), or "
+    "linear_number_token_loss(hidden, weight, labels, vocab, kind='number', shift=True) from the "
+    "final hidden states"
+)
 
 
 def ce_plus_ntl(

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from numtok._ntl_maths import Kind, LossSpec
+from numtok._ntl_maths import Kind, LossSpec, refuse_number_level
 from numtok._validation import check_bool, check_ntl_weight
 from numtok.fused import CEWithNTLOutput
 from numtok.hf._head import OutputLayerBypass, check_bypass_is_exact, output_layer_of
@@ -54,6 +54,7 @@ from numtok.hf._in_forward import (
     with_loss,
 )
 from numtok.hf._loss import (
+    NUMBER_LEVEL_INSTEAD,
     ce_plus_ntl,
     count_targets,
     denominator_dtype,
@@ -170,6 +171,7 @@ def patch_model(
     check_not_patched(model)
     head = output_layer_of(model)
     vocab = _vocab_for(model, vocab_or_tokenizer, head.weight.shape[0])
+    refuse_number_level(kind, "patch_model", NUMBER_LEVEL_INSTEAD)
     spec = LossSpec.build(
         vocab,
         kind=kind,

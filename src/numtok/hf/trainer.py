@@ -57,7 +57,7 @@ every reporting integration (TensorBoard, W&B, ...).
 
 Nothing here imports ``transformers``: the trainer is read by duck typing, and ``import numtok``
 works without it. Building an :class:`NTLossForTrainer` without the ``hf`` extra (transformers,
-accelerate) raises a ``ModuleNotFoundError`` that says ``pip install "numtok[hf]"``.
+accelerate) raises a ``ModuleNotFoundError`` that says ``pip install ".[hf]"`` (in a checkout).
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ from typing import Any
 import torch
 
 from numtok._extras import require_extra
-from numtok._ntl_maths import Kind, LossSpec
+from numtok._ntl_maths import Kind, LossSpec, refuse_number_level
 from numtok._validation import check_bool, check_ntl_weight
 from numtok.fused import CEWithNTLOutput
 from numtok.hf._head import (
@@ -84,6 +84,7 @@ from numtok.hf._head import (
 )
 from numtok.hf._in_forward import check_not_patched, install_forward, run_forward, with_loss
 from numtok.hf._loss import (
+    NUMBER_LEVEL_INSTEAD,
     ce_plus_ntl,
     count_targets,
     denominator_dtype,
@@ -235,7 +236,7 @@ class NTLossForTrainer:
 
     Raises:
         ModuleNotFoundError: transformers or accelerate is not installed; the message says
-            ``pip install "numtok[hf]"``.
+            ``pip install ".[hf]"`` (in a checkout).
 
     Example::
 
@@ -270,6 +271,7 @@ class NTLossForTrainer:
             self.vocab = vocab_or_tokenizer
         else:
             self.vocab = NumberVocab.from_tokenizer(vocab_or_tokenizer, vocab_size=vocab_size)
+        refuse_number_level(kind, "NTLossForTrainer", NUMBER_LEVEL_INSTEAD)
         self.spec = LossSpec.build(
             self.vocab,
             kind=kind,
