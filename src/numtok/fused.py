@@ -705,7 +705,8 @@ def cross_entropy_with_ntl(
         labels: (...) integer token ids in [0, V) or ``ignore_index``.
         vocab: the :class:`~numtok.NumberVocab` of the tokenizer.
         ntl_weight: the factor ``w >= 0`` of the NTL term (the paper uses 0.3).
-        kind: as in :func:`~numtok.number_token_loss`.
+        kind: as in :func:`~numtok.number_token_loss`, but for ``"number"``, which has no fused
+            pass (a ``ValueError`` names what computes it).
         reweigh: as in :func:`~numtok.number_token_loss`.
         squash_factor: as in :func:`~numtok.number_token_loss`.
         loss_weights: as in :func:`~numtok.number_token_loss`.

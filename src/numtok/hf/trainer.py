@@ -205,7 +205,8 @@ class NTLossForTrainer:
         vocab_or_tokenizer: a :class:`~numtok.NumberVocab`, or a Hugging Face tokenizer from which
             one is built with ``NumberVocab.from_tokenizer(tokenizer, vocab_size=vocab_size)``.
         ntl_weight: the factor of NTL (the paper's λ, 0.3).
-        kind: as in :func:`numtok.number_token_loss`.
+        kind: as in :func:`numtok.number_token_loss`, but for ``"number"`` (a ``ValueError``
+            names what computes it).
         reweigh: as in :func:`numtok.number_token_loss`.
         squash_factor: as in :func:`numtok.number_token_loss`.
         ignore_index: as in :func:`numtok.number_token_loss`.
