@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.demo-installed
 DOCS_STAMP := $(VENV)/.docs-installed
 
-.PHONY: test lint docs demo bench clean
+.PHONY: test lint docs demo bench gpu-wheels clean
 
 define install
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +58,17 @@ docs: $(DOCS_STAMP)
 # logits" or "--dtype float32" leave it out). `make bench BENCH_ARGS=--quick`: minutes.
 bench: $(STAMP)
 	$(PY) benchmarks/bench_loss.py $(BENCH_ARGS)
+
+# The wheels that benchmarks/gpu.sh installs on a GPU machine that has no network (its `setup`
+# step: pip --no-index --no-deps into a folder on PYTHONPATH): Liger-Kernel at the dev extra's pin,
+# and TRL with the packages it needs beyond a CUDA image's (bench_trl_step.py). Into
+# benchmarks/wheels/ (git-ignored, a few MB): carry that folder into the GPU run. GPU_PYTHON: the
+# GPU image's Python (multiprocess has a wheel per Python version).
+GPU_WHEELS := liger-kernel==0.8.5 trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
+GPU_PYTHON ?= 3.12
+gpu-wheels:
+	$(PYTHON) -m pip download --quiet --no-deps --only-binary=:all: --python-version $(GPU_PYTHON) \
+		--implementation py --abi none --platform any -d benchmarks/wheels $(GPU_WHEELS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site

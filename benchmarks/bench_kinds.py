@@ -10,8 +10,8 @@ NTL-WAS's (the kinds differ only in the per-row terms of the K number logits) an
 Usage: ``python benchmarks/bench_kinds.py [--rows 4096] [--vocab 32768] [--rounds 5]
 [--threads 2] [--device cpu] [--out PATH] [--quick]``; prints a Markdown table and writes
 ``PATH.{jsonl,md}`` (default ``benchmarks/results/<date>-kinds-<device>``). On CUDA the fused
-path of every kind is the Triton row kernel (``impl="triton"``, opt-in). ``--quick``: 256 ×
-4,096, 2 rounds (a dry run of ``benchmarks/gpu.sh``).
+path of every kind is the Triton row kernel (``impl="triton"``, opt-in) and the logits are drawn
+on the device. ``--quick``: 256 × 4,096, 2 rounds (a dry run of ``benchmarks/gpu.sh``).
 """
 
 from __future__ import annotations
@@ -81,7 +81,11 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     generator = torch.Generator().manual_seed(0)
-    logits = torch.randn(args.rows, args.vocab, generator=generator).to(device)
+    if device.type == "cuda":  # drawn on the GPU: no host-side sampling of rows x V values
+        on_device = torch.Generator(device).manual_seed(0)
+        logits = torch.randn(args.rows, args.vocab, generator=on_device, device=device)
+    else:
+        logits = torch.randn(args.rows, args.vocab, generator=generator)
     is_number = torch.rand(args.rows, generator=generator) < 0.1
     rows: list[dict[str, Any]] = []
     lines = [

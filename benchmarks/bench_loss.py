@@ -5,6 +5,8 @@ layer (linear suite) measured in the same run, at one thread and at all cores.
     python benchmarks/bench_loss.py               # default suite, results in benchmarks/results/
     python benchmarks/bench_loss.py --quick       # small shapes, a smoke run of everything
     python benchmarks/bench_loss.py --device cuda --compile   # on a GPU, torch.compile'd
+    python benchmarks/bench_loss.py --device cuda --gpu-cases # gpu.sh's: 5 % and 50 % ignored,
+                                                              # an upstream gradient of 0.37
 
 Method (see benchmarks/README.md): for each case the first round checks each variant's value and
 gradients against the unfused reference and warms up; then, for each thread count in turn
@@ -14,7 +16,10 @@ with the variants interleaved (the order rotates each round). Forward is the tra
 Medians with p20/p80. Peak memory is measured for each variant once per case, at the largest
 thread count, in a fresh subprocess on CPU (the rise of VmHWM over VmRSS during one forward +
 backward, VmHWM reset by writing "5" to /proc/self/clear_refs right before) and in process on
-CUDA (``max_memory_allocated``), reported as a multiple of the logits' size.
+CUDA (``max_memory_allocated``), reported as a multiple of the logits' size. On CUDA the inputs
+are drawn on the device (a CUDA generator, in their dtype: no host-side sampling of 10^9 values)
+and kept for the next case of the same shape and dtype, and the forward and backward times are
+read off CUDA events.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import itertools
 import json
 import os
 import subprocess
@@ -65,6 +71,8 @@ class Case:
     hidden_size: int  # H (linear suite), 0 otherwise
     dtype: str  # "float32" or "bfloat16"
     reweigh: bool
+    ignored_fraction: float = IGNORED_FRACTION  # of the labels that are ignore_index
+    upstream: float = 1.0  # the gradient flowing into the loss: loss.backward(upstream)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -77,7 +85,12 @@ class Case:
     def label(self) -> str:
         shape = f"N={self.tokens} V={self.vocab_size}"
         shape += f" H={self.hidden_size}" if self.hidden_size else ""
-        return f"{self.suite} {shape} {self.dtype} reweigh={'on' if self.reweigh else 'off'}"
+        label = f"{self.suite} {shape} {self.dtype} reweigh={'on' if self.reweigh else 'off'}"
+        if self.ignored_fraction != IGNORED_FRACTION:
+            label += f" ignored={self.ignored_fraction:.0%}"
+        if self.upstream != 1:
+            label += f" upstream={self.upstream:g}"
+        return label
 
 
 def default_cases(device: torch.device) -> list[Case]:
@@ -100,6 +113,29 @@ def default_cases(device: torch.device) -> list[Case]:
         for n, v, h in linear_shapes
         for dtype in ["float32", "bfloat16"]
     ]
+    return logits + linear
+
+
+#: (ignored fraction, upstream gradient) of each shape in --gpu-cases: SFT-like masking, and a loss
+#: scaled before backward (gradient accumulation, a loss scale).
+GPU_LABEL_MIXES = [(IGNORED_FRACTION, 1.0), (0.5, 1.0), (IGNORED_FRACTION, 0.37)]
+
+
+def gpu_cases(quick: bool = False) -> list[Case]:
+    """gpu.sh's: logits N x V = 8192 x 128,256 (Llama 3) and 16,384 x 32,768, bfloat16 before
+    float32, the largest first, each with 5 % and 50 % ignored labels and with an upstream
+    gradient of 0.37; the logits-free suite at N, H, V = 8192, 4096, 128,256, bfloat16 first.
+    Cases of one shape and dtype are consecutive, so that they share their inputs. ``quick``:
+    N = 1024, V = 8192 (H = 256), the same mixes."""
+    shapes = [(1024, 8192)] if quick else [(8192, 128_256), (16_384, 32_768)]
+    logits = [
+        Case("logits", n, v, 0, dtype, False, ignored, upstream)
+        for n, v in shapes
+        for dtype in ["bfloat16", "float32"]
+        for ignored, upstream in GPU_LABEL_MIXES
+    ]
+    n, v, h = (1024, 8192, 256) if quick else (8192, 128_256, 4096)
+    linear = [Case("linear", n, v, h, dtype, False) for dtype in ["bfloat16", "float32"]]
     return logits + linear
 
 
@@ -140,7 +176,8 @@ def number_vocab(vocab_size: int) -> NumberVocab:
 
 def make_inputs(case: Case, device: torch.device) -> dict[str, torch.Tensor]:
     """Leaves (``logits`` or ``hidden`` + ``weight``) requiring grad, and ``labels``: 10% digits,
-    5% ignore_index, the rest other tokens. Deterministic for a case."""
+    ``case.ignored_fraction`` ignore_index (5 % by default), the rest other tokens. Deterministic
+    for a case. On CUDA the leaves are drawn on the device (:func:`device_leaves`)."""
     generator = torch.Generator().manual_seed(0)
     batch = max(1, case.tokens // SEQUENCE_LENGTH)
     shape = (batch, case.tokens // batch)
@@ -148,7 +185,11 @@ def make_inputs(case: Case, device: torch.device) -> dict[str, torch.Tensor]:
     choice = torch.rand(shape, generator=generator)
     digits = FIRST_DIGIT_ID + torch.randint(10, shape, generator=generator)
     labels = torch.where(choice < NUMBER_FRACTION, digits, labels)
-    labels = torch.where(choice > 1 - IGNORED_FRACTION, torch.full_like(labels, -100), labels)
+    ignored = choice > 1 - case.ignored_fraction
+    labels = torch.where(ignored, torch.full_like(labels, -100), labels)
+    if device.type == "cuda":
+        key = (case.suite, shape, case.vocab_size, case.hidden_size, case.dtype, str(device))
+        return {**device_leaves(key), "labels": labels.to(device)}
     if case.suite == "logits":
         logits = 2 * torch.randn(*shape, case.vocab_size, generator=generator)
         return {
@@ -163,6 +204,23 @@ def make_inputs(case: Case, device: torch.device) -> dict[str, torch.Tensor]:
         "weight": weight.to(device, case.torch_dtype).requires_grad_(),
         "labels": labels.to(device),
     }
+
+
+@functools.lru_cache(maxsize=1)
+def device_leaves(key: tuple[Any, ...]) -> dict[str, torch.Tensor]:
+    """The leaves of a case on its GPU, drawn there by a CUDA generator in their dtype (the logits
+    ~ N(0, 4); the hidden states ~ N(0, 1), the weight ~ N(0, 1/H)), and kept for the next case of
+    the same shape and dtype (one set at a time)."""
+    suite, shape, vocab_size, hidden_size, dtype, device = key
+    generator = torch.Generator(device).manual_seed(0)
+    draw = functools.partial(
+        torch.randn, generator=generator, device=device, dtype=getattr(torch, dtype)
+    )
+    if suite == "logits":
+        return {"logits": draw(*shape, vocab_size).mul_(2).requires_grad_()}
+    hidden = draw(*shape, hidden_size)
+    weight = draw(vocab_size, hidden_size).div_(hidden_size**0.5)
+    return {"hidden": hidden.requires_grad_(), "weight": weight.requires_grad_()}
 
 
 def leaves(inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
@@ -412,20 +470,54 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+class Clock:
+    """Seconds between marks: CUDA events on a CUDA device (read once, after the last mark; the
+    stream is synchronised at the start), ``time.perf_counter`` elsewhere."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        synchronize(device)
+        self.marks: list[Any] = []
+        self.mark()
+
+    def mark(self) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append(event)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def intervals(self) -> list[float]:
+        """Seconds from each mark to the next (waits for the last CUDA event)."""
+        if self.cuda:
+            self.marks[-1].synchronize()
+            return [a.elapsed_time(b) / 1e3 for a, b in itertools.pairwise(self.marks)]
+        return [b - a for a, b in itertools.pairwise(self.marks)]
+
+
 def copy_bandwidth(tensor: torch.Tensor, repeats: int = 10) -> int:
     """GB/s of the device's own copy of ``tensor`` (one read and one write), the median of
-    ``repeats`` copies after a warm-up: the practical peak a row pass can approach."""
+    ``repeats`` copies after a warm-up, timed with CUDA events: the practical peak a row pass can
+    approach."""
     target = torch.empty_like(tensor)
     times = []
     for index in range(repeats + 2):
-        synchronize(tensor.device)
-        start = time.perf_counter()
+        clock = Clock(tensor.device)
         target.copy_(tensor)
-        synchronize(tensor.device)
+        clock.mark()
         if index >= 2:
-            times.append(time.perf_counter() - start)
+            times.append(clock.intervals()[0])
     times.sort()
     return round(2 * tensor.nbytes / times[len(times) // 2] / 1e9)
+
+
+def backward(case: Case, loss: torch.Tensor) -> None:
+    """``loss.backward()``, with the case's upstream gradient when it is not 1."""
+    if case.upstream == 1:
+        loss.backward()
+    else:
+        loss.backward(torch.full_like(loss, case.upstream))
 
 
 def call_inputs(name: str, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -438,21 +530,23 @@ def call_inputs(name: str, inputs: dict[str, torch.Tensor]) -> dict[str, torch.T
 def run_once(
     case: Case, variant: Variant, inputs: dict[str, torch.Tensor]
 ) -> tuple[float, float, float]:
-    """(forward, backward) wall-clock seconds of one training step of the loss, and the CPU
-    seconds of the whole step (user + system: robust to other processes on a shared machine).
-    Gradients land in .grad."""
+    """(forward, backward) seconds of one training step of the loss (on CUDA from events, on the
+    device's clock; elsewhere wall-clock, with a synchronisation before each reading), and the
+    CPU seconds of the whole step (user + system: robust to other processes on a shared
+    machine). Gradients land in .grad."""
     device = inputs["labels"].device
     for leaf in leaves(inputs):
         leaf.grad = None
-    synchronize(device)
-    cpu_start, start = time.process_time(), time.perf_counter()
+    cpu_start = time.process_time()
+    clock = Clock(device)
     loss = variant(case, inputs)
-    synchronize(device)
-    middle = time.perf_counter()
-    loss.backward()
-    synchronize(device)
-    end = time.perf_counter()
-    return middle - start, end - middle, time.process_time() - cpu_start
+    if not clock.cuda:
+        synchronize(device)
+    clock.mark()
+    backward(case, loss)
+    clock.mark()
+    forward_seconds, backward_seconds = clock.intervals()
+    return forward_seconds, backward_seconds, time.process_time() - cpu_start
 
 
 def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
@@ -489,7 +583,7 @@ def check_variants(
             leaf.grad = None
         try:
             loss = found[name](case, call)
-            loss.backward()
+            backward(case, loss)
         except Exception as error:  # a variant that cannot run here (a GPU library, compile)
             if name in references or name == BASELINE[case.suite]:
                 raise
@@ -559,12 +653,19 @@ def probe_memory(case: Case, name: str) -> int:
 
 
 def measure_memory(
-    case: Case, name: str, variant: Variant, threads: int, device: torch.device
+    case: Case,
+    name: str,
+    variant: Variant,
+    threads: int,
+    device: torch.device,
+    inputs: dict[str, torch.Tensor],
 ) -> int:
     """Peak extra memory of one step: in a fresh subprocess on CPU (eager), in process on CUDA
-    (``variant`` as timed)."""
+    (``variant`` as timed, on the timed ``inputs``)."""
     if device.type == "cuda":
-        inputs = call_inputs(name, make_inputs(case, device))
+        inputs = call_inputs(name, inputs)
+        for leaf in leaves(inputs):
+            leaf.grad = None
         synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         baseline = torch.cuda.memory_allocated(device)
@@ -593,7 +694,8 @@ def thread_counts(text: str) -> list[int]:
 
 
 def label_of(row: dict[str, Any]) -> str:
-    return Case(**{f.name: row[f.name] for f in dataclasses.fields(Case)}).label()
+    """The case label of a row (rows written before a field existed take its default)."""
+    return Case(**{f.name: row.get(f.name, f.default) for f in dataclasses.fields(Case)}).label()
 
 
 def run_case(
@@ -614,7 +716,7 @@ def run_case(
         {}
         if args.no_memory
         else {
-            name: measure_memory(case, name, variant, threads[-1], device)
+            name: measure_memory(case, name, variant, threads[-1], device, inputs)
             for name, variant in found.items()
         }
     )
@@ -629,7 +731,6 @@ def run_case(
         case_fields = {
             **dataclasses.asdict(case),
             "number_fraction": NUMBER_FRACTION,
-            "ignored_fraction": IGNORED_FRACTION,
             "ntl_weight": NTL_WEIGHT,
         }
         rows += case_rows(
@@ -650,6 +751,12 @@ def run_case(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small shapes: a smoke run")
+    parser.add_argument(
+        "--gpu-cases",
+        action="store_true",
+        help="gpu.sh's cases (gpu_cases): 5 %% and 50 %% ignored labels, an upstream gradient of "
+        "0.37, bfloat16 first; with --quick at the quick shapes",
+    )
     parser.add_argument(
         "--threads",
         default="1,max",
@@ -706,7 +813,10 @@ def main() -> None:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device")
-    cases = quick_cases() if args.quick else default_cases(device)
+    if args.gpu_cases:
+        cases = gpu_cases(args.quick)
+    else:
+        cases = quick_cases() if args.quick else default_cases(device)
     cases = [c for c in cases if args.suite in ("all", c.suite) and args.dtype in ("all", c.dtype)]
     if args.cases:
         cases = [c for c in cases if any(part in c.label() for part in args.cases)]
@@ -720,13 +830,13 @@ def main() -> None:
         new_rows = run_case(case, args, threads, meta)
         rows += new_rows
         print(summary_table(new_rows, label_of), file=sys.stderr, flush=True)
-        if out is not None:
+        if out is not None:  # after every case: a run stopped at a time limit keeps its cases
             out.parent.mkdir(parents=True, exist_ok=True)
             with out.open("a") as file:
                 file.writelines(json.dumps(row) + "\n" for row in new_rows)
+            out.with_suffix(".md").write_text(summary_table(rows, label_of) + "\n")
     print(summary_table(rows, label_of))
     if out is not None:
-        out.with_suffix(".md").write_text(summary_table(rows, label_of) + "\n")
         print(f"results: {out}", file=sys.stderr)
 
 

@@ -1,30 +1,50 @@
 #!/usr/bin/env bash
-# GPU readiness, one prepared script (about 8 minutes at most on one GPU):
-#   1. the device-sensitive tests (those taking the `device` fixture, `pytest -m device`) on CUDA:
-#      the Triton kernels against the float64 reference, and a training step with
-#      torch.cuda.set_sync_debug_mode("error") (no host synchronisation);
-#   2. bench_loss.py --suite logits on CUDA, eager: the fused path (the Triton kernels, default and
-#      in place, and the torch backend beside them) at N x V = 4096 x 32768, 2048 x 131072 and
-#      8192 x 128256, float32 and bfloat16, against F.cross_entropy and, where it is installed (or
-#      installs without network, --no-deps), Liger-Kernel's cross-entropy; the bandwidth of each;
-#   3. bench_loss.py --suite linear: logits-free (N, H, V = 4096, 1024, 131072 and 8192, 4096,
-#      128256) against the materialised path and Liger's fused linear cross-entropy;
-#   4. bench_trainer_step.py --preset 1b: a Trainer step of a 1B-shaped Llama (bf16, sequence 2048,
-#      batch 4) with logits_free off and on: step time and CUDA peak memory;
-#   5. bench_readout.py: predict_numbers (the key/value-cached enumeration, 2 and 3 digits) on a
-#      random Llama with V = 128,256 against a greedy generate() of the same prompts;
-#   6. bench_kinds.py: the fused path of DEL, SMMD and DIST2 (the Triton row kernel) against
-#      NTL-WAS and F.cross_entropy, N x V = 4096 x 131072, digits and 1,110 number tokens;
-#   7. the fused and linear paths and Liger through torch.compile on the N=4096 cases;
-# and writes benchmarks/results/<date>-<gpu name>.md (with the targets of the fused and
-# logits-free paths, benchmarks/gpu_targets.py), the JSONL rows beside it. Each step has its own
-# time limit; a step that runs out keeps what it measured and the summary says so.
-# Without a CUDA GPU it says so and exits 0.
+# numtok on one GPU in at most 8 minutes, set-up included (a GPU machine allows 600 s a command).
+# The steps, in this order, each under its own time limit in seconds (the fixed ones add up to
+# 430 of the 480-second budget; the benchmarks after them get what is left):
 #
-#   benchmarks/gpu.sh                      # python: $PYTHON, else .venv/bin/python, else python3
-#   GPU_SH_DEVICE=cpu GPU_SH_QUICK=1 GPU_SH_RESULTS=/tmp/dry benchmarks/gpu.sh  # dry run on CPU
+#   setup      20  gpu_checks.py setup: the wheels of benchmarks/wheels/ (`make gpu-wheels`:
+#                  Liger-Kernel 0.8.5, and TRL with what it needs beyond a CUDA image) installed
+#                  with --no-index --no-deps into a site folder on PYTHONPATH; the versions, the GPU
+#   launch     60  (a) gpu_checks.py launch: every kernel variant of the calls that the JIT-faithful
+#                  compile test records, compiled by Triton's JIT for this GPU and launched, each
+#                  call's loss against impl="torch"
+#   large      50  (b) gpu_checks.py large: value and gradient against the float64 reference at
+#                  16,384 x 152,064 bfloat16 logits (row offsets past 2^31)
+#   sanitizer  45  (b) gpu_checks.py small under compute-sanitizer (memcheck) where it exists
+#   sync       45  (c) gpu_checks.py sync: a training step, every synchronisation recorded, numtok's
+#                  loss and backward under torch.cuda.set_sync_debug_mode("error")
+#   tests      90  (c) pytest -m device on the GPU (-n 8 where pytest-xdist is installed; every
+#                  test runs, no --maxfail)
+#   loss      120  (d) bench_loss.py --gpu-cases, CUDA events: numtok, Liger, F.cross_entropy at
+#                  V = 32,768 and 128,256, bfloat16 and float32, 5 % and 50 % ignored labels, an
+#                  upstream gradient of 0.37; the bandwidth against the device's own copy
+#   then, while the budget lasts (each under the smaller of its limit and the time left; none
+#   started with less than 15 s left): kinds 40 (bench_kinds.py), trainer 60
+#   (bench_trainer_step.py --preset 1b), readout 40 (bench_readout.py), head 45
+#   (bench_number_head.py), trl 40 (bench_trl_step.py).
+#
+# After every step it writes, under $OUT (default benchmarks/results/), <date>-<gpu>.md (the report
+# so far: a table of the steps, the targets of benchmarks/gpu_targets.py, each step's section),
+# <date>-<gpu>.jsonl (each step's status and rows, every row with its step) and
+# <date>-<gpu>-log.txt (the end of each step's output): a run cut short keeps every step that
+# finished. Exit status 0 when every step completed, 1 otherwise; 0 without a CUDA GPU (it says
+# so and runs nothing).
+#
+# On a GPU machine without network: `make gpu-wheels` here, then run `benchmarks/gpu.sh` there
+# with benchmarks/wheels carried into the working tree. Environment:
+#   OUT             the folder of the report (default benchmarks/results)
+#   PYTHON          the interpreter (default .venv/bin/python where it exists, else python3)
+#   GPU_SH_DEVICE   cuda (default), or cpu: the dry run (the kernels in Triton's interpreter)
+#   GPU_SH_QUICK    non-empty: small shapes and a subset of the tests (the dry run)
+#   GPU_SH_BUDGET   seconds (default 480); GPU_SH_STEPS: the steps to run (comma-separated names)
+#   GPU_SH_WHEELS   the wheels' folder (default benchmarks/wheels); GPU_SH_WORKERS: xdist's -n (8)
+#
+#   benchmarks/gpu.sh                                                  # on the GPU machine
+#   GPU_SH_DEVICE=cpu GPU_SH_QUICK=1 OUT=/tmp/gpu-dry benchmarks/gpu.sh  # the dry run on CPU
 set -uo pipefail
 cd "$(dirname "$0")/.."
+start=$SECONDS
 
 PY=${PYTHON:-}
 if [[ -z "$PY" ]]; then
@@ -32,128 +52,142 @@ if [[ -z "$PY" ]]; then
 fi
 DEVICE=${GPU_SH_DEVICE:-cuda}
 QUICK=${GPU_SH_QUICK:+--quick}
-export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"  # numtok from this tree, installed or not
+BUDGET=${GPU_SH_BUDGET:-480}
+ONLY=${GPU_SH_STEPS:-}
+WHEELS=${GPU_SH_WHEELS:-benchmarks/wheels}
+RESULTS=${OUT:-benchmarks/results}
+MIN_STEP=15 # no step is started with less time left
+RESERVE=3   # kept for the last report
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu-sh.XXXXXX")
+mkdir -p "$WORK/site" "$RESULTS"
+export PYTHONPATH="$WORK/site:$PWD/src${PYTHONPATH:+:$PYTHONPATH}" # the wheels; numtok from here
+export PYTHONUNBUFFERED=1
 
-if [[ "$DEVICE" == cuda ]] &&
-    ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
-    echo "gpu.sh: no CUDA GPU visible to torch (python: $PY); nothing to run."
-    exit 0
+if [[ "$DEVICE" == cuda ]]; then
+    if ! gpu=$("$PY" -c 'import sys, torch
+if not torch.cuda.is_available(): sys.exit(1)
+print(torch.cuda.get_device_name(0))' 2>/dev/null); then
+        echo "gpu.sh: no CUDA GPU visible to torch (python: $PY); nothing to run."
+        exit 0
+    fi
+    THREADS=max
+else
+    gpu="$DEVICE dry run"
+    THREADS=1 # the dry run: light on a shared machine
 fi
-
-start=$SECONDS
-gpu=$("$PY" -c "import torch; d = torch.device('$DEVICE'); print(torch.cuda.get_device_name(d) if d.type == 'cuda' else 'cpu')")
 name=$(date -u +%Y-%m-%d)-$(echo "$gpu" | tr -cs 'A-Za-z0-9' '-' | sed 's/-*$//')
-results=${GPU_SH_RESULTS:-benchmarks/results}
-mkdir -p "$results"
-report=$results/$name.md
-log=$(mktemp -d)
-echo "gpu.sh: $gpu; report: $report; logs: $log"
+base=$RESULTS/$name
+deadline=$((start + BUDGET - RESERVE))
+echo "gpu.sh: $gpu, python $PY; budget $BUDGET s; report $base.md; work folder $WORK"
 
-# Liger-Kernel where it installs (from a local cache or index; --no-deps keeps this torch).
-if [[ "$DEVICE" == cuda ]] && ! "$PY" -c 'import liger_kernel' 2>/dev/null; then
-    timeout 60 "$PY" -m pip install --quiet --no-deps --retries 0 --timeout 5 liger-kernel \
-        >"$log/liger.txt" 2>&1 ||
-        echo "gpu.sh: Liger-Kernel did not install; its variants are skipped."
-fi
-liger=$("$PY" -c 'import importlib.metadata as m; print(m.version("liger-kernel"))' 2>/dev/null ||
-    echo "not installed")
-
-step() {  # step <seconds> <log name> <command...>: run with a time limit, report how it ended
-    local limit=$1 file=$2
-    shift 2
-    timeout "$limit" "$@" >"$log/$file.out" 2>"$log/$file.err"
-    local status=$?
-    case $status in
-        0) echo "completed" ;;
-        124) echo "**stopped at its ${limit}-second limit** (rows measured until then are kept)" ;;
-        *) echo "**failed with exit status $status** (see the end of its log below)" ;;
-    esac
+report() { # the report so far, from $WORK: $base.md, .jsonl, -log.txt
+    "$PY" benchmarks/gpu_checks.py report --work "$WORK" --out "$base" --budget "$BUDGET" \
+        --elapsed $((SECONDS - start)) "$@" >/dev/null 2>"$WORK/report.err" && return
+    echo "gpu.sh: the report failed: $base-report-error.txt" >&2
+    cp "$WORK/report.err" "$base-report-error.txt"
 }
 
-echo "gpu.sh: tests on $DEVICE"
-tests_status=$(step 170 tests env NUMTOK_TEST_DEVICE="$DEVICE" "$PY" -m pytest -m device -q \
-    -p no:cacheprovider --continue-on-collection-errors --maxfail=5)
-echo "gpu.sh: fused (logits) benchmark"
-eager_status=$(step 100 eager "$PY" benchmarks/bench_loss.py $QUICK --suite logits \
-    --device "$DEVICE" --threads max --out "$results/$name-eager.jsonl")
-echo "gpu.sh: logits-free (linear) benchmark"
-linear_status=$(step 70 linear "$PY" benchmarks/bench_loss.py $QUICK --suite linear \
-    --device "$DEVICE" --threads max --out "$results/$name-linear.jsonl")
-echo "gpu.sh: Trainer step of a 1B-shaped Llama"
-preset=1b
-[[ -n "$QUICK" ]] && preset=quick
-trainer_status=$(step 70 trainer "$PY" benchmarks/bench_trainer_step.py --preset "$preset" \
-    --device "$DEVICE" --modes logits,logits_free --rounds 3 --steps 3 \
-    --out "$results/$name-trainer-step.jsonl")
-echo "gpu.sh: predict_numbers against generate()"
-readout_status=$(step 45 readout "$PY" benchmarks/bench_readout.py --device "$DEVICE" \
-    --digits 2,3 --rounds 3 --whole-sequence-digits 0 --out "$results/$name-readout.jsonl")
-echo "gpu.sh: the number losses of numtok.kinds"
-kinds_status=$(step 60 kinds "$PY" benchmarks/bench_kinds.py $QUICK --device "$DEVICE" \
-    --vocab 131072 --rounds 5 --out "$results/$name-kinds")
-echo "gpu.sh: torch.compile benchmark"
-budget=$((470 - (SECONDS - start)))  # whatever is left of about 7.8 minutes, at least one
-compile_status=$(step $((budget > 60 ? budget : 60)) compiled "$PY" benchmarks/bench_loss.py $QUICK --device "$DEVICE" \
-    --threads max --compile \
-    --cases "N=4096 V=32768 float32 reweigh=off,N=4096 V=32768 bfloat16 reweigh=off,linear N=4096,N=1024" \
-    --variants "F.cross_entropy,cross_entropy_with_ntl,Liger CE (no NTL),materialised + CE + number_token_loss,materialised + cross_entropy_with_ntl,linear_cross_entropy_with_ntl,Liger fused linear CE (no NTL)" \
-    --out "$results/$name-compiled.jsonl")
-
-summary() {  # summary <jsonl>: the Markdown table of whatever rows the step wrote
-    if [[ -s "$1" ]]; then "$PY" benchmarks/bench_loss.py --summarize "$1"; else echo "(no rows)"; fi
+record() { # record NAME TITLE STATUS SECONDS LIMIT NOTE COMMAND...: one line of steps.jsonl
+    "$PY" -c 'import json, shlex, sys
+a = sys.argv[1:]
+print(json.dumps({"step": a[0], "title": a[1], "status": a[2],
+                  "seconds": int(a[3]) if a[3] else None, "limit": int(a[4]), "note": a[5],
+                  "command": shlex.join(a[6:])}))' "$@" >>"$WORK/steps.jsonl"
 }
-versions=$("$PY" -c "import torch, numtok; print(f'torch {torch.__version__} (CUDA {torch.version.cuda}), numtok {numtok.__version__}')")
-{
-    echo "# numtok on $gpu, $(date -u +%Y-%m-%dT%H:%MZ)"
-    echo
-    echo "$versions, Liger-Kernel $liger. Written by \`benchmarks/gpu.sh\` in $((SECONDS - start)) s."
-    echo "Ratios (× base) are to F.cross_entropy (logits suite) or to the materialised"
-    echo "\`hidden @ W.T\` + \`F.cross_entropy\` + \`number_token_loss\` (linear suite), same run;"
-    echo "peak = extra memory of one step (CUDA: \`max_memory_allocated\`) / the logits' size."
-    echo
-    echo "## Targets (\`benchmarks/gpu_targets.py\`, eager rows)"
-    echo
-    "$PY" benchmarks/gpu_targets.py --rows "$results/$name-eager.jsonl" \
-        "$results/$name-linear.jsonl" --trainer "$results/$name-trainer-step.jsonl"
-    echo
-    echo "## Device-sensitive tests on $DEVICE (\`pytest -m device\`): $tests_status"
-    echo
-    echo '```'
-    tail -n 15 "$log/tests.out"
-    echo '```'
-    echo
-    echo "## Fused (logits given), eager: $eager_status"
-    echo
-    summary "$results/$name-eager.jsonl"
-    echo
-    echo "## Logits-free (hidden states given), eager: $linear_status"
-    echo
-    summary "$results/$name-linear.jsonl"
-    echo
-    echo "## Trainer step (\`bench_trainer_step.py --preset $preset\`): $trainer_status"
-    echo
-    if [[ -s "$results/$name-trainer-step.md" ]]; then cat "$results/$name-trainer-step.md"; else echo "(no rows)"; fi
-    echo
-    echo "## predict_numbers against generate() (\`bench_readout.py\`, random Llama, V = 128,256): $readout_status"
-    echo
-    if [[ -s "$results/$name-readout.md" ]]; then cat "$results/$name-readout.md"; else echo "(no rows)"; fi
-    echo
-    echo "## DEL, SMMD, DIST2 in the fused path (\`bench_kinds.py\`): $kinds_status"
-    echo
-    if [[ -s "$results/$name-kinds.md" ]]; then cat "$results/$name-kinds.md"; else echo "(no rows)"; fi
-    echo
-    echo "## torch.compile (default backend): $compile_status"
-    echo
-    summary "$results/$name-compiled.jsonl"
-    for file in tests eager linear trainer readout kinds compiled; do
-        if [[ -s "$log/$file.err" ]] && ! grep -q '^results:' "$log/$file.err"; then
-            echo
-            echo "### End of the $file step's log"
-            echo
-            echo '```'
-            tail -n 20 "$log/$file.err"
-            echo '```'
+
+failures=0
+step() { # step NAME LIMIT TITLE COMMAND...: COMMAND under min(LIMIT, the time left), then report
+    local name=$1 limit=$2 title=$3
+    shift 3
+    [[ -n "$ONLY" && ",$ONLY," != *",$name,"* ]] && return 0
+    local left=$((deadline - SECONDS)) note="" status seconds=""
+    if ((left < MIN_STEP)); then
+        status=skipped
+        note="Not started: ${left} s of the budget were left."
+        failures=$((failures + 1))
+    else
+        if ((limit > left)); then
+            note="Its limit was cut from $limit s to the $left s left of the budget."
+            limit=$left
         fi
-    done
-} >"$report"
-echo "gpu.sh: done in $((SECONDS - start)) s: $report"
+        echo "gpu.sh: [$((SECONDS - start)) s] $title (at most $limit s)"
+        local began=$SECONDS
+        timeout -k 5 "$limit" "$@" >"$WORK/$name.out" 2>"$WORK/$name.err"
+        local rc=$?
+        seconds=$((SECONDS - began))
+        case $rc in
+            0) status=completed ;;
+            124 | 137) status="**stopped at its limit** (what it wrote until then is kept)" ;;
+            *) status="**failed** (exit status $rc)" ;;
+        esac
+        [[ $rc == 0 ]] || failures=$((failures + 1))
+        echo "gpu.sh: [$((SECONDS - start)) s] $name: $status"
+    fi
+    record "$name" "$title" "$status" "$seconds" "$limit" "$note" "$@"
+    report
+}
+
+on_cpu=()
+[[ "$DEVICE" == cpu ]] && on_cpu=(--no-memory) # the dry run: no memory subprocesses
+
+# Set-up, then (a) every variant compiles and launches.
+step setup 20 "Set-up (\`gpu_checks.py setup\`)" \
+    "$PY" benchmarks/gpu_checks.py setup --device "$DEVICE" --wheels "$WHEELS" \
+    --site "$WORK/site" --out "$WORK/setup"
+step launch 60 "(a) Every kernel variant compiles and launches (\`gpu_checks.py launch\`)" \
+    "$PY" benchmarks/gpu_checks.py launch --device "$DEVICE" $QUICK --out "$WORK/launch"
+
+# (b) Values and gradients against float64, large; a small case under compute-sanitizer.
+step large 50 "(b) Values and gradients against float64, the large bfloat16 case (\`gpu_checks.py large\`)" \
+    "$PY" benchmarks/gpu_checks.py large --device "$DEVICE" $QUICK --out "$WORK/large"
+sanitizer=$(command -v compute-sanitizer 2>/dev/null ||
+    ls /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda-*/bin/compute-sanitizer \
+        /opt/nvidia/compute-sanitizer/compute-sanitizer 2>/dev/null | head -n 1)
+small=("$PY" benchmarks/gpu_checks.py small --device "$DEVICE" $QUICK --out "$WORK/sanitizer")
+if [[ "$DEVICE" == cuda && -n "$sanitizer" ]]; then
+    step sanitizer 45 "(b) A small case of every Triton path under compute-sanitizer (\`gpu_checks.py small\`)" \
+        env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$sanitizer" --tool memcheck --error-exitcode 3 \
+        --print-limit 20 --target-processes application-only "${small[@]}"
+else
+    why=$([[ "$DEVICE" == cuda ]] && echo "no compute-sanitizer on this machine" || echo "on CPU")
+    step sanitizer 45 "(b) A small case of every Triton path, without compute-sanitizer ($why) (\`gpu_checks.py small\`)" \
+        "${small[@]}"
+fi
+
+# (c) No host synchronisation in a training step; the device-marked tests.
+step sync 45 "(c) A training step without host synchronisation (\`gpu_checks.py sync\`)" \
+    "$PY" benchmarks/gpu_checks.py sync --device "$DEVICE" $QUICK --out "$WORK/sync"
+tests=(-m device -q -rfE -p no:cacheprovider --continue-on-collection-errors)
+"$PY" -c 'import xdist' 2>/dev/null && tests+=(-n "${GPU_SH_WORKERS:-8}")
+"$PY" -c 'import pytest_timeout' 2>/dev/null && tests+=(--timeout 60)
+[[ -n "$QUICK" ]] && tests+=(tests/test_fused_triton.py -k "not test_matches_reference")
+step tests 90 "(c) The device-marked tests on $DEVICE (\`pytest -m device\`)" \
+    env NUMTOK_TEST_DEVICE="$DEVICE" "$PY" -m pytest "${tests[@]}"
+
+# (d) Timings, CUDA events; then the other benchmarks while the budget lasts.
+loss=(--gpu-cases --device "$DEVICE" --threads "$THREADS" --out "$WORK/loss.jsonl")
+[[ "$DEVICE" == cpu ]] && loss+=(--rounds 2 --linear-rounds 1)
+step loss 120 "(d) numtok, Liger and F.cross_entropy, timed (\`bench_loss.py --gpu-cases\`)" \
+    "$PY" benchmarks/bench_loss.py $QUICK "${on_cpu[@]}" "${loss[@]}"
+step kinds 40 "DEL, SMMD and DIST2 in the fused path (\`bench_kinds.py\`)" \
+    "$PY" benchmarks/bench_kinds.py $QUICK --device "$DEVICE" --vocab 131072 --rounds 5 \
+    --threads "${THREADS/max/$(nproc)}" --out "$WORK/kinds"
+if [[ -n "$QUICK" ]]; then trainer=(--preset quick --rounds 1 --steps 2); else
+    trainer=(--preset 1b --rounds 3 --steps 3); fi
+step trainer 60 "A Trainer step, logits and logits-free (\`bench_trainer_step.py\`)" \
+    "$PY" benchmarks/bench_trainer_step.py "${trainer[@]}" "${on_cpu[@]}" --device "$DEVICE" \
+    --modes logits,logits_free --out "$WORK/trainer.jsonl"
+if [[ -n "$QUICK" ]]; then readout=(--digits 2 --rounds 1); else readout=(--digits 2,3 --rounds 3); fi
+step readout 40 "predict_numbers against generate() (\`bench_readout.py\`)" \
+    "$PY" benchmarks/bench_readout.py "${readout[@]}" --whole-sequence-digits 0 \
+    --device "$DEVICE" --threads "${THREADS/max/$(nproc)}" --out "$WORK/readout.jsonl"
+step head 45 "The number head beside each cross-entropy (\`bench_number_head.py\`)" \
+    "$PY" benchmarks/bench_number_head.py $QUICK "${on_cpu[@]}" --device "$DEVICE" --rounds 3 \
+    --threads "${THREADS/max/$(nproc)}" --out "$WORK/head"
+step trl 40 "A TRL SFTTrainer step (\`bench_trl_step.py\`, no memory subprocesses)" \
+    "$PY" benchmarks/bench_trl_step.py $QUICK --no-memory --device "$DEVICE" --rounds 2 \
+    --steps 3 --threads "${THREADS/max/$(nproc)}" --out "$WORK/trl.jsonl"
+
+report --finished
+echo "gpu.sh: done in $((SECONDS - start)) s, $failures step(s) not completed: $base.md"
+((failures == 0))

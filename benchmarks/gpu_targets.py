@@ -7,7 +7,8 @@ Targets (ratios of medians in the same run; peak memory in process, ``max_memory
 
 * fused CE + NTL (``cross_entropy_with_ntl impl=triton``, the Triton kernels, opt-in until these
   hold) ≤ 0.6× ``F.cross_entropy`` and ≤ 1.0× Liger's cross-entropy (which computes no NTL), in
-  every logits case; in place, extra peak memory ≤ 0.05× the logits;
+  every logits case (issue 27: also with 50 % ignored labels and an upstream gradient ≠ 1); in
+  place, extra peak memory ≤ 0.05× the logits;
 * logits-free (``linear_cross_entropy_with_ntl impl=triton``) ≤ 1.0× the materialised path
   (``hidden @ W.T``, then CE + ``number_token_loss``) at ≤ 0.2× its peak memory, and ≤ 0.5×
   Liger's fused linear cross-entropy, in every linear case;
@@ -32,16 +33,26 @@ def _load(path: Path) -> Rows:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def case_label(row: dict[str, Any]) -> str:
+    """bench_loss.py's case label without the suite: shape, dtype, reweigh, and the share of
+    ignored labels and the upstream gradient where they are not 5 % and 1."""
+    label = f"N={row['tokens']} V={row['vocab_size']}"
+    label += f" H={row['hidden_size']}" if row["hidden_size"] else ""
+    label += f" {row['dtype']} reweigh={'on' if row['reweigh'] else 'off'}"
+    if row.get("ignored_fraction", 0.05) != 0.05:
+        label += f" ignored={row['ignored_fraction']:.0%}"
+    if row.get("upstream", 1.0) != 1:
+        label += f" upstream={row['upstream']:g}"
+    return label
+
+
 def _cases(rows: Rows, suite: str) -> Iterator[tuple[str, dict[str, dict[str, Any]]]]:
     """(label, {variant: full-mode row}) per case of ``suite``, eager rows only."""
     by_case: dict[str, dict[str, dict[str, Any]]] = {}
     for row in rows:
         if row["suite"] != suite or row["mode"] != "full" or row.get("compiled"):
             continue
-        shape = f"N={row['tokens']} V={row['vocab_size']}"
-        shape += f" H={row['hidden_size']}" if row["hidden_size"] else ""
-        label = f"{shape} {row['dtype']} reweigh={'on' if row['reweigh'] else 'off'}"
-        by_case.setdefault(label, {})[row["variant"]] = row
+        by_case.setdefault(case_label(row), {})[row["variant"]] = row
     yield from by_case.items()
 
 
@@ -104,6 +115,8 @@ def linear_targets(rows: Rows) -> list[str]:
 
 def trainer_targets(rows: Rows) -> list[str]:
     by_mode = {row["mode"]: row for row in rows}
+    if "logits" not in by_mode:
+        return []
     case = ", ".join(f"{key}={by_mode['logits'][key]}" for key in ("preset", "batch", "sequence"))
     free = by_mode.get("logits_free", {})
     return [
