@@ -6,6 +6,7 @@ and ``BASE.md`` (its section of the report) and exits 1 when something it checks
     python benchmarks/gpu_checks.py large --device cuda --out BASE   # (b) 16,384 x 152,064 bf16
     python benchmarks/gpu_checks.py small --device cuda              # (b) under compute-sanitizer
     python benchmarks/gpu_checks.py sync --device cuda --out BASE    # (c) a training step, no syncs
+    python benchmarks/gpu_checks.py report --work DIR --out BASE     # gpu.sh's report so far
 
 ``setup`` installs the wheels of ``--wheels`` whose distribution is not installed at that version
 (``pip install --no-index --no-deps --target SITE``: the GPU machine has no package index; SITE is
@@ -29,6 +30,12 @@ time): the value, and the gradient's relative error over all rows and over the r
 Llama per way of computing the loss, the step once under ``set_sync_debug_mode("warn")`` (every
 synchronising call recorded with where it came from) and, for ``impl="triton"``, numtok's loss
 and backward under ``set_sync_debug_mode("error")``.
+
+``report``: from gpu.sh's work folder (``steps.jsonl``, a line per step; each step's ``.md``,
+``.jsonl``, ``.out`` and ``.err``), ``BASE.md`` (the steps' table, the targets of
+``gpu_targets.py``, each step's section), ``BASE.jsonl`` (every step's status and rows, each row
+tagged with its step) and ``BASE-log.txt`` (the end of each step's output); gpu.sh runs it after
+every step. It imports no torch.
 
 ``--quick`` (and ``--device cpu``, where the Triton kernels run in Triton's interpreter): small
 shapes, for gpu.sh's dry run.
@@ -817,8 +824,9 @@ def sync(args: argparse.Namespace) -> int:
         f"(2 layers, hidden 256, V = {vocab_size:,}, {dtype}, batch {batch} × {sequence}) on "
         f"{device}, after one warm-up step, under "
         '`torch.cuda.set_sync_debug_mode("warn")`: the '
-        "synchronising calls and where they come from; then numtok's loss and backward alone "
-        'under `"error"` (Triton routes).',
+        "synchronising calls and where they come from (one in backward is replayed where "
+        "`backward()` was called, so it is not counted as numtok's: the strict check catches "
+        'it); then numtok\'s loss and backward alone under `"error"` (Triton routes).',
         "",
         "| route | loss | syncs in the step | of them in numtok | where | numtok alone under "
         '"error" | s (two steps) |',
@@ -969,7 +977,8 @@ def report(args: argparse.Namespace) -> int:
         "|---|---|---|---|",
     ]
     lines += [
-        f"| {s['title']} | {s['status']} | {s.get('seconds', '')} | {s.get('limit', '')} |"
+        f"| {s['title']} | {s['status']} | {'–' if s.get('seconds') is None else s['seconds']} "
+        f"| {s.get('limit', '')} |"
         for s in steps
     ]
     loss_rows = _read_rows(work / "loss.jsonl")
