@@ -29,6 +29,7 @@ from __future__ import annotations
 import ast
 import builtins
 import importlib
+import importlib.util
 import inspect
 import os
 import re
@@ -344,9 +345,41 @@ CALL = re.compile(
 DOTTED = re.compile(r"(?<![\w.])numtok(?:\.[A-Za-z_]\w*)+")
 
 
+#: numtok modules that import a package the dev environment does not hold, with that package:
+#: Axolotl pins other transformers/trl/peft releases (tests/test_axolotl_plugin.py runs the plugin
+#: in an environment of its own). Where the package is missing, a path into such a module is read
+#: in its source instead: the file exists and defines the name at its top level.
+OUTSIDE_DEV = {"numtok.integrations.axolotl": "axolotl"}
+
+
+def _defined_in_source(module: str, names: list[str]) -> str:
+    path = ROOT / "src" / Path(*module.split(".")).with_suffix(".py")
+    if not path.is_file():
+        raise ModuleNotFoundError(module)
+    tree = ast.parse(path.read_text())
+    defined = {
+        target.id if isinstance(target, ast.Name) else getattr(target, "name", "")
+        for node in tree.body
+        for target in (
+            node.targets
+            if isinstance(node, ast.Assign)
+            else [node.target]
+            if isinstance(node, ast.AnnAssign)
+            else [node]
+        )
+    }
+    if names and names[0] not in defined:
+        raise AttributeError(f"{module} defines no {names[0]}")
+    return module
+
+
 def _resolve(dotted: str) -> Any:
     """``numtok.a.b.c`` imported as far as it is a module, then read as attributes."""
     parts = dotted.split(".")
+    for module, package in OUTSIDE_DEV.items():
+        inside = dotted == module or dotted.startswith(module + ".")
+        if inside and importlib.util.find_spec(package) is None:
+            return _defined_in_source(module, parts[len(module.split(".")) :])
     for split in range(len(parts), 0, -1):
         try:
             target: Any = importlib.import_module(".".join(parts[:split]))
