@@ -31,12 +31,14 @@ def build_tokenizer() -> Any:
     return tokenizer
 
 
-def build_model(tokenizer: Any, *, seed: int = 0) -> Any:
-    """A 2-layer Llama with hidden size 16: about 6K parameters, float32."""
+def build_model(tokenizer: Any, *, seed: int = 0, vocab_size: int | None = None) -> Any:
+    """A 2-layer Llama with hidden size 16: about 6K parameters (more for a large vocabulary),
+    float32; ``vocab_size``: its number of logits when the output layer is padded beyond the
+    tokenizer (default ``len(tokenizer)``)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
-        vocab_size=len(tokenizer),
+        vocab_size=len(tokenizer) if vocab_size is None else vocab_size,
         hidden_size=16,
         intermediate_size=32,
         num_hidden_layers=2,

@@ -117,27 +117,12 @@ def _tiny_llama(tmp_path: Path) -> dict[str, Any]:
     ``model``: a 2-layer random Llama, hidden size 16, with a padded output layer (50,304 logits
     for 50,257 tokens, as real models often have); ``batch``: two right-padded sums
     (``input_ids``, ``attention_mask``) and their ``labels`` (the inputs, -100 on padding)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
+    from _hf_tiny import build_model
     from conftest import build_gpt2_tokenizer
 
     tokenizer = build_gpt2_tokenizer()
     tokenizer.pad_token = tokenizer.eos_token
-    config = LlamaConfig(
-        vocab_size=50304,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=64,
-        pad_token_id=tokenizer.eos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
+    model = build_model(tokenizer, vocab_size=50304)
     batch = dict(
         tokenizer(
             ["12 + 30 = 42", "7 * 6 = 42 and 100 - 58 = 42"], padding=True, return_tensors="pt"
