@@ -338,13 +338,48 @@ DOTTED = re.compile(r"(?<![\w.])numtok(?:\.[A-Za-z_]\w*)+")
 OUTSIDE_DEV = {"numtok.integrations.axolotl": "axolotl", "numtok.integrations.vllm": "vllm"}
 
 
-def _defined_in_source(module: str, names: list[str]) -> str:
+def _source_signature(function: ast.FunctionDef | ast.AsyncFunctionDef) -> inspect.Signature:
+    """The signature of a function read from its source: its parameters' names and kinds, and
+    the defaults that are literals (any other default stands for itself as ``...``)."""
+
+    def default(node: ast.expr | None) -> Any:
+        if node is None:
+            return inspect.Parameter.empty
+        try:
+            return ast.literal_eval(node)
+        except ValueError:
+            return ...
+
+    arguments = function.args
+    positional = [*arguments.posonlyargs, *arguments.args]
+    defaults = [None] * (len(positional) - len(arguments.defaults)) + list(arguments.defaults)
+    kind = inspect.Parameter
+    only = kind.POSITIONAL_ONLY
+    parameters = [
+        kind(a.arg, only if a in arguments.posonlyargs else kind.POSITIONAL_OR_KEYWORD,
+             default=default(d))
+        for a, d in zip(positional, defaults, strict=True)
+    ]  # fmt: skip
+    if arguments.vararg:
+        parameters.append(kind(arguments.vararg.arg, kind.VAR_POSITIONAL))
+    parameters += [
+        kind(a.arg, kind.KEYWORD_ONLY, default=default(d))
+        for a, d in zip(arguments.kwonlyargs, arguments.kw_defaults, strict=True)
+    ]
+    if arguments.kwarg:
+        parameters.append(kind(arguments.kwarg.arg, kind.VAR_KEYWORD))
+    return inspect.Signature(parameters)
+
+
+def _defined_in_source(module: str, names: list[str]) -> Any:
+    """A name of ``module`` read from its source file, for a module whose imports are outside
+    dev: the module's name, or for a function a callable with the function's signature."""
     path = ROOT / "src" / Path(*module.split(".")).with_suffix(".py")
     if not path.is_file():
         raise ModuleNotFoundError(module)
     tree = ast.parse(path.read_text())
     defined = {
-        target.id if isinstance(target, ast.Name) else getattr(target, "name", "")
+        target.id if isinstance(target, ast.Name) else getattr(target, "name", ""): target
         for node in tree.body
         for target in (
             node.targets
@@ -354,8 +389,18 @@ def _defined_in_source(module: str, names: list[str]) -> str:
             else [node]
         )
     }
-    if names and names[0] not in defined:
+    if not names:
+        return module
+    if names[0] not in defined:
         raise AttributeError(f"{module} defines no {names[0]}")
+    node = defined[names[0]]
+    if len(names) == 1 and isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+
+        def read_from_source(*args: Any, **kwargs: Any) -> None:
+            raise AssertionError("a signature read from source is not called")
+
+        read_from_source.__signature__ = _source_signature(node)  # type: ignore[attr-defined]
+        return read_from_source
     return module
 
 
