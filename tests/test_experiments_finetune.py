@@ -20,6 +20,7 @@ from numtok.experiments.finetune.config import FinetuneConfig
 from numtok.experiments.finetune.examples import encode, prompt_batch, training_batch
 from numtok.experiments.finetune.runner import run_finetune
 from numtok.experiments.finetune.train import answer_logits, load_model, prompt_states
+from numtok.experiments.run_folder import prepare_run_dir
 
 from _hf_tiny import build_model, build_tokenizer
 
@@ -170,6 +171,19 @@ def test_settings_are_checked() -> None:
     with pytest.raises(ValueError, match="adaptation must be one of"):
         FinetuneConfig(adaptation="qlora")
     assert FinetuneConfig.from_dict(FinetuneConfig().to_dict()) == FinetuneConfig()
+
+
+def test_a_run_folder_with_arm_weights_resumes(tmp_path: Path) -> None:
+    """Settings with ``arm_weights`` (the test run after a validation sweep) are recorded as JSON
+    holds them, so the same settings find their own folder again (the pairs were stored as
+    lists and compared as tuples: every run with --arm-weights refused its own folder)."""
+    config = FinetuneConfig(arm_weights=(("was", 0.3), ("del", 1.0)))
+    prepare_run_dir(config, tmp_path)
+    prepare_run_dir(config, tmp_path)
+    stored = json.loads((tmp_path / "config.json").read_text())
+    assert FinetuneConfig.from_dict(stored) == config
+    with pytest.raises(ValueError, match="differing: arm_weights"):
+        prepare_run_dir(config.with_overrides(arm_weights=(("was", 1.0),)), tmp_path)
 
 
 def test_command_line(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -119,7 +119,10 @@ class FinetuneConfig:
         return dict(self.arm_weights).get(arm, self.ntl_weight)
 
     def to_dict(self) -> dict[str, Any]:
+        """The settings as JSON holds them (tuples as lists, ``arm_weights``' pairs included),
+        so that a run folder's stored settings compare equal to the same config's."""
         settings = asdict(self)
+        settings["arm_weights"] = [list(entry) for entry in self.arm_weights]
         return {key: list(value) if isinstance(value, tuple) else value
                 for key, value in settings.items()}  # fmt: skip
 
