@@ -34,6 +34,7 @@ __all__ = [
     "expected_numbers",
     "expected_span_values",
     "predict_numbers",
+    "prompt_token_ids",
 ]
 
 
@@ -136,7 +137,12 @@ class NumberPredictions(NamedTuple):
 READOUTS = ("expected", "median", "mode")
 
 
-def _token_ids(tokenizer: Any, prompts: Sequence[Any], vocab_given: bool) -> list[list[int]]:
+def prompt_token_ids(
+    tokenizer: Any, prompts: Sequence[Any], *, vocab_given: bool = False
+) -> list[list[int]]:
+    """The token ids of each prompt: a string tokenized by ``tokenizer(prompt)["input_ids"]``
+    (refused with ``vocab_given``: a NumberVocab cannot tokenize text), a list of ints as it is;
+    a ``TypeError``/``ValueError`` names the prompt that is neither, or an empty list."""
     if isinstance(prompts, (str, torch.Tensor)) or not isinstance(prompts, Sequence):
         raise TypeError(
             "prompts must be a list of strings (with a tokenizer) or of token-id lists, got "
@@ -243,7 +249,7 @@ def predict_numbers(
         vocab = tokenizer_or_vocab
     else:
         vocab = NumberVocab.from_tokenizer(tokenizer_or_vocab, vocab_size=_output_size(model))
-    ids = _token_ids(tokenizer_or_vocab, prompts, vocab_given)
+    ids = prompt_token_ids(tokenizer_or_vocab, prompts, vocab_given=vocab_given)
     pad_id = getattr(tokenizer_or_vocab, "pad_token_id", None)
     pad_id = pad_id if isinstance(pad_id, int) else 0
     was_training = bool(getattr(model, "training", False))

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from vllm import LLM, SamplingParams
 
-from numtok.decoding import READOUTS, NumberPredictions
+from numtok.decoding import READOUTS, NumberPredictions, prompt_token_ids
 from numtok.readout import check_max_digits, number_distribution
 from numtok.vocab import NumberVocab, check_number_vocab
 
@@ -145,30 +145,6 @@ class VLLMScorer:
         return log_probs
 
 
-def _token_ids(tokenizer: Any, prompts: Any) -> list[list[int]]:
-    if isinstance(prompts, (str, torch.Tensor)) or not isinstance(prompts, Sequence):
-        raise TypeError(
-            f"prompts must be a list of strings or of token-id lists, got {type(prompts).__name__}"
-        )
-    if not prompts:
-        raise ValueError("prompts must hold at least one prompt, got an empty list")
-    encoded = []
-    for index, prompt in enumerate(prompts):
-        if isinstance(prompt, str):
-            prompt = tokenizer(prompt)["input_ids"]
-        if (
-            not isinstance(prompt, Sequence)
-            or not prompt
-            or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
-        ):
-            raise TypeError(
-                f"prompts[{index}] must be a string or a non-empty list of int token ids, got "
-                f"{prompt!r:.80}"
-            )
-        encoded.append(list(prompt))
-    return encoded
-
-
 def predict_numbers(
     llm: Any,
     prompts: Sequence[str] | Sequence[Sequence[int]],
@@ -205,7 +181,7 @@ def predict_numbers(
     tokenizer = llm.get_tokenizer()
     if vocab is None:
         vocab = NumberVocab.from_tokenizer(tokenizer, vocab_size=llm.model_config.get_vocab_size())
-    ids = _token_ids(tokenizer, prompts)
+    ids = prompt_token_ids(tokenizer, prompts)
     scorer = VLLMScorer(llm, ids, vocab)
     distribution = number_distribution(
         scorer, scorer.vocab, max_digits=max_digits, min_probability=min_probability
