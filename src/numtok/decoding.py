@@ -23,7 +23,7 @@ from numtok._causal_lm_scorers import (
 from numtok._logsumexp import selected_rows_logsumexp
 from numtok._number_logits import compute_dtype, number_logits_at
 from numtok._validation import check_logits
-from numtok.readout import check_max_digits, number_distribution
+from numtok.readout import NumberDistribution, check_max_digits, number_distribution
 from numtok.spans import NumberSpans, span_tables, span_values
 from numtok.vocab import NumberVocab, check_number_vocab
 
@@ -132,6 +132,21 @@ class NumberPredictions(NamedTuple):
     mass: torch.Tensor
     pruned: torch.Tensor
     probabilities: torch.Tensor
+
+    @classmethod
+    def of(cls, distribution: NumberDistribution, readout: str) -> NumberPredictions:
+        """The predictions of ``distribution`` with ``readout`` (one of :data:`READOUTS`) as
+        ``number``."""
+        chosen = {"expected": distribution.mean, "median": distribution.median}
+        return cls(
+            chosen.get(readout, distribution.mode),
+            distribution.mean,
+            distribution.median,
+            distribution.mode,
+            distribution.mass,
+            distribution.pruned,
+            distribution.probabilities,
+        )
 
 
 READOUTS = ("expected", "median", "mode")
@@ -276,14 +291,4 @@ def predict_numbers(
     finally:
         if hasattr(model, "train"):
             model.train(was_training)
-    chosen = {"expected": distribution.mean, "median": distribution.median}
-    number = chosen.get(readout, distribution.mode)
-    return NumberPredictions(
-        number,
-        distribution.mean,
-        distribution.median,
-        distribution.mode,
-        distribution.mass,
-        distribution.pruned,
-        distribution.probabilities,
-    )
+    return NumberPredictions.of(distribution, readout)

@@ -186,13 +186,4 @@ def predict_numbers(
     distribution = number_distribution(
         scorer, scorer.vocab, max_digits=max_digits, min_probability=min_probability
     )
-    chosen = {"expected": distribution.mean, "median": distribution.median}
-    return NumberPredictions(
-        chosen.get(readout, distribution.mode),
-        distribution.mean,
-        distribution.median,
-        distribution.mode,
-        distribution.mass,
-        distribution.pruned,
-        distribution.probabilities,
-    )
+    return NumberPredictions.of(distribution, readout)
