@@ -48,8 +48,8 @@ _LONG_RJOKES: dict[str, Any] = {
 }
 #: SmolLM2-135M-Instruct fine-tuned on CPU with LoRA (rank 16 on q and v): a step of 16
 #: arithmetic questions (37 tokens) took 2.6-3.4 s at 2 threads against 4.1-5.5 s for full
-#: fine-tuning, to fit 5 arms x 3 seeds in the hour; the arithmetic test run took 81 min (~67
-#: at its fastest seed's pace; docs/smollm2.md, Cost).
+#: fine-tuning, to fit 5 arms x 3 seeds in the hour; alone on the machine the arithmetic preset
+#: takes about 66 min (3.0 s a step; docs/smollm2.md, Cost).
 _SMOLLM2: dict[str, Any] = {
     "model": "smollm2",
     "adaptation": "lora",
