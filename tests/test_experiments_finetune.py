@@ -199,3 +199,18 @@ def test_command_line(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFix
     with pytest.raises(SystemExit):
         main([*arguments[:5], "--eval-jokes", "3"])
     assert "--eval-jokes does not apply" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["smollm2-arithmetic", "smollm2-rjokes"])
+def test_a_long_preset_differs_from_its_short_one_in_the_budget_only(name: str) -> None:
+    from dataclasses import fields
+
+    from numtok.experiments.presets import check_preset
+
+    short, long = check_preset(name).config, check_preset(f"{name}-long").config
+    assert isinstance(short, FinetuneConfig) and isinstance(long, FinetuneConfig)
+    differing = {f.name for f in fields(short) if getattr(short, f.name) != getattr(long, f.name)}
+    budget = {"steps", "warmup_steps", "train_examples", "seeds", "test_examples"}
+    assert budget <= differing <= budget | {"harder_examples"}
+    assert long.steps >= 10 * short.steps and long.train_examples >= 5 * short.train_examples
+    assert long.seeds[: len(short.seeds)] == short.seeds  # the short run's seeds, and more

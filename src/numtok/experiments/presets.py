@@ -67,6 +67,17 @@ _SMOLLM2_RJOKES: dict[str, Any] = {
     "max_prompt_tokens": 32,
     "validation_examples": 300,
 }
+#: The longer SmolLM2 runs, meant for a GPU (``--device cuda``): ten times the steps (15 times
+#: for rJokes) over five times the training examples, 5 seeds, test splits of 1,000. Their λ are
+#: the ones chosen at the short budget (passed with ``--arm-weights``).
+_SMOLLM2_LONG: dict[str, Any] = {
+    "steps": 600,
+    "warmup_steps": 30,
+    "train_examples": 20_000,
+    "seeds": (0, 1, 2, 3, 4),
+    "test_examples": 1000,
+    "harder_examples": 1000,
+}
 #: The arms of the comparison of number losses (issue: every number loss in one engine).
 _EVERY_LOSS = ("ce", "was", "mse", "number", "gls", "del", "smmd", "head")
 #: λ of each number loss, chosen on the validation split by one rule fixed beforehand: the λ of
@@ -196,6 +207,21 @@ PRESETS: dict[str, Preset] = {
             "the score (greedy, expected, median) against a regression head on the same "
             f"backbone; {_SMOLLM2_RJOKES['steps']} steps × {_SMOLLM2['batch_size']}, 3 seeds "
             "(needs the rJokes data and the pretrained extra)",
+        ),
+        Preset(
+            "smollm2-arithmetic-long",
+            FinetuneConfig(**{**_SMOLLM2, **_SMOLLM2_LONG}),
+            f"smollm2-arithmetic at {_SMOLLM2_LONG['steps']} steps over "
+            f"{_SMOLLM2_LONG['train_examples']:,} questions, 5 seeds, test splits of 1,000: "
+            "for a GPU (--device cuda; not measured there; ~14 h on 2 CPU cores, estimated from "
+            "smollm2-arithmetic's step and scoring times)",
+        ),
+        Preset(
+            "smollm2-rjokes-long",
+            FinetuneConfig(**{**_SMOLLM2, **_SMOLLM2_RJOKES, **_SMOLLM2_LONG}),
+            f"smollm2-rjokes at {_SMOLLM2_LONG['steps']} steps over "
+            f"{_SMOLLM2_LONG['train_examples']:,} jokes, 5 seeds, 1,000 test jokes: for a GPU "
+            "(--device cuda; not measured there)",
         ),
         Preset(
             "rjokes-smoke",
