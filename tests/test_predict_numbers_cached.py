@@ -190,3 +190,93 @@ def test_models_the_cache_cannot_serve_fall_back_with_one_warning(build: Any, re
     for row, prompt in enumerate(PROMPTS):
         expected = expected_table(model, vocab, prompt, 2)
         torch.testing.assert_close(result.probabilities[row], expected, rtol=1e-5, atol=1e-9)
+
+
+class RecordingScorer:
+    """A scorer that appends to ``rows`` how many rows of logits each of its calls returns."""
+
+    def __init__(self, scorer: Any, rows: list[int]) -> None:
+        self.scorer = scorer
+        self.rows = rows
+
+    def start(self) -> torch.Tensor:
+        return self._record(self.scorer.start())
+
+    def extend(self, parents: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        return self._record(self.scorer.extend(parents, tokens))
+
+    def _record(self, logits: torch.Tensor) -> torch.Tensor:
+        self.rows.append(logits.shape[0])
+        return logits
+
+
+def widest_call(model: Any, vocab: NumberVocab, digits: int) -> int:
+    """The most rows of logits one prompt's tree asked of the scorer in one call."""
+    rows: list[int] = []
+    whole = WholeSequenceScorer(model, [PROMPTS[0]], pad_id=0, batch_size=None)
+    number_distribution(RecordingScorer(whole, rows), vocab, max_digits=digits)
+    return max(rows)
+
+
+@pytest.mark.parametrize("digits", [1, 2, 3])
+def test_the_widest_level_bounds_every_call_of_the_scorer(digits: int) -> None:
+    from numtok.readout import widest_level
+
+    model = tiny_model("llama", seed=9)
+    mixed = mixed_vocab()
+    assert widest_call(model, mixed, digits) <= widest_level(mixed, digits)
+    # Without word-start tokens (which start a number but do not continue one) it is exact.
+    continuing = NumberVocab.from_values(
+        {i: d for i, d in zip(mixed.ids.tolist(), mixed.digits, strict=True) if i < 13},
+        vocab_size=VOCAB_SIZE,
+    )
+    assert widest_call(model, continuing, digits) == widest_level(continuing, digits)
+    only_digits = NumberVocab.from_values({i: str(i) for i in range(10)}, vocab_size=VOCAB_SIZE)
+    assert widest_call(model, only_digits, digits) == widest_level(only_digits, digits)
+    assert widest_level(only_digits, digits) == 10**digits
+
+
+@pytest.mark.parametrize("per_group", [1, 2])
+def test_prompts_are_read_in_groups_that_keep_the_logits_under_the_budget(
+    per_group: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import numtok.decoding
+    from numtok.readout import widest_level
+
+    model = tiny_model("llama", seed=10)
+    vocab = mixed_vocab()
+    whole = predict_numbers(model, vocab, PROMPTS, max_digits=2)
+    widest = widest_level(vocab, 2)
+    monkeypatch.setattr(numtok.decoding, "LOGITS_BUDGET_BYTES", per_group * widest * VOCAB_SIZE * 4)
+    cached_scorer, rows = numtok.decoding.CachedScorer, []
+    monkeypatch.setattr(
+        numtok.decoding,
+        "CachedScorer",
+        lambda *a, **k: RecordingScorer(cached_scorer(*a, **k), rows),
+    )
+    grouped = predict_numbers(model, vocab, PROMPTS, max_digits=2)
+    assert max(rows) <= per_group * widest
+    assert rows.count(per_group) >= len(PROMPTS) // per_group  # start() per group
+    for field in ("probabilities", "mass", "mean", "median", "mode", "pruned"):
+        torch.testing.assert_close(
+            getattr(grouped, field), getattr(whole, field), rtol=1e-5, atol=1e-9, equal_nan=True
+        )
+
+
+def test_a_model_the_cache_cannot_serve_warns_once_over_every_group(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import numtok.decoding
+    from numtok.readout import widest_level
+
+    model = tiny_model("mistral-sliding")
+    vocab = mixed_vocab()
+    monkeypatch.setattr(
+        numtok.decoding, "LOGITS_BUDGET_BYTES", widest_level(vocab, 2) * VOCAB_SIZE * 4
+    )
+    with pytest.warns(UserWarning, match=FALLBACK) as caught:
+        result = predict_numbers(model, vocab, PROMPTS, max_digits=2)
+    assert len([w for w in caught if FALLBACK in str(w.message)]) == 1
+    for row, prompt in enumerate(PROMPTS):
+        expected = expected_table(model, vocab, prompt, 2)
+        torch.testing.assert_close(result.probabilities[row], expected, rtol=1e-5, atol=1e-9)

@@ -23,7 +23,12 @@ from numtok._causal_lm_scorers import (
 from numtok._logsumexp import selected_rows_logsumexp
 from numtok._number_logits import compute_dtype, number_logits_at
 from numtok._validation import check_logits
-from numtok.readout import NumberDistribution, check_max_digits, number_distribution
+from numtok.readout import (
+    NumberDistribution,
+    check_max_digits,
+    number_distribution,
+    widest_level,
+)
 from numtok.spans import NumberSpans, span_tables, span_values
 from numtok.vocab import NumberVocab, check_number_vocab
 
@@ -36,6 +41,11 @@ __all__ = [
     "predict_numbers",
     "prompt_token_ids",
 ]
+
+
+#: :func:`predict_numbers` reads its prompts in groups small enough that the logits of the
+#: number tree's widest level, (prefixes, V) in float32, stay under this many bytes.
+LOGITS_BUDGET_BYTES = 2**30
 
 
 class ExpectedNumbers(NamedTuple):
@@ -226,7 +236,10 @@ def predict_numbers(
     Cost: each prompt is run once and its key/value cache kept; then each level of the tree of
     number prefixes is one batched forward of one token per live prefix (about
     ``1.1 · 10**max_digits`` one-token steps per prompt in all, ``10**max_digits`` of them in
-    the last level), attending to the prompt's cache. Models whose cache is not a transformers
+    the last level), attending to the prompt's cache. Prompts are read in groups small enough
+    that the widest level's logits, (prefixes, V) float32, stay under 1 GiB
+    (:data:`LOGITS_BUDGET_BYTES`; 54 prompts at a time for two digits and V = 49,152): the memory
+    does not grow with the number of prompts. Models whose cache is not a transformers
     ``DynamicCache`` of full-attention layers (sliding-window or hybrid attention, state-space
     models) are scored the slow way instead, with a warning: every continuation from the
     prompt's first token, right-padded.
@@ -267,28 +280,39 @@ def predict_numbers(
     ids = prompt_token_ids(tokenizer_or_vocab, prompts, vocab_given=vocab_given)
     pad_id = getattr(tokenizer_or_vocab, "pad_token_id", None)
     pad_id = pad_id if isinstance(pad_id, int) else 0
+    # Each prompt's tree is scored on its own; a group's widest level returns
+    # group · widest_level logit rows of V columns at once.
+    row_bytes = widest_level(vocab, max_digits) * vocab.vocab_size * 4
+    group = max(1, LOGITS_BUDGET_BYTES // row_bytes)
+    scorer: type[CachedScorer] | type[WholeSequenceScorer] = CachedScorer
+
+    def distribution_of(prompts_of_group: list[list[int]]) -> NumberDistribution:
+        return number_distribution(
+            scorer(model, prompts_of_group, pad_id=pad_id, batch_size=batch_size),
+            vocab,
+            max_digits=max_digits,
+            min_probability=min_probability,
+        )
+
+    parts: list[NumberDistribution] = []
     was_training = bool(getattr(model, "training", False))
     if hasattr(model, "eval"):
         model.eval()
     try:
-        try:
-            distribution = number_distribution(
-                CachedScorer(model, ids, pad_id=pad_id, batch_size=batch_size),
-                vocab,
-                max_digits=max_digits,
-                min_probability=min_probability,
-            )
-        except CacheUnsupportedError as reason:
-            warnings.warn(
-                f"predict_numbers: {reason}; every continuation is scored from the prompt's "
-                "first token instead (exact, much slower)",
-                stacklevel=2,
-            )
-            whole = WholeSequenceScorer(model, ids, pad_id=pad_id, batch_size=batch_size)
-            distribution = number_distribution(
-                whole, vocab, max_digits=max_digits, min_probability=min_probability
-            )
+        for begin in range(0, len(ids), group):
+            prompts_of_group = ids[begin : begin + group]
+            try:
+                parts.append(distribution_of(prompts_of_group))
+            except CacheUnsupportedError as reason:
+                warnings.warn(
+                    f"predict_numbers: {reason}; every continuation is scored from the prompt's "
+                    "first token instead (exact, much slower)",
+                    stacklevel=2,
+                )
+                scorer = WholeSequenceScorer
+                parts.append(distribution_of(prompts_of_group))
     finally:
         if hasattr(model, "train"):
             model.train(was_training)
+    distribution = NumberDistribution(*(torch.cat(field) for field in zip(*parts, strict=True)))
     return NumberPredictions.of(distribution, readout)

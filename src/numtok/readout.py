@@ -108,6 +108,31 @@ def _number_log_probs(logits: torch.Tensor, vocab: NumberVocab, expected_rows: i
     return wide[:, vocab.ids.to(logits.device)].double() - log_normaliser  # (M, N)
 
 
+def widest_level(vocab: NumberVocab, max_digits: int) -> int:
+    """The most sequences one prompt puts into one call of the scorer in
+    :func:`number_distribution` without pruning: the largest count, over ``k``, of the ``k``-token
+    spellings of at most ``max_digits`` digits (``10**max_digits`` with single-digit tokens).
+    With ``n_c`` number tokens of ``c`` digits, ``f_k(d) = Σ_c f_{k-1}(d - c) · n_c`` counts the
+    spellings of ``d`` digits in ``k`` tokens (``f_0(0) = 1``); the level's size is
+    ``Σ_{d ≤ max_digits} f_k(d)`` (word-start tokens, which cannot continue a number, are counted
+    too, so this bounds the level)."""
+    check_number_vocab(vocab)
+    max_digits = check_max_digits(max_digits)
+    tokens_of_length = [0] * (max_digits + 1)
+    for digits in vocab.digits:
+        if len(digits) <= max_digits:
+            tokens_of_length[len(digits)] += 1
+    spellings = [1] + [0] * max_digits  # f_0
+    widest = 1
+    for _ in range(max_digits):
+        spellings = [
+            sum(spellings[d - c] * tokens_of_length[c] for c in range(1, d + 1))
+            for d in range(max_digits + 1)
+        ]
+        widest = max(widest, sum(spellings))
+    return widest
+
+
 def _summaries(probabilities: torch.Tensor, pruned: torch.Tensor) -> NumberDistribution:
     mass = probabilities.sum(dim=-1)  # (P,)
     values = torch.arange(probabilities.shape[-1], dtype=torch.float64)
