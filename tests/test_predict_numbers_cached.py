@@ -280,3 +280,29 @@ def test_a_model_the_cache_cannot_serve_warns_once_over_every_group(
     for row, prompt in enumerate(PROMPTS):
         expected = expected_table(model, vocab, prompt, 2)
         torch.testing.assert_close(result.probabilities[row], expected, rtol=1e-5, atol=1e-9)
+
+
+def test_a_level_does_not_keep_every_forward_s_whole_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forward's cache holds the prompt's positions once per prefix; what a level keeps of it
+    (the prefixes' own positions) must not hold the rest alive until the level ends."""
+    import weakref
+
+    import numtok._causal_lm_scorers as scorers
+
+    alive: list[int] = []
+    caches: list[weakref.ref[torch.Tensor]] = []
+    keys_values = scorers._keys_values
+
+    def recording(cache: Any) -> Any:
+        pairs = keys_values(cache)
+        alive.append(sum(ref() is not None for ref in caches))
+        caches.append(weakref.ref(pairs[0][0]))
+        return pairs
+
+    monkeypatch.setattr(scorers, "_keys_values", recording)
+    model, vocab = tiny_model("llama", seed=11), mixed_vocab()
+    number_distribution(
+        scorers.CachedScorer(model, PROMPTS, pad_id=0, batch_size=2), vocab, max_digits=2
+    )
+    assert len(alive) > 10, "the test needs many forwards per level"
+    assert max(alive) <= 2  # the prompts' cache and the forward before this one

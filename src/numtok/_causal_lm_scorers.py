@@ -273,8 +273,13 @@ class CachedScorer:
                 cache=cache,
             )
             logit_rows.append(logits[:, -1])
+            # Copies, not views: a view would keep the forward's whole cache (the prompt's
+            # positions repeated per prefix) alive until the level ends.
             suffix_parts.append(
-                [(k[:, :, longest:], v[:, :, longest:]) for k, v in _keys_values(grown)]
+                [
+                    (k[:, :, longest:].clone(), v[:, :, longest:].clone())
+                    for k, v in _keys_values(grown)
+                ]
             )
         self.row_prompt = prompt_of_row
         self.suffix = [
