@@ -306,3 +306,15 @@ def test_a_level_does_not_keep_every_forward_s_whole_cache(monkeypatch: pytest.M
     )
     assert len(alive) > 10, "the test needs many forwards per level"
     assert max(alive) <= 2  # the prompts' cache and the forward before this one
+
+
+def test_a_largest_value_reads_the_same_table_up_to_it() -> None:
+    model, vocab = tiny_model("llama", seed=12), mixed_vocab()
+    full = predict_numbers(model, vocab, PROMPTS, max_digits=2)
+    capped = predict_numbers(model, vocab, PROMPTS, max_digits=2, max_value=11)
+    expected = full.probabilities.clone()
+    expected[:, 12:] = 0
+    torch.testing.assert_close(capped.probabilities, expected, rtol=1e-5, atol=1e-9)
+    assert bool((capped.number <= 11).all())
+    with pytest.raises(ValueError, match="max_value must be a non-negative int, got -3"):
+        predict_numbers(model, vocab, PROMPTS, max_value=-3)

@@ -109,6 +109,41 @@ def test_matches_brute_force_enumeration(vocab: NumberVocab, max_digits: int) ->
         assert int(result.mode[row]) == int(expected.argmax())
 
 
+class CountingScorer(SequenceScorer):
+    """A SequenceScorer that counts the sequences it scores."""
+
+    scored = 0
+
+    def _score(self) -> torch.Tensor:
+        self.scored += len(self.sequences)
+        return super()._score()
+
+
+@pytest.mark.parametrize("vocab", [digit_vocab(), mixed_vocab()], ids=["digits", "mixed"])
+@pytest.mark.parametrize(("max_digits", "max_value"), [(1, 0), (1, 7), (2, 11), (2, 45), (3, 120)])
+def test_a_largest_value_keeps_the_table_up_to_it_and_scores_less(
+    vocab: NumberVocab, max_digits: int, max_value: int
+) -> None:
+    logits = random_logits(vocab.vocab_size, scale=2.0)
+    prompts = [(0,), (1, 0, 1)]
+    every = CountingScorer(prompts, logits, torch.float64)
+    full = number_distribution(every, vocab, max_digits=max_digits)
+    capped = CountingScorer(prompts, logits, torch.float64)
+    result = number_distribution(capped, vocab, max_digits=max_digits, max_value=max_value)
+    # P(v) does not depend on which other numbers are enumerated.
+    expected = full.probabilities.clone()
+    expected[:, max_value + 1 :] = 0
+    torch.testing.assert_close(result.probabilities, expected, rtol=1e-12, atol=0)
+    torch.testing.assert_close(result.mass, expected.sum(dim=1), rtol=1e-12, atol=0)
+    values = torch.arange(10**max_digits, dtype=torch.float64)
+    torch.testing.assert_close(result.mean, expected @ values / expected.sum(dim=1))
+    assert bool((result.median <= max_value).all()) and bool((result.mode <= max_value).all())
+    assert capped.scored < every.scored
+    if vocab == digit_vocab() and (max_digits, max_value) == (2, 11):
+        # The prompt, its ten digits, then 0-9 after "0" and 0-1 after "1": 23 instead of 111.
+        assert (capped.scored, every.scored) == (23 * len(prompts), 111 * len(prompts))
+
+
 def test_float32_logits_agree_with_float64() -> None:
     vocab = mixed_vocab()
     logits = random_logits(vocab.vocab_size, scale=3.0)
@@ -199,6 +234,10 @@ def test_bad_input() -> None:
             number_distribution(scorer(), vocab, max_digits=bad)
     with pytest.raises(TypeError, match="max_digits must be an int, got '2'"):
         number_distribution(scorer(), vocab, max_digits="2")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="max_value must be an int or None, got 2.5"):
+        number_distribution(scorer(), vocab, max_value=2.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="max_value must be a non-negative int, got -1"):
+        number_distribution(scorer(), vocab, max_value=-1)
     for bad_probability in (-0.1, 1.0):
         with pytest.raises(ValueError, match="min_probability must be in"):
             number_distribution(scorer(), vocab, min_probability=bad_probability)

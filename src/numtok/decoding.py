@@ -26,6 +26,7 @@ from numtok._validation import check_logits
 from numtok.readout import (
     NumberDistribution,
     check_max_digits,
+    check_max_value,
     number_distribution,
     widest_level,
 )
@@ -213,6 +214,7 @@ def predict_numbers(
     *,
     readout: str = "expected",
     max_digits: int = 2,
+    max_value: int | None = None,
     min_probability: float = 0.0,
     batch_size: int | None = None,
 ) -> NumberPredictions:
@@ -254,6 +256,9 @@ def predict_numbers(
         readout: ``"expected"``, ``"median"`` or ``"mode"``: which summary is ``number``.
         max_digits: the longest number enumerated, 1 to 4; the model scores about
             ``1.1 · 10**max_digits`` continuations per prompt.
+        max_value: the largest number enumerated (None: all of ``max_digits`` digits): on a
+            known scale (scores 0 to 11) most prefixes need not be scored; larger numbers'
+            probability is left out of ``mass``.
         min_probability: prefixes less likely than this are not extended (faster); ``pruned``
             bounds the probability this loses.
         batch_size: prefixes (or, the slow way, whole sequences) per forward pass; None
@@ -269,7 +274,7 @@ def predict_numbers(
         isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
     ):
         raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}")
-    check_max_digits(max_digits)
+    check_max_value(max_value, check_max_digits(max_digits))
     if not callable(model):
         raise TypeError(f"model must be a callable causal LM, got {type(model).__name__}")
     vocab_given = isinstance(tokenizer_or_vocab, NumberVocab)
@@ -291,6 +296,7 @@ def predict_numbers(
             scorer(model, prompts_of_group, pad_id=pad_id, batch_size=batch_size),
             vocab,
             max_digits=max_digits,
+            max_value=max_value,
             min_probability=min_probability,
         )
 

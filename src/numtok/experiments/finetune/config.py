@@ -60,7 +60,7 @@ class FinetuneConfig:
     harder_examples: int = 300
     evaluate_on: str = "test"
     #: rJokes: a joke is cut to its first ``max_prompt_tokens`` tokens; the number readouts
-    #: enumerate scores of up to ``max_digits`` digits.
+    #: enumerate the scale's scores (0 to 11) spelled in up to ``max_digits`` digits.
     max_prompt_tokens: int = 64
     max_digits: int = 2
     eval_batch_size: int = 32

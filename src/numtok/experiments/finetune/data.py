@@ -20,9 +20,11 @@ from numtok.experiments.finetune.arithmetic import arithmetic_splits
 from numtok.experiments.finetune.config import FinetuneConfig
 from numtok.experiments.finetune.examples import Encoded, encode
 
-__all__ = ["JOKE_QUESTION", "FinetuneData", "load_finetune_data"]
+__all__ = ["HIGHEST_SCORE", "JOKE_QUESTION", "FinetuneData", "load_finetune_data"]
 
-JOKE_QUESTION = "How funny is this joke, on a scale from 0 to 11?\n\n"
+#: rJokes scores run from 0 to this.
+HIGHEST_SCORE = 11
+JOKE_QUESTION = f"How funny is this joke, on a scale from 0 to {HIGHEST_SCORE}?\n\n"
 
 FinetuneData = dict[str, list[Encoded]]
 

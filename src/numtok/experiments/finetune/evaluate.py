@@ -5,8 +5,9 @@ head's predictions.
 Arithmetic: exact accuracy, MAE, log-MAE, the share within 1 % and the share of answers that
 hold a number (:func:`numtok.numeric_metrics`). rJokes: RMSE, MAE and Pearson's r of each
 readout — ``greedy`` (the generated text), ``expected`` and ``median`` of the distribution over
-scores of up to ``max_digits`` digits (:func:`numtok.predict_numbers`), and ``head`` for the
-regression head.
+the scale's scores, 0 to :data:`~numtok.experiments.finetune.data.HIGHEST_SCORE`
+(:func:`numtok.predict_numbers` with ``max_value``; a score of more than ``max_digits`` digits
+is not read), and ``head`` for the regression head.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 import torch
 
 from numtok.decoding import predict_numbers
+from numtok.experiments.finetune.data import HIGHEST_SCORE
 from numtok.experiments.finetune.examples import Encoded, prompt_batch, training_batch
 from numtok.experiments.finetune.train import Trained, prompt_states
 from numtok.metrics import numeric_metrics
@@ -113,8 +115,9 @@ def score_arm(
             continue
         metrics[split] = {"greedy": _joke_metrics(texts, examples)}
         read = predict_numbers(
-            trained.model, tokenizer, [list(e.prompt) for e in examples], max_digits=max_digits
-        )
+            trained.model, tokenizer, [list(e.prompt) for e in examples],
+            max_digits=max_digits, max_value=HIGHEST_SCORE,
+        )  # fmt: skip
         for readout, numbers in (("expected", read.mean), ("median", read.median)):
             values = numbers.tolist()
             predictions[split][readout] = values
