@@ -91,6 +91,7 @@ def main() -> None:
 
     scenario("one-digit", max_digits=1)
     scenario("two-digits", max_digits=2, readout="median")
+    scenario("up-to-eleven", max_digits=2, max_value=11)
 
     began = time.perf_counter()
     vocab = NumberVocab.from_tokenizer(tokenizer, vocab_size=50304)

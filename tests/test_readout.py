@@ -234,7 +234,7 @@ def test_bad_input() -> None:
             number_distribution(scorer(), vocab, max_digits=bad)
     with pytest.raises(TypeError, match="max_digits must be an int, got '2'"):
         number_distribution(scorer(), vocab, max_digits="2")  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="max_value must be an int or None, got 2.5"):
+    with pytest.raises(TypeError, match=r"max_value must be an int or None, got 2\.5"):
         number_distribution(scorer(), vocab, max_value=2.5)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="max_value must be a non-negative int, got -1"):
         number_distribution(scorer(), vocab, max_value=-1)

@@ -40,7 +40,7 @@ import torch
 from vllm import LLM, SamplingParams
 
 from numtok.decoding import READOUTS, NumberPredictions, prompt_token_ids
-from numtok.readout import check_max_digits, number_distribution
+from numtok.readout import check_max_digits, check_max_value, number_distribution
 from numtok.vocab import NumberVocab, check_number_vocab
 
 __all__ = ["VLLMScorer", "predict_numbers"]
@@ -152,6 +152,7 @@ def predict_numbers(
     vocab: NumberVocab | None = None,
     readout: str = "expected",
     max_digits: int = 2,
+    max_value: int | None = None,
     min_probability: float = 0.0,
 ) -> NumberPredictions:
     """The number the model of a vLLM engine would answer each prompt with, read out of its
@@ -167,6 +168,8 @@ def predict_numbers(
             model's vocabulary size.
         readout: ``"expected"``, ``"median"`` or ``"mode"``: which summary is ``number``.
         max_digits: the longest number enumerated, 1 to 4; ``max_digits + 1`` ``generate`` calls.
+        max_value: the largest number enumerated (None: all of ``max_digits`` digits); prefixes
+            that cannot reach it are not requested.
         min_probability: prefixes less likely than this are not extended (fewer requests);
             ``pruned`` bounds the probability this loses.
 
@@ -175,7 +178,7 @@ def predict_numbers(
     """
     if readout not in READOUTS:
         raise ValueError(f"readout must be one of {list(READOUTS)}, got {readout!r}")
-    check_max_digits(max_digits)
+    check_max_value(max_value, check_max_digits(max_digits))
     if not isinstance(llm, LLM):
         raise TypeError(f"llm must be a vllm.LLM, got {type(llm).__name__}")
     tokenizer = llm.get_tokenizer()
@@ -184,6 +187,10 @@ def predict_numbers(
     ids = prompt_token_ids(tokenizer, prompts)
     scorer = VLLMScorer(llm, ids, vocab)
     distribution = number_distribution(
-        scorer, scorer.vocab, max_digits=max_digits, min_probability=min_probability
+        scorer,
+        scorer.vocab,
+        max_digits=max_digits,
+        max_value=max_value,
+        min_probability=min_probability,
     )
     return NumberPredictions.of(distribution, readout)
