@@ -59,20 +59,20 @@ _SMOLLM2: dict[str, Any] = {
     "learning_rate": 1e-3,
     "warmup_steps": 6,
 }
-#: rJokes prompts are longer (a joke cut to 32 tokens, ~60 in all): a step of 16 took 5.6 s, and
-#: scoring 300 jokes 57 s greedy + 63 s for the readouts (scores 0-11 only), so 20 steps and 200
-#: validation and test jokes fit 5 generating arms, the head and the model before fine-tuning,
-#: x 3 seeds, in the hour (docs/smollm2.md).
+#: rJokes prompts are longer (a joke cut to 32 tokens, ~60 in all). Measured alone on 2 cores: a
+#: step of 16 jokes 5.9 s, scoring a joke 0.67 s (greedy, and the readouts over scores 0-11),
+#: loading the model 5 s; the seven arms x 3 seeds then take about 90 + 106·steps + 11·jokes
+#: seconds, and 16 steps with 150 validation and test jokes fit the hour (docs/smollm2.md).
 _SMOLLM2_RJOKES: dict[str, Any] = {
     "task": "rjokes",
     "arms": ("base", "ce", "was", "mse", "del", "gls", "head"),
-    "steps": 20,
+    "steps": 16,
     "warmup_steps": 2,
     "max_prompt_tokens": 32,
-    "validation_examples": 200,
-    "test_examples": 200,
+    "validation_examples": 150,
+    "test_examples": 150,
 }
-#: The longer SmolLM2 runs, meant for a GPU (``--device cuda``): ten times the steps (30 times
+#: The longer SmolLM2 runs, meant for a GPU (``--device cuda``): ten times the steps (~40 times
 #: for rJokes) over five times the training examples, 5 seeds, test splits of 1,000. Their λ are
 #: the ones chosen at the short budget (passed with ``--arm-weights``).
 _SMOLLM2_LONG: dict[str, Any] = {
