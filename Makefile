@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.demo-installed
 DOCS_STAMP := $(VENV)/.docs-installed
 
-.PHONY: test lint docs demo bench gpu-wheels clean
+.PHONY: test test-slow lint docs demo bench gpu-wheels clean
 
 define install
 	$(PYTHON) -m venv $(VENV)
@@ -30,8 +30,13 @@ $(DOCS_STAMP): pyproject.toml Makefile
 	$(call install,docs)
 	touch $(DOCS_STAMP)
 
+# The suite, a few minutes on 2 cores; `make test-slow` runs the tests marked slow (the JIT
+# compilations, FSDP/DDP processes, the Axolotl and vLLM environments), as `.ci/run` does.
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not slow"
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow
 
 # The rJokes comparison (CE, CE + 3·NTL-WAS, CE + 3·NTL-MSE, a regression head; 3 seeds) with its
 # data ($$NUMTOK_RJOKES_DIR, ../shared/data/rjokes beside the checkout, or downloaded into the
