@@ -18,7 +18,7 @@ from numtok._causal_lm_scorers import WholeSequenceScorer
 from numtok.decoding import predict_numbers
 from numtok.readout import number_distribution
 
-from test_readout import brute_force, mixed_vocab
+from test_readout import RecordingScorer, brute_force, mixed_vocab
 
 # mixed_vocab(): ids 0-14 are number tokens (digits, "12", "007", "45", word starts "▁3" and
 # "▁12"); 15 and 16 are text.
@@ -180,9 +180,18 @@ class TupleLogits(torch.nn.Module):
     ],
     ids=["sliding-window", "no-cache"],
 )
-def test_models_the_cache_cannot_serve_fall_back_with_one_warning(build: Any, reason: str) -> None:
+@pytest.mark.parametrize("one_prompt_per_group", [False, True], ids=["one-group", "groups"])
+def test_models_the_cache_cannot_serve_fall_back_with_one_warning(
+    build: Any, reason: str, one_prompt_per_group: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import numtok.decoding
+    from numtok.readout import widest_level
+
     model = build()
     vocab = mixed_vocab()
+    if one_prompt_per_group:
+        budget = widest_level(vocab, 2) * VOCAB_SIZE * 4
+        monkeypatch.setattr(numtok.decoding, "LOGITS_BUDGET_BYTES", budget)
     with pytest.warns(UserWarning, match=FALLBACK) as caught:
         result = predict_numbers(model, vocab, PROMPTS, max_digits=2)
     assert len([w for w in caught if FALLBACK in str(w.message)]) == 1
@@ -190,24 +199,6 @@ def test_models_the_cache_cannot_serve_fall_back_with_one_warning(build: Any, re
     for row, prompt in enumerate(PROMPTS):
         expected = expected_table(model, vocab, prompt, 2)
         torch.testing.assert_close(result.probabilities[row], expected, rtol=1e-5, atol=1e-9)
-
-
-class RecordingScorer:
-    """A scorer that appends to ``rows`` how many rows of logits each of its calls returns."""
-
-    def __init__(self, scorer: Any, rows: list[int]) -> None:
-        self.scorer = scorer
-        self.rows = rows
-
-    def start(self) -> torch.Tensor:
-        return self._record(self.scorer.start())
-
-    def extend(self, parents: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        return self._record(self.scorer.extend(parents, tokens))
-
-    def _record(self, logits: torch.Tensor) -> torch.Tensor:
-        self.rows.append(logits.shape[0])
-        return logits
 
 
 def widest_call(model: Any, vocab: NumberVocab, digits: int) -> int:
@@ -261,25 +252,6 @@ def test_prompts_are_read_in_groups_that_keep_the_logits_under_the_budget(
         torch.testing.assert_close(
             getattr(grouped, field), getattr(whole, field), rtol=1e-5, atol=1e-9, equal_nan=True
         )
-
-
-def test_a_model_the_cache_cannot_serve_warns_once_over_every_group(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    import numtok.decoding
-    from numtok.readout import widest_level
-
-    model = tiny_model("mistral-sliding")
-    vocab = mixed_vocab()
-    monkeypatch.setattr(
-        numtok.decoding, "LOGITS_BUDGET_BYTES", widest_level(vocab, 2) * VOCAB_SIZE * 4
-    )
-    with pytest.warns(UserWarning, match=FALLBACK) as caught:
-        result = predict_numbers(model, vocab, PROMPTS, max_digits=2)
-    assert len([w for w in caught if FALLBACK in str(w.message)]) == 1
-    for row, prompt in enumerate(PROMPTS):
-        expected = expected_table(model, vocab, prompt, 2)
-        torch.testing.assert_close(result.probabilities[row], expected, rtol=1e-5, atol=1e-9)
 
 
 def test_a_level_does_not_keep_every_forward_s_whole_cache(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import pytest
 import torch
@@ -109,14 +110,22 @@ def test_matches_brute_force_enumeration(vocab: NumberVocab, max_digits: int) ->
         assert int(result.mode[row]) == int(expected.argmax())
 
 
-class CountingScorer(SequenceScorer):
-    """A SequenceScorer that counts the sequences it scores."""
+class RecordingScorer:
+    """A scorer that appends to ``rows`` how many rows of logits each of its calls returns."""
 
-    scored = 0
+    def __init__(self, scorer: Any, rows: list[int]) -> None:
+        self.scorer = scorer
+        self.rows = rows
 
-    def _score(self) -> torch.Tensor:
-        self.scored += len(self.sequences)
-        return super()._score()
+    def start(self) -> torch.Tensor:
+        return self._record(self.scorer.start())
+
+    def extend(self, parents: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        return self._record(self.scorer.extend(parents, tokens))
+
+    def _record(self, logits: torch.Tensor) -> torch.Tensor:
+        self.rows.append(logits.shape[0])
+        return logits
 
 
 @pytest.mark.parametrize("vocab", [digit_vocab(), mixed_vocab()], ids=["digits", "mixed"])
@@ -126,10 +135,19 @@ def test_a_largest_value_keeps_the_table_up_to_it_and_scores_less(
 ) -> None:
     logits = random_logits(vocab.vocab_size, scale=2.0)
     prompts = [(0,), (1, 0, 1)]
-    every = CountingScorer(prompts, logits, torch.float64)
-    full = number_distribution(every, vocab, max_digits=max_digits)
-    capped = CountingScorer(prompts, logits, torch.float64)
-    result = number_distribution(capped, vocab, max_digits=max_digits, max_value=max_value)
+    every: list[int] = []
+    capped: list[int] = []
+    full = number_distribution(
+        RecordingScorer(SequenceScorer(prompts, logits, torch.float64), every),
+        vocab,
+        max_digits=max_digits,
+    )
+    result = number_distribution(
+        RecordingScorer(SequenceScorer(prompts, logits, torch.float64), capped),
+        vocab,
+        max_digits=max_digits,
+        max_value=max_value,
+    )
     # P(v) does not depend on which other numbers are enumerated.
     expected = full.probabilities.clone()
     expected[:, max_value + 1 :] = 0
@@ -138,10 +156,10 @@ def test_a_largest_value_keeps_the_table_up_to_it_and_scores_less(
     values = torch.arange(10**max_digits, dtype=torch.float64)
     torch.testing.assert_close(result.mean, expected @ values / expected.sum(dim=1))
     assert bool((result.median <= max_value).all()) and bool((result.mode <= max_value).all())
-    assert capped.scored < every.scored
+    assert sum(capped) < sum(every)
     if vocab == digit_vocab() and (max_digits, max_value) == (2, 11):
         # The prompt, its ten digits, then 0-9 after "0" and 0-1 after "1": 23 instead of 111.
-        assert (capped.scored, every.scored) == (23 * len(prompts), 111 * len(prompts))
+        assert (sum(capped), sum(every)) == (23 * len(prompts), 111 * len(prompts))
 
 
 def test_float32_logits_agree_with_float64() -> None:
