@@ -201,30 +201,41 @@ def test_models_the_cache_cannot_serve_fall_back_with_one_warning(
         torch.testing.assert_close(result.probabilities[row], expected, rtol=1e-5, atol=1e-9)
 
 
-def widest_call(model: Any, vocab: NumberVocab, digits: int) -> int:
+def widest_call(model: Any, vocab: NumberVocab, digits: int, max_value: int | None) -> int:
     """The most rows of logits one prompt's tree asked of the scorer in one call."""
     rows: list[int] = []
     whole = WholeSequenceScorer(model, [PROMPTS[0]], pad_id=0, batch_size=None)
-    number_distribution(RecordingScorer(whole, rows), vocab, max_digits=digits)
+    scorer = RecordingScorer(whole, rows)
+    number_distribution(scorer, vocab, max_digits=digits, max_value=max_value)
     return max(rows)
 
 
-@pytest.mark.parametrize("digits", [1, 2, 3])
-def test_the_widest_level_bounds_every_call_of_the_scorer(digits: int) -> None:
+@pytest.mark.parametrize(
+    ("digits", "max_value"), [(1, None), (2, None), (3, None), (1, 4), (2, 11), (2, 45), (3, 120)]
+)
+def test_the_widest_level_bounds_every_call_of_the_scorer(
+    digits: int, max_value: int | None
+) -> None:
     from numtok.readout import widest_level
 
     model = tiny_model("llama", seed=9)
     mixed = mixed_vocab()
-    assert widest_call(model, mixed, digits) <= widest_level(mixed, digits)
+    widest = widest_level(mixed, digits, max_value=max_value)
+    assert widest_call(model, mixed, digits, max_value) <= widest
     # Without word-start tokens (which start a number but do not continue one) it is exact.
     continuing = NumberVocab.from_values(
         {i: d for i, d in zip(mixed.ids.tolist(), mixed.digits, strict=True) if i < 13},
         vocab_size=VOCAB_SIZE,
     )
-    assert widest_call(model, continuing, digits) == widest_level(continuing, digits)
+    widest = widest_level(continuing, digits, max_value=max_value)
+    assert widest_call(model, continuing, digits, max_value) == widest
     only_digits = NumberVocab.from_values({i: str(i) for i in range(10)}, vocab_size=VOCAB_SIZE)
-    assert widest_call(model, only_digits, digits) == widest_level(only_digits, digits)
-    assert widest_level(only_digits, digits) == 10**digits
+    widest = widest_level(only_digits, digits, max_value=max_value)
+    assert widest_call(model, only_digits, digits, max_value) == widest
+    # Single digits: 10**digits spellings at the last level, fewer where max_value cuts them
+    # (0-11 in two digits: 00-09, 10 and 11 spelled in two tokens).
+    expected = {None: 10**digits, 4: 5, 11: 12, 45: 46, 120: 121}[max_value]
+    assert widest == expected
 
 
 @pytest.mark.parametrize("per_group", [1, 2])

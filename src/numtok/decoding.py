@@ -287,7 +287,7 @@ def predict_numbers(
     pad_id = pad_id if isinstance(pad_id, int) else 0
     # Each prompt's tree is scored on its own; a group's widest level returns
     # group · widest_level logit rows of V columns at once.
-    row_bytes = widest_level(vocab, max_digits) * vocab.vocab_size * 4
+    row_bytes = widest_level(vocab, max_digits, max_value=max_value) * vocab.vocab_size * 4
     group = max(1, LOGITS_BUDGET_BYTES // row_bytes)
     scorer: type[CachedScorer] | type[WholeSequenceScorer] = CachedScorer
 

@@ -120,28 +120,36 @@ def _number_log_probs(logits: torch.Tensor, vocab: NumberVocab, expected_rows: i
     return wide[:, vocab.ids.to(logits.device)].double() - log_normaliser  # (M, N)
 
 
-def widest_level(vocab: NumberVocab, max_digits: int) -> int:
+def widest_level(vocab: NumberVocab, max_digits: int, *, max_value: int | None = None) -> int:
     """The most sequences one prompt puts into one call of the scorer in
     :func:`number_distribution` without pruning: the largest count, over ``k``, of the ``k``-token
-    spellings of at most ``max_digits`` digits (``10**max_digits`` with single-digit tokens).
-    With ``n_c`` number tokens of ``c`` digits, ``f_k(d) = Σ_c f_{k-1}(d - c) · n_c`` counts the
-    spellings of ``d`` digits in ``k`` tokens (``f_0(0) = 1``); the level's size is
-    ``Σ_{d ≤ max_digits} f_k(d)`` (word-start tokens, which cannot continue a number, are counted
-    too, so this bounds the level)."""
+    spellings of at most ``max_digits`` digits whose value is at most ``max_value``
+    (``10**max_digits`` with single-digit tokens and no ``max_value``). With ``n_k(v, d)`` the
+    number of ``k``-token spellings of value ``v`` in ``d`` digits, a token of value ``t`` and
+    ``c`` digits extends each to ``n_{k+1}(v·10**c + t, d + c)`` (``n_0(0, 0) = 1``); the level's
+    size is ``Σ_{v ≤ max_value, d ≤ max_digits} n_k(v, d)`` (word-start tokens, which cannot
+    continue a number, are counted too, so this bounds the level)."""
     check_number_vocab(vocab)
     max_digits = check_max_digits(max_digits)
-    tokens_of_length = [0] * (max_digits + 1)
-    for digits in vocab.digits:
-        if len(digits) <= max_digits:
-            tokens_of_length[len(digits)] += 1
-    spellings = [1] + [0] * max_digits  # f_0
+    largest = check_max_value(max_value, max_digits)
+    tables = span_tables(vocab)
+    fits = tables.digit_counts <= max_digits
+    token_values, token_digits = tables.values[fits], tables.digit_counts[fits]
+    # counts[d][v] = n_k(v, d); a d-digit spelling's value is below 10**d.
+    counts = [torch.zeros(min(10**d, largest + 1), dtype=torch.long) for d in range(max_digits + 1)]
+    counts[0][0] = 1
     widest = 1
     for _ in range(max_digits):
-        spellings = [
-            sum(spellings[d - c] * tokens_of_length[c] for c in range(1, d + 1))
-            for d in range(max_digits + 1)
-        ]
-        widest = max(widest, sum(spellings))
+        extended = [torch.zeros_like(level) for level in counts]
+        for d, level in enumerate(counts):
+            for c in range(1, max_digits - d + 1):
+                values = token_values[token_digits == c]
+                # (values so far, tokens of c digits): the value each token extends each to.
+                child = torch.arange(len(level))[:, None] * 10**c + values
+                keep = child <= largest
+                extended[d + c].index_add_(0, child[keep], level[:, None].expand_as(child)[keep])
+        counts = extended
+        widest = max(widest, int(sum(level.sum() for level in counts)))
     return widest
 
 
