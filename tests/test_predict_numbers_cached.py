@@ -159,6 +159,32 @@ def test_a_model_that_computes_every_position_s_logits_is_served_too() -> None:
         torch.testing.assert_close(result.probabilities[row], expected, rtol=1e-5, atol=1e-9)
 
 
+def test_under_peft_lora_the_output_layer_reads_only_each_prompt_s_last_position() -> None:
+    """PeftModel.forward takes ``**kwargs`` rather than ``logits_to_keep`` and the cache, and
+    passes them on: the scorer reads their names off the wrapped model (``cache``, not the
+    deprecated ``past_key_values``)."""
+    peft = pytest.importorskip("peft")
+    torch.manual_seed(3)
+    lora = peft.LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"])
+    model = peft.get_peft_model(tiny_model("llama", seed=8), lora).eval()
+    positions_read: list[int] = []
+    head = model.get_base_model().lm_head
+    hook = head.register_forward_hook(lambda _, args, __: positions_read.append(args[0].shape[1]))
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message=".*past_key_values.*deprecated")
+            result = predict_numbers(model, mixed_vocab(), PROMPTS, max_digits=2)
+    finally:
+        hook.remove()
+    # The prompt forward keeps the distinct last positions (lengths 3, 1, 7), not all 7; each
+    # extension reads one new token.
+    assert positions_read[0] == len({len(prompt) for prompt in PROMPTS})
+    assert set(positions_read[1:]) == {1}
+    for row, prompt in enumerate(PROMPTS):
+        expected = expected_table(model, mixed_vocab(), prompt, 2)
+        torch.testing.assert_close(result.probabilities[row], expected, rtol=1e-5, atol=1e-9)
+
+
 class TupleLogits(torch.nn.Module):
     """A model without a key/value cache: ``forward(input_ids, attention_mask)`` -> (logits,)."""
 

@@ -83,15 +83,26 @@ class WholeSequenceScorer:
         return torch.cat(rows)
 
 
-def _cache_argument(model: Any) -> str:
-    """The forward's name for the key/value cache: ``cache`` (transformers from 5.x) or
-    ``past_key_values``; the forward must also take ``attention_mask`` and ``position_ids``."""
+def _forward_parameters(model: Any) -> Any:
+    """The parameters of the forward that reads the scorer's keywords: the model's own, or under
+    PEFT (whose ``forward`` takes ``**kwargs`` and passes them on) the wrapped causal LM's."""
     try:
         parameters = inspect.signature(model.forward).parameters
     except (AttributeError, TypeError, ValueError) as error:
         raise CacheUnsupportedError(
             f"the model's forward has no readable signature ({error})"
         ) from None
+    takes_anything = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    get_base_model = getattr(model, "get_base_model", None)
+    if takes_anything and callable(get_base_model) and get_base_model() is not model:
+        return _forward_parameters(get_base_model())
+    return parameters
+
+
+def _cache_argument(model: Any) -> str:
+    """The forward's name for the key/value cache: ``cache`` (transformers from 5.x) or
+    ``past_key_values``; the forward must also take ``attention_mask`` and ``position_ids``."""
+    parameters = _forward_parameters(model)
     takes_anything = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
     if not takes_anything and not {"attention_mask", "position_ids"} <= set(parameters):
         raise CacheUnsupportedError(
@@ -100,8 +111,8 @@ def _cache_argument(model: Any) -> str:
     for name in ("cache", "past_key_values"):
         if name in parameters:
             return name
-    # A wrapper that hands everything on (``forward(*args, **kwargs)``, as PEFT's): the name
-    # every transformers version accepts.
+    # A wrapper that hands everything on (``forward(*args, **kwargs)``): the name every
+    # transformers version accepts.
     if takes_anything:
         return "past_key_values"
     raise CacheUnsupportedError("the model's forward takes neither `cache` nor `past_key_values`")
@@ -203,7 +214,7 @@ class CachedScorer:
         step = self.batch_size or WHOLE_SEQUENCE_BATCH
         # transformers' causal LMs compute the output layer only at the positions asked for:
         # here each prompt's last one (a long prompt's (L, V) logits would be most of the memory).
-        keeps_positions = "logits_to_keep" in inspect.signature(self.model.forward).parameters
+        keeps_positions = "logits_to_keep" in _forward_parameters(self.model)
         rows, caches = [], []
         for begin in range(0, len(self.prompts), step):
             chunk = slice(begin, begin + step)
