@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from numtok.experiments.finetune.arithmetic import arithmetic_splits
 from numtok.experiments.finetune.config import FinetuneConfig
+from numtok.experiments.finetune.data import load_finetune_data
 from numtok.experiments.finetune.examples import encode, prompt_batch, training_batch
 from numtok.experiments.finetune.runner import run_finetune
 from numtok.experiments.finetune.train import answer_logits, load_model, prompt_states
@@ -161,6 +162,25 @@ def test_rjokes_with_the_regression_head_and_the_readouts(
     baselines = {c["baseline"] for c in results["comparisons"] if c["arm"] == "head"
                  for c in c["vs_ce"]}  # fmt: skip
     assert baselines == {"expected", "greedy"}
+    # The constant answers: the training jokes' mean, median and mode score for every joke.
+    from transformers import AutoTokenizer
+
+    data = load_finetune_data(config, AutoTokenizer.from_pretrained(model_dir), jokes_dir)
+    train = [e.value for e in data["train"]]
+    truth = torch.tensor([e.value for e in data["validation"]], dtype=torch.float64)
+    constants = results["reference"]["validation"]
+    assert constants["mean"]["value"] == pytest.approx(sum(train) / len(train))
+    assert constants["median"]["value"] == sorted(train)[(len(train) - 1) // 2]
+    for name in ("mean", "median", "mode"):
+        errors = truth - constants[name]["value"]
+        assert constants[name]["rmse"] == pytest.approx(float(errors.square().mean().sqrt()))
+        assert constants[name]["mae"] == pytest.approx(float(errors.abs().mean()))
+    report = (tmp_path / "run" / "report.md").read_text()
+    mean = constants["mean"]
+    assert (
+        f"| training mean | {mean['value']:.3f} | {mean['rmse']:.3f} | {mean['mae']:.3f} |"
+        in report
+    )
 
 
 def test_settings_are_checked() -> None:

@@ -7,7 +7,8 @@ hold a number (:func:`numtok.numeric_metrics`). rJokes: RMSE, MAE and Pearson's 
 readout — ``greedy`` (the generated text), ``expected`` and ``median`` of the distribution over
 the scale's scores, 0 to :data:`~numtok.experiments.finetune.data.HIGHEST_SCORE`
 (:func:`numtok.predict_numbers` with ``max_value``; a score of more than ``max_digits`` digits
-is not read), and ``head`` for the regression head.
+is not read), and ``head`` for the regression head; beside them the metrics of constant
+answers, the training jokes' mean, median and mode score (:func:`constant_reference`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,13 @@ from numtok.experiments.finetune.examples import Encoded, prompt_batch, training
 from numtok.experiments.finetune.train import Trained, prompt_states
 from numtok.metrics import numeric_metrics
 
-__all__ = ["ARITHMETIC_METRICS", "JOKE_METRICS", "generate_answers", "score_arm"]
+__all__ = [
+    "ARITHMETIC_METRICS",
+    "JOKE_METRICS",
+    "constant_reference",
+    "generate_answers",
+    "score_arm",
+]
 
 #: What each task reports, per split and readout.
 ARITHMETIC_METRICS = ("exact_accuracy", "mae", "log_mae", "within_1_percent", "parsed_share")
@@ -70,6 +77,27 @@ def _joke_metrics(
         "mae": scored.mae,
         "pearson": scored.pearson,
         "parsed_share": scored.parsed / scored.count,
+    }
+
+
+def constant_reference(
+    task: str, train: Sequence[Encoded], splits: Mapping[str, Sequence[Encoded]]
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """rJokes: per evaluation split, the metrics of answering every joke with one constant, the
+    training jokes' mean (least squared error on them), median (least absolute error) or mode
+    score (:func:`numtok.experiments.rjokes.report.constant_predictions`; Pearson undefined). An
+    arm that does not beat them shows nothing it learnt from the jokes themselves. Arithmetic:
+    ``{}``."""
+    if task != "rjokes":
+        return {}
+    from numtok.experiments.rjokes.report import constant_predictions
+
+    def scored(examples: Sequence[Encoded]) -> list[tuple[str, int]]:
+        return [("", int(e.value)) for e in examples]
+
+    return {
+        split: constant_predictions(scored(train), scored(examples))
+        for split, examples in splits.items()
     }
 
 

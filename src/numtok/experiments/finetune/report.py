@@ -5,7 +5,9 @@ folder.
 
 Every (arm, readout) is compared with CE's same readout; the regression head (rJokes), which has
 a readout of its own, with CE's ``expected`` readout (the mean of its distribution, the readout a
-squared error rewards) and with CE's ``greedy`` one.
+squared error rewards) and with CE's ``greedy`` one. On rJokes each split's table is followed by
+the constant answers every arm must beat (:func:`~numtok.experiments.finetune.evaluate.
+constant_reference`); the plot draws the best of them as a dashed line.
 """
 
 from __future__ import annotations
@@ -84,7 +86,29 @@ def _difference(entry: dict[str, Any], metric: str) -> str:
     return text
 
 
-def _markdown(config: FinetuneConfig, entries: Sequence[dict[str, Any]], minutes: float) -> str:
+def _reference_lines(reference: dict[str, dict[str, Any]]) -> list[str]:
+    """The constant answers' table: what an arm must beat to show it learnt from the jokes."""
+    lines = [
+        "Constant answers (the training jokes' score, the same for every joke; no pearson, it "
+        "does not vary): an arm that does not beat them shows nothing learnt from the jokes.",
+        "",
+        "| constant | value | rmse | mae |",
+        "|---|---|---|---|",
+    ]
+    for name, metrics in reference.items():
+        lines.append(
+            f"| training {name} | {metrics['value']:.3f} | {_number(metrics['rmse'])} | "
+            f"{_number(metrics['mae'])} |"
+        )
+    return lines
+
+
+def _markdown(
+    config: FinetuneConfig,
+    entries: Sequence[dict[str, Any]],
+    minutes: float,
+    reference: dict[str, dict[str, dict[str, Any]]],
+) -> str:
     weights = ", ".join(
         f"{arm} {config.weight_of(arm)}" for arm in config.arms if arm in ("was", "mse", "del")
     )
@@ -119,6 +143,8 @@ def _markdown(config: FinetuneConfig, entries: Sequence[dict[str, Any]], minutes
                     text += f" ± {_number(entry['std'])}"
                 cells.append(f"{text} [{seeds}]")
             lines.append(f"| {arm} | {readout} | " + " | ".join(cells) + " |")
+        if split in reference:
+            lines += ["", *_reference_lines(reference[split])]
         lines += ["", "| arm | readout | vs CE | " + " | ".join(metrics) + " |",
                   "|---|---|---|" + "---|" * len(metrics)]  # fmt: skip
         for arm, readout in rows:
@@ -141,7 +167,9 @@ def _markdown(config: FinetuneConfig, entries: Sequence[dict[str, Any]], minutes
     return "\n".join(lines) + "\n"
 
 
-def _plot(entries: Sequence[dict[str, Any]], path: Path) -> None:
+def _plot(
+    entries: Sequence[dict[str, Any]], reference: dict[str, dict[str, dict[str, Any]]], path: Path
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -161,6 +189,11 @@ def _plot(entries: Sequence[dict[str, Any]], path: Path) -> None:
                     axis.bar(index, entry["mean"], color="#9ecae1")
                 values = [v for v in entry["values"] if v is not None and math.isfinite(v)]
                 axis.plot([index] * len(values), values, "k.", markersize=4)
+            # The best constant answer on this metric (mean for rmse, median for mae).
+            constants = [c.get(metric) for c in reference.get(split, {}).values()]
+            finite = [c for c in constants if c is not None and math.isfinite(c)]
+            if finite:
+                axis.axhline(min(finite), color="#d62728", linestyle="--", linewidth=1)
             axis.set_xticks(range(len(chosen)))
             axis.set_xticklabels(
                 [e["arm"] if e["readout"] in ("greedy", "head") else f"{e['arm']}\n{e['readout']}"
@@ -173,14 +206,18 @@ def _plot(entries: Sequence[dict[str, Any]], path: Path) -> None:
 
 
 def write_report(
-    run_dir: Path, config: FinetuneConfig, runs: Sequence[dict[str, Any]], minutes: float
+    run_dir: Path,
+    config: FinetuneConfig,
+    runs: Sequence[dict[str, Any]],
+    minutes: float,
+    reference: dict[str, dict[str, dict[str, Any]]],
 ) -> dict[str, Any]:
     """Write ``results.json``, ``report.md`` and ``report.png`` into ``run_dir``; return the
-    results."""
+    results. ``reference``: per split, the constant answers' metrics (empty for arithmetic)."""
     entries = comparisons(config, runs)
     results = {"config": config.to_dict(), "runs": list(runs), "comparisons": entries,
-               "minutes": minutes}  # fmt: skip
+               "reference": reference, "minutes": minutes}  # fmt: skip
     (run_dir / "results.json").write_text(json.dumps(results, indent=1))
-    (run_dir / "report.md").write_text(_markdown(config, entries, minutes))
-    _plot(entries, run_dir / "report.png")
+    (run_dir / "report.md").write_text(_markdown(config, entries, minutes, reference))
+    _plot(entries, reference, run_dir / "report.png")
     return results

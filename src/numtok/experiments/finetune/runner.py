@@ -19,7 +19,7 @@ import torch
 
 from numtok.experiments.finetune.config import FinetuneConfig
 from numtok.experiments.finetune.data import load_finetune_data
-from numtok.experiments.finetune.evaluate import score_arm
+from numtok.experiments.finetune.evaluate import constant_reference, score_arm
 from numtok.experiments.finetune.report import write_report
 from numtok.experiments.finetune.train import train_arm
 from numtok.experiments.run_folder import arm_directory, finish_arm, prepare_run_dir, read_result
@@ -123,4 +123,5 @@ def run_finetune(
                 base_result = stored
             runs.append(stored)
     minutes = sum(run["minutes"] for run in runs if "scored_as_seed" not in run)
-    return write_report(run_dir, config, runs, minutes)
+    reference = constant_reference(config.task, data["train"], evaluation)
+    return write_report(run_dir, config, runs, minutes, reference)
