@@ -177,29 +177,33 @@ def _plot(
 
     splits = list(dict.fromkeys(e["split"] for e in entries))
     metrics = list(dict.fromkeys(e["metric"] for e in entries if e["metric"] != "parsed_share"))
-    figure, axes = plt.subplots(
-        len(splits), len(metrics), figsize=(3.2 * len(metrics), 2.8 * len(splits)), squeeze=False
-    )
-    for row, split in enumerate(splits):
-        for column, metric in enumerate(metrics):
-            axis = axes[row][column]
-            chosen = [e for e in entries if e["split"] == split and e["metric"] == metric]
-            for index, entry in enumerate(chosen):
-                if entry["mean"] is not None:
-                    axis.bar(index, entry["mean"], color="#9ecae1")
-                values = [v for v in entry["values"] if v is not None and math.isfinite(v)]
-                axis.plot([index] * len(values), values, "k.", markersize=4)
-            # The best constant answer on this metric (mean for rmse, median for mae).
-            constants = [c.get(metric) for c in reference.get(split, {}).values()]
-            finite = [c for c in constants if c is not None and math.isfinite(c)]
-            if finite:
-                axis.axhline(min(finite), color="#d62728", linestyle="--", linewidth=1)
-            axis.set_xticks(range(len(chosen)))
-            axis.set_xticklabels(
-                [e["arm"] if e["readout"] in ("greedy", "head") else f"{e['arm']}\n{e['readout']}"
-                 for e in chosen], fontsize=7, rotation=45,
-            )  # fmt: skip
-            axis.set_title(f"{split}: {metric}", fontsize=9)
+    # A panel a third of an inch per bar, at least 3.2 inches; with many bars (rJokes: 19
+    # arm-readouts) one panel per row.
+    bars = max(sum(e["split"] == s and e["metric"] == metrics[0] for e in entries) for s in splits)
+    width = max(3.2, 0.34 * bars)
+    panels = [(split, metric) for split in splits for metric in metrics]
+    columns = len(metrics) if bars <= 10 else 1
+    rows = -(-len(panels) // columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(width * columns, 2.8 * rows), squeeze=False)
+    for number, (split, metric) in enumerate(panels):
+        axis = axes[number // columns][number % columns]
+        chosen = [e for e in entries if e["split"] == split and e["metric"] == metric]
+        for index, entry in enumerate(chosen):
+            if entry["mean"] is not None:
+                axis.bar(index, entry["mean"], color="#9ecae1")
+            values = [v for v in entry["values"] if v is not None and math.isfinite(v)]
+            axis.plot([index] * len(values), values, "k.", markersize=4)
+        # The best constant answer on this metric (mean for rmse, median for mae).
+        constants = [c.get(metric) for c in reference.get(split, {}).values()]
+        finite = [c for c in constants if c is not None and math.isfinite(c)]
+        if finite:
+            axis.axhline(min(finite), color="#d62728", linestyle="--", linewidth=1)
+        axis.set_xticks(range(len(chosen)))
+        axis.set_xticklabels(
+            [e["arm"] if e["readout"] in ("greedy", "head") else f"{e['arm']}\n{e['readout']}"
+             for e in chosen], fontsize=7, rotation=45,
+        )  # fmt: skip
+        axis.set_title(f"{split}: {metric}", fontsize=9)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
