@@ -11,6 +11,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -97,6 +98,18 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+
+
+def numtok_source() -> str:
+    """Where the numtok that runs was imported from, without a path of the machine: this
+    checkout's ``src/numtok``, another copy of the tree, or an installed package."""
+    source = Path(numtok.__file__).resolve().parent
+    checkout = Path(__file__).resolve().parent.parent / "src" / "numtok"
+    if source == checkout:
+        return "src/numtok of this checkout"
+    if source.parent.name == "src":
+        return "src/numtok of another copy of the tree"
+    return "an installed package (site-packages)"
 
 
 def provenance(device: torch.device, compiled: bool) -> dict[str, Any]:

@@ -78,10 +78,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from bench_common import proc_status, provenance, quantiles, reset_peak_memory
+from bench_common import numtok_source, proc_status, provenance, quantiles, reset_peak_memory
 from bench_kinds import vocabularies
 
-import numtok
 from numtok import NumberVocab, linear_number_token_loss, number_token_loss
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -838,7 +837,7 @@ def main() -> None:
         **provenance(device, compiled=False),
         "threads": args.threads,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-        "numtok_source": str(Path(numtok.__file__).resolve().parent),
+        "numtok_source": numtok_source(),
     }
     jobs, notes = jobs_of(label_sets, device, args)
     log(started, f"checking {len(jobs)} steps at N, H, V = {CHECK_SHAPE}")

@@ -151,6 +151,7 @@ def setup(args: argparse.Namespace) -> int:
     wheels = install_wheels(Path(args.wheels), Path(args.site))
     import torch
     import triton
+    from bench_common import numtok_source
 
     import numtok
 
@@ -162,7 +163,7 @@ def setup(args: argparse.Namespace) -> int:
         "cuda": torch.version.cuda,
         "triton": triton.__version__,
         "numtok": numtok.__version__,
-        "numtok_source": str(Path(numtok.__file__).resolve().parent),
+        "numtok_source": numtok_source(),
         "wheels": wheels,
         "device": str(device),
     }
