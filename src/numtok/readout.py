@@ -133,8 +133,8 @@ def widest_level(vocab: NumberVocab, max_digits: int, *, max_value: int | None =
     max_digits = check_max_digits(max_digits)
     largest = check_max_value(max_value, max_digits)
     tables = span_tables(vocab)
-    fits = tables.digit_counts <= max_digits
-    token_values, token_digits = tables.values[fits], tables.digit_counts[fits]
+    # The values of the number tokens of c digits, for each c.
+    values_of = {c: tables.values[tables.digit_counts == c] for c in range(1, max_digits + 1)}
     # counts[d][v] = n_k(v, d); a d-digit spelling's value is below 10**d.
     counts = [torch.zeros(min(10**d, largest + 1), dtype=torch.long) for d in range(max_digits + 1)]
     counts[0][0] = 1
@@ -143,9 +143,8 @@ def widest_level(vocab: NumberVocab, max_digits: int, *, max_value: int | None =
         extended = [torch.zeros_like(level) for level in counts]
         for d, level in enumerate(counts):
             for c in range(1, max_digits - d + 1):
-                values = token_values[token_digits == c]
                 # (values so far, tokens of c digits): the value each token extends each to.
-                child = torch.arange(len(level))[:, None] * 10**c + values
+                child = torch.arange(len(level))[:, None] * 10**c + values_of[c]
                 keep = child <= largest
                 extended[d + c].index_add_(0, child[keep], level[:, None].expand_as(child)[keep])
         counts = extended
