@@ -239,8 +239,7 @@ def test_regression_metrics() -> None:
     assert metrics["unparseable"] == pytest.approx(0.25)
     assert metrics["pearson"] == pytest.approx(2.6 / math.sqrt(3.44 * 2))  # Σdpdr / √(Σdp²Σdr²)
     assert mean_by_score([1.0, 3.0, None, 2.0], [1, 1, 0, 0]) == {"0": 2.0, "1": 2.0}
-    train = [("a", 0), ("b", 0), ("c", 1), ("d", 5)]
-    constants = constant_predictions(train, [("x", 0), ("y", 2)])
+    constants = constant_predictions([0, 0, 1, 5], [0, 2])
     assert constants["mean"]["value"] == 1.5 and constants["mode"]["value"] == 0
     assert constants["median"]["rmse"] == pytest.approx(math.sqrt((0.25 + 2.25) / 2))
 

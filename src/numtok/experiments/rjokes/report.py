@@ -22,7 +22,6 @@ from typing import Any
 from numtok.experiments.objectives import ARM_LABELS
 from numtok.experiments.report_format import ARM_COLOURS, json_safe, run_header, table
 from numtok.experiments.rjokes.config import RJokesConfig
-from numtok.experiments.rjokes.data import Joke
 from numtok.experiments.rjokes.evaluate import (
     REGRESSION_METRICS,
     TOKEN_READOUTS,
@@ -138,16 +137,14 @@ def _comparisons(
     ]
 
 
-def constant_predictions(train: Sequence[Joke], jokes: Sequence[Joke]) -> dict[str, Any]:
-    """The metrics of predicting one constant for every joke: the training scores' mean, median
-    and mode (correlations are undefined for a constant)."""
-    scores = [score for _, score in train]
+def constant_predictions(train: Sequence[int], truth: Sequence[int]) -> dict[str, Any]:
+    """The metrics of predicting one constant for every score of ``truth``: the ``train``
+    scores' mean, median and mode (correlations are undefined for a constant)."""
     constants = {
-        "mean": statistics.fmean(scores),
-        "median": statistics.median(scores),
-        "mode": statistics.mode(scores),
+        "mean": statistics.fmean(train),
+        "median": statistics.median(train),
+        "mode": statistics.mode(train),
     }
-    truth = [score for _, score in jokes]
     return {
         name: {"value": value, **regression_metrics([float(value)] * len(truth), truth)}
         for name, value in constants.items()

@@ -140,7 +140,9 @@ def run_rjokes(
             "test": len(data.test),
             "evaluated": len(evaluated),
         },
-        constants=constant_predictions(data.train, evaluated),
+        constants=constant_predictions(
+            [score for _, score in data.train], [score for _, score in evaluated]
+        ),
         vocabulary_size=len(build_tokenizer(config, data)),
         command=command,
         wall_seconds=time.perf_counter() - started,
