@@ -22,7 +22,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["CACHE_BUDGET_BYTES", "CacheUnsupportedError", "CachedScorer", "WholeSequenceScorer"]
+__all__ = [
+    "CACHE_BUDGET_BYTES",
+    "CacheUnsupportedError",
+    "CachedScorer",
+    "WholeSequenceScorer",
+    "cache_argument",
+    "returned_cache",
+]
 
 #: With ``batch_size=None``, the cached scorer puts as many prefixes into one forward as keep
 #: that forward's key/value cache (the prompt's, repeated per prefix, and the prefixes' own)
@@ -99,7 +106,7 @@ def _forward_parameters(model: Any) -> Any:
     return parameters
 
 
-def _cache_argument(model: Any) -> str:
+def cache_argument(model: Any) -> str:
     """The forward's name for the key/value cache: ``cache`` (transformers from 5.x) or
     ``past_key_values``; the forward must also take ``attention_mask`` and ``position_ids``."""
     parameters = _forward_parameters(model)
@@ -116,6 +123,13 @@ def _cache_argument(model: Any) -> str:
     if takes_anything:
         return "past_key_values"
     raise CacheUnsupportedError("the model's forward takes neither `cache` nor `past_key_values`")
+
+
+def returned_cache(output: Any) -> Any:
+    """The key/value cache a forward returned: ``output.cache`` (transformers from 5.x), else
+    ``output.past_key_values``; None when it returned none."""
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else getattr(output, "past_key_values", None)
 
 
 def _keys_values(cache: Any) -> KeysValues:
@@ -198,13 +212,10 @@ class CachedScorer:
             arguments[self.cache_argument] = cache
         output = self.model(**arguments, use_cache=True)
         logits: torch.Tensor = output.logits if hasattr(output, "logits") else output[0]
-        cache = getattr(output, "cache", None)
-        if cache is None:
-            cache = getattr(output, "past_key_values", None)
-        return (logits if logits.dtype == torch.float64 else logits.float()), cache
+        return (logits if logits.dtype == torch.float64 else logits.float()), returned_cache(output)
 
     def start(self) -> torch.Tensor:
-        self.cache_argument = _cache_argument(self.model)
+        self.cache_argument = cache_argument(self.model)
         self.prompt_lengths = torch.tensor([len(prompt) for prompt in self.prompts])
         longest = int(self.prompt_lengths.max())
         self.prompt_mask = (torch.arange(longest) < self.prompt_lengths[:, None]).long()

@@ -18,10 +18,12 @@ from typing import Any
 
 import torch
 
+from numtok._causal_lm_scorers import cache_argument
 from numtok.decoding import predict_numbers
 from numtok.experiments.finetune.data import HIGHEST_SCORE
 from numtok.experiments.finetune.examples import Encoded, prompt_batch, training_batch
-from numtok.experiments.finetune.train import Trained, prompt_states
+from numtok.experiments.finetune.prefix import prefix_cache, shared_prefix_length
+from numtok.experiments.finetune.train import Trained, causal_lm_of, prompt_states
 from numtok.metrics import numeric_metrics
 
 __all__ = [
@@ -41,18 +43,32 @@ JOKE_METRICS = ("rmse", "mae", "pearson")
 def generate_answers(
     model: Any, tokenizer: Any, examples: Sequence[Encoded], batch_size: int, new_tokens: int
 ) -> list[str]:
-    """Each prompt's greedy continuation of up to ``new_tokens`` tokens, decoded."""
+    """Each prompt's greedy continuation of up to ``new_tokens`` tokens, decoded. The S leading
+    tokens a batch's prompts share run once (:func:`~numtok.experiments.finetune.prefix.
+    prefix_cache`); the rest is left-padded after them, so a row reads ``prefix, padding, its
+    own tokens`` and the padding is masked (positions count the real tokens only)."""
     device = next(model.parameters()).device
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     texts: list[str] = []
     for start in range(0, len(examples), batch_size):
         prompts = [e.prompt for e in examples[start : start + batch_size]]
-        batch = {k: v.to(device) for k, v in prompt_batch(prompts, pad).items()}
+        shared = shared_prefix_length(prompts)
+        own = prompt_batch([prompt[shared:] for prompt in prompts], pad)
+        prefix = torch.tensor(prompts[0][:shared], dtype=torch.long)
+        input_ids = torch.cat([prefix.expand(len(prompts), -1), own["input_ids"]], dim=1)
+        attention_mask = torch.cat(
+            [torch.ones((len(prompts), shared), dtype=torch.long), own["attention_mask"]], dim=1
+        )
+        cached: dict[str, Any] = {}
+        if shared:
+            decoder = causal_lm_of(model).model
+            cached[cache_argument(model)] = prefix_cache(decoder, prefix.to(device), len(prompts))
         generated = model.generate(
-            **batch, max_new_tokens=new_tokens, do_sample=False, pad_token_id=pad,
-            eos_token_id=tokenizer.eos_token_id,
+            input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+            max_new_tokens=new_tokens, do_sample=False, pad_token_id=pad,
+            eos_token_id=tokenizer.eos_token_id, **cached,
         )  # fmt: skip
-        new = generated[:, batch["input_ids"].shape[1] :]
+        new = generated[:, input_ids.shape[1] :]
         texts += tokenizer.batch_decode(new, skip_special_tokens=True)
     return texts
 

@@ -2,12 +2,13 @@
 
 Every arm of a seed starts from the same pretrained weights (with LoRA, the same adapters: their
 initialisation is drawn from the seed) and takes the same batches (a permutation of the training
-examples drawn from the seed). The token arms compute their loss on the answer positions only:
-the decoder runs over the whole batch, the output layer only at the positions whose next label
+examples drawn from the seed). The token arms compute their loss on the answer positions only: the
+decoder runs over the whole batch (the tokens every row begins with once,
+:mod:`numtok.experiments.finetune.prefix`), the output layer only at the positions whose next label
 is part of an answer, and :class:`numtok.experiments.objectives.Objective` (CE, CE + λ·NTL-WAS,
 NTL-MSE, DEL, or Gaussian-label-smoothed CE) reads those logits. The ``head`` arm (rJokes) reads
-the hidden state of each prompt's last token into a linear layer and minimises the squared error
-to the standardised score. AdamW, linear warm-up then cosine decay, gradient clipping
+the hidden state of each prompt's last token into a linear layer and minimises the squared error to
+the standardised score. AdamW, linear warm-up then cosine decay, gradient clipping
 (:mod:`numtok.experiments.loop`).
 """
 
@@ -24,6 +25,7 @@ from torch import nn
 
 from numtok.experiments.finetune.config import FinetuneConfig
 from numtok.experiments.finetune.examples import IGNORE_INDEX, Encoded, training_batch
+from numtok.experiments.finetune.prefix import decoder_states
 from numtok.experiments.loop import learning_rate_at, optimizer_step
 from numtok.experiments.objectives import Objective
 from numtok.vocab import NumberVocab
@@ -59,14 +61,16 @@ def load_model(model_dir: Path, config: FinetuneConfig, seed: int) -> Any:
 
 def answer_logits(model: Any, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """``(logits (P, V), labels (P,))`` at the P positions whose next label is not ignored: the
-    decoder over the whole batch, the output layer at those positions only. The labels run in
+    decoder over the whole batch (the rows' shared beginning once,
+    :func:`~numtok.experiments.finetune.prefix.decoder_states`), the output layer at those
+    positions only. The labels run in
     the batch's order, so a number's digits stay consecutive (an answer's end-of-turn token
     separates it from the next example's)."""
     causal_lm = causal_lm_of(model)
-    hidden = causal_lm.model(
-        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
-    ).last_hidden_state  # (B, T, H)
-    next_labels = batch["labels"][:, 1:]  # (B, T - 1): position t predicts t + 1
+    hidden, shared = decoder_states(causal_lm.model, batch["input_ids"], batch["attention_mask"])
+    # hidden[:, t] is position shared + t, which predicts the label at shared + t + 1 (the
+    # prefix's own positions predict prompt tokens, never an answer).
+    next_labels = batch["labels"][:, shared + 1 :]  # (B, T - shared - 1)
     where = next_labels != IGNORE_INDEX
     logits = causal_lm.lm_head(hidden[:, :-1][where])  # (P, V)
     return logits, next_labels[where]
@@ -76,12 +80,10 @@ def prompt_states(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """(B, H): each right-padded row's hidden state at its prompt's last token (where the
     answer is predicted from)."""
     causal_lm = causal_lm_of(model)
-    hidden = causal_lm.model(
-        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
-    ).last_hidden_state  # (B, T, H)
+    hidden, shared = decoder_states(causal_lm.model, batch["input_ids"], batch["attention_mask"])
     answers = batch["labels"] != IGNORE_INDEX
     last_prompt = answers.int().argmax(dim=1) - 1  # the first answer token's position, less 1
-    states: torch.Tensor = hidden[torch.arange(hidden.shape[0]), last_prompt]
+    states: torch.Tensor = hidden[torch.arange(hidden.shape[0]), last_prompt - shared]
     return states
 
 

@@ -1,0 +1,143 @@
+"""The fine-tuning harness runs the tokens a batch's prompts share once
+(numtok.experiments.finetune.prefix): on a tiny random Llama in float64 its answer logits, their
+gradients (full fine-tuning and LoRA), the head's prompt states and the greedy answers are those
+of running every row whole."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given
+from hypothesis import strategies as st
+
+from numtok.experiments.finetune.config import FinetuneConfig
+from numtok.experiments.finetune.evaluate import generate_answers
+from numtok.experiments.finetune.examples import IGNORE_INDEX, encode, prompt_batch, training_batch
+from numtok.experiments.finetune.prefix import decoder_states, shared_prefix_length
+from numtok.experiments.finetune.train import answer_logits, load_model, prompt_states
+
+from _hf_tiny import build_model, build_tokenizer
+
+#: Prompts "What is …?\n" share their first 8 tokens (the digit tokenizer reads characters);
+#: their lengths differ, so the right-padded rows differ in length too.
+SHARED = [("What is 7 + 30?", "37"), ("What is 123 - 23?", "100"), ("What is 5 + 5?", "10")]
+#: No common first token: the rows run whole.
+UNSHARED = [("What is 7 + 30?", "37"), ("1+1=", "2")]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    tokenizer = build_tokenizer()
+    build_model(tokenizer).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def float64_model(model_dir: Path, adaptation: str) -> Any:
+    config = FinetuneConfig(model=str(model_dir), adaptation=adaptation, lora_rank=2, threads=1)
+    model = load_model(model_dir, config, seed=0).double()
+    torch.manual_seed(1)
+    for name, parameter in model.named_parameters():
+        if "lora_B" in name:  # zero at initialisation: A's gradients would be zero too
+            parameter.data.normal_(std=0.3)
+    return model
+
+
+def whole_rows_logits(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The reference: every row through the whole causal LM, logits where the next label is an
+    answer token."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    where = batch["labels"][:, 1:] != IGNORE_INDEX
+    answer_positions: torch.Tensor = logits[:, :-1][where]
+    return answer_positions
+
+
+@given(st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=6), min_size=1, max_size=5))
+def test_the_shared_prefix_is_the_longest_that_leaves_every_row_a_token(
+    rows: list[list[int]],
+) -> None:
+    length = shared_prefix_length(rows)
+    shortest = min(len(row) for row in rows)
+    assert 0 <= length <= shortest - 1
+    assert all(row[:length] == rows[0][:length] for row in rows)
+    if length < shortest - 1:
+        assert len({row[length] for row in rows}) > 1
+
+
+def test_shared_prefix_examples() -> None:
+    assert shared_prefix_length([[1, 2, 3, 4], [1, 2, 5]]) == 2
+    assert shared_prefix_length([[1, 2, 3], [1, 2, 3]]) == 2
+    assert shared_prefix_length([[1, 2, 3]]) == 2
+    assert shared_prefix_length([[7], [7, 8]]) == 0
+
+
+def batch_of(questions: list[tuple[str, str]]) -> dict[str, torch.Tensor]:
+    tokenizer = build_tokenizer()
+    examples = [encode(tokenizer, question, answer) for question, answer in questions]
+    return training_batch(examples, tokenizer.pad_token_id)
+
+
+@pytest.mark.parametrize("adaptation", ["full", "lora"])
+@pytest.mark.parametrize("questions", [SHARED, UNSHARED], ids=["shared", "unshared"])
+def test_answer_logits_and_gradients_are_those_of_whole_rows(
+    model_dir: Path, adaptation: str, questions: list[tuple[str, str]]
+) -> None:
+    model = float64_model(model_dir, adaptation)
+    batch = batch_of(questions)
+    _, shared = decoder_states(model.model.model if adaptation == "lora" else model.model,
+                               batch["input_ids"], batch["attention_mask"])  # fmt: skip
+    assert shared == (8 if questions is SHARED else 0)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+
+    def gradients(logits: torch.Tensor, labels: torch.Tensor) -> list[torch.Tensor]:
+        return list(torch.autograd.grad(F.cross_entropy(logits, labels), trainable))
+
+    logits, labels = answer_logits(model, batch)
+    reference = whole_rows_logits(model, batch)
+    next_labels = batch["labels"][:, 1:]
+    assert labels.tolist() == next_labels[next_labels != IGNORE_INDEX].tolist()
+    torch.testing.assert_close(logits, reference, rtol=1e-10, atol=1e-10)
+    # LlamaRMSNorm normalises in float32 even in a float64 model, so the gradients agree to
+    # float32's rounding (~2e-8 of the largest entry here); the prefix's keys and values cut off
+    # from the graph would be off by ~1.
+    for got, want in zip(gradients(logits, labels), gradients(reference, labels), strict=True):
+        largest = float(want.abs().max())
+        assert largest > 0
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6 * largest)
+
+
+@pytest.mark.parametrize("questions", [SHARED, UNSHARED], ids=["shared", "unshared"])
+def test_the_heads_prompt_states_are_those_of_whole_rows(
+    model_dir: Path, questions: list[tuple[str, str]]
+) -> None:
+    model = float64_model(model_dir, "full")
+    batch = batch_of(questions)
+    hidden = model.model(input_ids=batch["input_ids"]).last_hidden_state  # right padding
+    prompt_lengths = [len(build_tokenizer()(f"{q}\n")["input_ids"]) for q, _ in questions]
+    expected = hidden[torch.arange(len(questions)), torch.tensor(prompt_lengths) - 1]
+    torch.testing.assert_close(prompt_states(model, batch), expected, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("questions", [SHARED, UNSHARED], ids=["shared", "unshared"])
+def test_greedy_answers_are_those_of_whole_prompts(
+    model_dir: Path, questions: list[tuple[str, str]]
+) -> None:
+    """Against ``generate`` on the whole left-padded prompts: the same tokens, every row."""
+    tokenizer = build_tokenizer()
+    model = float64_model(model_dir, "lora").eval()
+    examples = [encode(tokenizer, question, answer) for question, answer in questions]
+    whole = prompt_batch([e.prompt for e in examples], tokenizer.pad_token_id)
+    generated = model.generate(
+        **whole, max_new_tokens=6, do_sample=False, pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )  # fmt: skip
+    expected = tokenizer.batch_decode(
+        generated[:, whole["input_ids"].shape[1] :], skip_special_tokens=True
+    )
+    assert any(text for text in expected)
+    assert generate_answers(model, tokenizer, examples, batch_size=3, new_tokens=6) == expected
