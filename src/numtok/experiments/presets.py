@@ -218,7 +218,7 @@ PRESETS: dict[str, Preset] = {
             FinetuneConfig(**{**_SMOLLM2, **_SMOLLM2_LONG}),
             f"smollm2-arithmetic at {_SMOLLM2_LONG['steps']} steps over "
             f"{_SMOLLM2_LONG['train_examples']:,} questions, 5 seeds, test splits of 1,000: "
-            "for a GPU (--device cuda; not measured there; ~14 h on 2 CPU cores, estimated from "
+            "for a GPU (--device cuda; not measured there; ~11 h on 2 CPU cores, estimated from "
             "smollm2-arithmetic's step and scoring times)",
         ),
         Preset(
