@@ -48,11 +48,20 @@ def same(name: str, ours: object, theirs: object) -> str:
     }
     assert worst["relative probabilities"] < 1e-5, (name, worst)
     assert worst["mass"] < 1e-5, (name, worst)
-    assert worst["mean"] < 1e-5 * max(1.0, float(theirs.mean.abs().max())), (name, worst)
+    # float32 sums of values up to 99: a relative tolerance, like the probabilities'
+    mean_tolerance = 1e-5 * max(1.0, float(theirs.mean.abs().max()))
+    assert worst["mean"] < mean_tolerance, (name, worst)
     assert worst["pruned"] <= 1e-5 * max(1e-12, float(theirs.pruned.max())), (name, worst)
     assert torch.equal(ours.median, theirs.median), (name, ours.median, theirs.median)
     assert torch.equal(ours.mode, theirs.mode), (name, ours.mode, theirs.mode)
-    assert torch.equal(ours.number, theirs.number) or worst["mean"] < 1e-5, name
+    # ``number`` is the chosen readout: the median or the mode exactly, the mean within its
+    # tolerance
+    number_difference = float((ours.number - theirs.number).abs().max())
+    assert torch.equal(ours.number, theirs.number) or number_difference < mean_tolerance, (
+        name,
+        ours.number,
+        theirs.number,
+    )
     return " ".join(f"{k}={v:.1e}" for k, v in worst.items())
 
 
@@ -73,7 +82,10 @@ def main() -> None:
         max_model_len=64,
         max_logprobs=128,
         enforce_eager=True,
-        gpu_memory_utilization=0.05,
+        # A fixed KV cache (64 MiB; the model needs 2 KiB a token) instead of a share of memory:
+        # on CPU, vLLM subtracts the worker's resident memory from that share, which is
+        # negative on a 12 GiB machine at 0.05 and fails the engine's start.
+        kv_cache_memory_bytes=64 * 2**20,
         seed=0,
     )
     print(f"engine up after {time.perf_counter() - start:.0f} s", flush=True)
