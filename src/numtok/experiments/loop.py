@@ -74,9 +74,10 @@ def optimizer_step(
     learning_rate: float,
 ) -> None:
     """Backward, clip the gradient norm to ``config.grad_clip``, update; returns after the device
-    has finished (so that step times are real)."""
+    has finished (so that step times are real). A parameter group with an ``lr_scale`` entry
+    takes ``learning_rate`` times it (a head with a learning rate of its own)."""
     for group in optimizer.param_groups:
-        group["lr"] = learning_rate
+        group["lr"] = learning_rate * group.get("lr_scale", 1.0)
     optimizer.zero_grad(set_to_none=True)
     torch.autograd.backward(loss)
     torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)

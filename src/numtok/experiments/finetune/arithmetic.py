@@ -8,7 +8,10 @@ that every seed and every arm is scored on the same questions:
 * ``train``: operands of 2 or 3 digits (10-999);
 * ``validation``: the same difficulty, for choosing settings;
 * ``test``: the same difficulty, scored once;
-* ``test_harder``: operands of 4 digits (1000-9999), scored once.
+* ``test_harder``: operands of 4 digits (1000-9999), scored once;
+* ``test_fresh_4_digit``: operands of 4 digits too, drawn with a seed of its own after every other
+  split (so that adding it changed none of them): the fresh split of the pre-registered test of
+  the lead ``test_harder`` produced (docs/compare.md).
 
 No question appears in two splits (the later splits skip questions drawn before them).
 """
@@ -21,9 +24,15 @@ from dataclasses import dataclass
 __all__ = ["SPLITS", "Question", "arithmetic_splits", "draw_questions"]
 
 #: The splits, in the order they are drawn (each skips the questions of the ones before).
-SPLITS = ("test", "test_harder", "validation", "train")
-_SEEDS = {"test": 11, "test_harder": 12, "validation": 13, "train": 14}
-_DIGITS = {"test": (2, 3), "test_harder": (4, 4), "validation": (2, 3), "train": (2, 3)}
+SPLITS = ("test", "test_harder", "validation", "train", "test_fresh_4_digit")
+_SEEDS = {"test": 11, "test_harder": 12, "validation": 13, "train": 14, "test_fresh_4_digit": 15}
+_DIGITS = {
+    "test": (2, 3),
+    "test_harder": (4, 4),
+    "validation": (2, 3),
+    "train": (2, 3),
+    "test_fresh_4_digit": (4, 4),
+}
 
 
 @dataclass(frozen=True)

@@ -1,42 +1,38 @@
-"""Scoring a fine-tuned arm: the answers it generates (greedy, the last number of the text, as
-the paper reads them), and for rJokes the numbers read out of its distribution and the regression
-head's predictions.
+"""Scoring a fine-tuned arm: the answers it gives each example of a split, by every readout.
 
-Arithmetic: exact accuracy, MAE, log-MAE, the share within 1 % and the share of answers that
-hold a number (:func:`numtok.numeric_metrics`). rJokes: RMSE, MAE and Pearson's r of each
-readout — ``greedy`` (the generated text), ``expected`` and ``median`` of the distribution over
-the scale's scores, 0 to :data:`~numtok.experiments.finetune.data.HIGHEST_SCORE`
-(:func:`numtok.predict_numbers` with ``max_value``; a score of more than ``max_digits`` digits
-is not read), and ``head`` for the regression head; beside them the metrics of constant
-answers, the training jokes' mean, median and mode score (:func:`constant_reference`).
+* ``greedy``: the generated text's last number, as the paper reads answers (None: no number);
+* ``expected`` and ``median``: the mean and median of the model's distribution over the numbers
+  0 to ``max_value`` (:func:`numtok.predict_numbers`; only with ``config.max_value``);
+* ``head``: the regression head's prediction (the ``head`` arm's only readout).
+
+The metrics are computed from these answers (:mod:`numtok.experiments.item_metrics`), so that
+the report's bootstrap recomputes them on resamples of the items. :func:`constant_answers` are
+the answers of three constants every arm must beat: the training answers' mean (least squared
+error on them), median (least absolute error) and mode (most often exactly right).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+import statistics
+import sys
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from numtok._causal_lm_scorers import cache_argument
 from numtok.decoding import predict_numbers
-from numtok.experiments.finetune.data import HIGHEST_SCORE
+from numtok.experiments.finetune.config import FinetuneConfig
 from numtok.experiments.finetune.examples import Encoded, prompt_batch, training_batch
 from numtok.experiments.finetune.prefix import prefix_cache, shared_prefix_length
 from numtok.experiments.finetune.train import Trained, causal_lm_of, prompt_states
-from numtok.metrics import numeric_metrics
+from numtok.text_numbers import last_number
 
-__all__ = [
-    "ARITHMETIC_METRICS",
-    "JOKE_METRICS",
-    "constant_reference",
-    "generate_answers",
-    "score_arm",
-]
+__all__ = ["CONSTANTS", "constant_answers", "generate_answers", "score_split"]
 
-#: What each task reports, per split and readout.
-ARITHMETIC_METRICS = ("exact_accuracy", "mae", "log_mae", "within_1_percent", "parsed_share")
-JOKE_METRICS = ("rmse", "mae", "pearson")
+#: The constant answers, each the same for every example.
+CONSTANTS = ("mean", "median", "mode")
 
 
 @torch.no_grad()
@@ -73,52 +69,20 @@ def generate_answers(
     return texts
 
 
-def _arithmetic_metrics(texts: Sequence[str], examples: Sequence[Encoded]) -> dict[str, float]:
-    scored = numeric_metrics(list(texts), [e.value for e in examples])
+def constant_answers(train: Sequence[Encoded]) -> dict[str, float]:
+    """The training answers' mean, median and mode."""
+    values = [e.value for e in train]
     return {
-        "exact_accuracy": scored.exact_accuracy,
-        "mae": scored.mae,
-        "log_mae": scored.log_mae,
-        "within_1_percent": scored.within_1_percent,
-        "parsed_share": scored.parsed / scored.count,
-    }
-
-
-def _joke_metrics(
-    predictions: Sequence[float | str], examples: Sequence[Encoded]
-) -> dict[str, float]:
-    scored = numeric_metrics(list(predictions), [e.value for e in examples])
-    return {
-        "rmse": scored.rmse,
-        "mae": scored.mae,
-        "pearson": scored.pearson,
-        "parsed_share": scored.parsed / scored.count,
-    }
-
-
-def constant_reference(
-    task: str, train: Sequence[Encoded], splits: Mapping[str, Sequence[Encoded]]
-) -> dict[str, dict[str, dict[str, Any]]]:
-    """rJokes: per evaluation split, the metrics of answering every joke with one constant, the
-    training jokes' mean (least squared error on them), median (least absolute error) or mode
-    score (:func:`numtok.experiments.rjokes.report.constant_predictions`; Pearson undefined). An
-    arm that does not beat them shows nothing it learnt from the jokes themselves. Arithmetic:
-    ``{}``."""
-    if task != "rjokes":
-        return {}
-    from numtok.experiments.rjokes.report import constant_predictions
-
-    scores = [int(e.value) for e in train]
-    return {
-        split: constant_predictions(scores, [int(e.value) for e in examples])
-        for split, examples in splits.items()
+        "mean": statistics.fmean(values),
+        "median": statistics.median(values),
+        "mode": statistics.mode(values),
     }
 
 
 @torch.no_grad()
 def _head_predictions(
     trained: Trained, examples: Sequence[Encoded], batch_size: int, pad_id: int
-) -> list[float]:
+) -> list[float | None]:
     assert trained.head is not None
     device = next(trained.model.parameters()).device
     mean, std = trained.score_scale
@@ -127,41 +91,37 @@ def _head_predictions(
         batch = training_batch(examples[start : start + batch_size], pad_id)
         states = prompt_states(trained.model, {k: v.to(device) for k, v in batch.items()})
         values += (trained.head(states).squeeze(-1).double() * std + mean).tolist()
-    return values
+    return _storable(values)
 
 
-def score_arm(
-    trained: Trained,
-    tokenizer: Any,
-    task: str,
-    splits: Mapping[str, Sequence[Encoded]],
-    *,
-    batch_size: int,
-    new_tokens: int,
-    max_digits: int,
-) -> tuple[dict[str, dict[str, dict[str, float]]], dict[str, dict[str, list[Any]]]]:
-    """``(metrics[split][readout][metric], predictions[split][readout])`` of one trained arm."""
+def score_split(
+    trained: Trained, tokenizer: Any, config: FinetuneConfig, examples: Sequence[Encoded]
+) -> dict[str, Any]:
+    """``{"answers": {readout: [value or None per example]}, "texts": [greedy text, ...]}`` of
+    one trained arm on one split (the head arm: ``head`` answers, no texts)."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    metrics: dict[str, dict[str, dict[str, float]]] = {}
-    predictions: dict[str, dict[str, list[Any]]] = {}
-    for split, examples in splits.items():
-        if trained.head is not None:
-            values = _head_predictions(trained, examples, batch_size, pad)
-            predictions[split] = {"head": values}
-            metrics[split] = {"head": _joke_metrics(values, examples)}
-            continue
-        texts = generate_answers(trained.model, tokenizer, examples, batch_size, new_tokens)
-        predictions[split] = {"greedy": texts}
-        if task == "arithmetic":
-            metrics[split] = {"greedy": _arithmetic_metrics(texts, examples)}
-            continue
-        metrics[split] = {"greedy": _joke_metrics(texts, examples)}
+    if trained.head is not None:
+        head = _head_predictions(trained, examples, config.eval_batch_size, pad)
+        return {"answers": {"head": head}, "texts": []}
+    texts = generate_answers(
+        trained.model, tokenizer, examples, config.eval_batch_size, config.max_new_tokens
+    )
+    answers = {"greedy": _storable([last_number(t) for t in texts])}
+    if config.max_value is not None:
         read = predict_numbers(
             trained.model, tokenizer, [list(e.prompt) for e in examples],
-            max_digits=max_digits, max_value=HIGHEST_SCORE,
+            max_digits=config.max_digits, max_value=config.max_value,
         )  # fmt: skip
-        for readout, numbers in (("expected", read.mean), ("median", read.median)):
-            values = numbers.tolist()
-            predictions[split][readout] = values
-            metrics[split][readout] = _joke_metrics(values, examples)
-    return metrics, predictions
+        answers["expected"] = _storable(read.mean.tolist())
+        answers["median"] = _storable(read.median.tolist())
+    return {"answers": answers, "texts": texts}
+
+
+def _storable(values: Sequence[float | None]) -> list[float | None]:
+    """Answers as JSON holds them: no number (None or NaN) is None, and a text beyond float64's
+    range (``"1e999"``, read as ±inf) the largest float of its sign, whose error dwarfs every
+    other answer's as inf's would."""
+    return [
+        None if v is None or math.isnan(v) else max(-sys.float_info.max, min(sys.float_info.max, v))
+        for v in values
+    ]

@@ -1,209 +1,282 @@
-"""The report of a fine-tuning comparison: every seed's metrics per split and readout, the mean
-and spread over seeds, and each arm's paired difference from CE with its 95 % interval
-(:mod:`numtok.experiments.stats`); ``results.json``, ``report.md`` and ``report.png`` in the run
-folder.
+"""The report of a fine-tuning comparison: ``results.json`` (every setting, every seed's answer
+to every item, every metric and comparison; ``null`` where a value is undefined), ``report.md``
+and ``report.png`` in the run folder.
 
-Every (arm, readout) is compared with CE's same readout; the regression head (rJokes), which has
-a readout of its own, with CE's ``expected`` readout (the mean of its distribution, the readout a
-squared error rewards) and with CE's ``greedy`` one. On rJokes each split's table is followed by
-the constant answers every arm must beat (:func:`~numtok.experiments.finetune.evaluate.
-constant_reference`); the plot draws the best of them as a dashed line.
+``report.md`` opens with what a reader needs first: the pre-registration (when there is one)
+and the primary endpoint, then the learnability gate — when it fails, the report says the task
+was not learnt at this budget and gives no verdict on any loss — then the λ chosen on
+validation, and per split every arm's metrics (every seed shown), the constant answers, and the
+paired differences from CE with the paired-seed t interval, the seed × item bootstrap interval,
+the bootstrap's minimal detectable effect (MDE) and the verdict
+(:mod:`~numtok.experiments.finetune.analysis`).
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from numtok.experiments.finetune.config import FinetuneConfig
-from numtok.experiments.stats import paired_comparison, summarise
+import numpy as np
+from numpy.typing import NDArray
 
-__all__ = ["comparisons", "write_report"]
+from numtok.experiments.finetune.analysis import (
+    BOOTSTRAP_REPLICATES,
+    comparisons,
+    learnability_gate,
+    metric_table,
+)
+from numtok.experiments.finetune.config import NUMBER_LOSS_ARMS, FinetuneConfig
+from numtok.experiments.finetune.data import FinetuneData
+from numtok.experiments.finetune.preregistration import git_provenance
+from numtok.experiments.item_metrics import (
+    HIGHER_IS_BETTER,
+    ITEM_METRICS,
+    answer_values,
+    item_metrics,
+)
 
-#: Whether a smaller value is better, per metric.
-_LOWER_IS_BETTER = {"mae": True, "log_mae": True, "rmse": True}
+__all__ = ["json_safe", "write_report"]
+
+#: The metrics of the tables (``parsed_share`` is in results.json).
+SHOWN_METRICS = tuple(m for m in ITEM_METRICS if m != "parsed_share")
 
 
-def _baselines(readout: str) -> list[str]:
-    return ["expected", "greedy"] if readout == "head" else [readout]
+def json_safe(value: Any) -> Any:
+    """``value`` with every non-finite float (NaN, ±inf) replaced by None, tuples as lists, and
+    numpy scalars as Python numbers: what ``json.dumps(allow_nan=False)`` accepts."""
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return json_safe(value.tolist())
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
 
 
-def _values(runs: Sequence[dict[str, Any]], seeds: Sequence[int], arm: str, split: str,
-            readout: str, metric: str) -> list[float | None]:  # fmt: skip
-    by_seed = {run["seed"]: run for run in runs if run["arm"] == arm}
-    return [
-        by_seed[seed]["metrics"].get(split, {}).get(readout, {}).get(metric)
-        if seed in by_seed
-        else None
-        for seed in seeds
-    ]
-
-
-def comparisons(config: FinetuneConfig, runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One entry per (split, arm, readout, metric): the per-seed values, their summary, and the
-    paired difference from CE (``vs_ce``, with ``baseline`` its readout; None for CE itself)."""
-    entries = []
-    first = next(run for run in runs if run["arm"] == "ce")
-    for split, by_readout in first["metrics"].items():
+def _answers(
+    config: FinetuneConfig,
+    validation: Mapping[tuple[int, str, float], dict[str, Any]],
+    chosen: Mapping[str, float],
+    test: Mapping[tuple[int, str], dict[str, Any]],
+) -> dict[str, dict[str, dict[str, NDArray[np.float64]]]]:
+    """``answers[split][arm][readout]``: (seeds, items), one row for ``base``."""
+    answers: dict[str, dict[str, dict[str, NDArray[np.float64]]]] = {}
+    for split in ("validation", *config.evaluation_splits):
+        answers[split] = {}
         for arm in config.arms:
-            arm_runs = [run for run in runs if run["arm"] == arm]
-            if not arm_runs:
-                continue
-            for readout, metrics in arm_runs[0]["metrics"][split].items():
-                for metric in metrics:
-                    values = _values(runs, config.seeds, arm, split, readout, metric)
-                    entry: dict[str, Any] = {
-                        "split": split, "arm": arm, "readout": readout, "metric": metric,
-                        **summarise(values), "vs_ce": [],
-                    }  # fmt: skip
-                    for baseline in _baselines(readout):
-                        if arm == "ce" or baseline not in by_readout:
-                            continue
-                        ce = _values(runs, config.seeds, "ce", split, baseline, metric)
-                        entry["vs_ce"].append(
-                            {"baseline": baseline, **paired_comparison(values, ce)}
-                        )
-                    entries.append(entry)
-    return entries
+            seeds = config.seeds[:1] if arm == "base" else config.seeds
+            if split == "validation":
+                stored = [validation[(seed, arm, chosen[arm])]["answers"] for seed in seeds]
+            else:
+                stored = [test[(seed, arm)]["splits"][split]["answers"] for seed in seeds]
+            answers[split][arm] = {
+                readout: np.stack([answer_values(entry[readout]) for entry in stored])
+                for readout in stored[0]
+            }
+    return answers
 
 
-def _number(value: float | None) -> str:
-    return "n/a" if value is None or not math.isfinite(value) else f"{value:.3f}"
+def _number(value: float | None, digits: int = 3) -> str:
+    return "n/a" if value is None or not math.isfinite(value) else f"{value:.{digits}f}"
 
 
-def _difference(entry: dict[str, Any], metric: str) -> str:
-    if entry["mean"] is None:
-        return "n/a"
-    text = f"{entry['mean']:+.3f}"
-    if entry["low"] is not None:
-        text += f" [{entry['low']:+.3f}, {entry['high']:+.3f}]"
-    if entry["exceeds"]:
-        better = (entry["mean"] < 0) == _LOWER_IS_BETTER.get(metric, False)
-        text = f"**{text}** ({'better' if better else 'worse'})"
-    return text
+def _signed(value: float | None) -> str:
+    return "n/a" if value is None or not math.isfinite(value) else f"{value:+.3f}"
 
 
-def _reference_lines(reference: dict[str, dict[str, Any]]) -> list[str]:
-    """The constant answers' table: what an arm must beat to show it learnt from the jokes."""
-    lines = [
-        "Constant answers (the training jokes' score, the same for every joke; no pearson, it "
-        "does not vary): an arm that does not beat them shows nothing learnt from the jokes.",
-        "",
-        "| constant | value | rmse | mae |",
-        "|---|---|---|---|",
+def _interval(low: float | None, high: float | None) -> str:
+    return "n/a" if low is None or high is None else f"[{_signed(low)}, {_signed(high)}]"
+
+
+def _difference_cells(entry: dict[str, Any]) -> list[str]:
+    boot = entry["bootstrap"]
+    verdict = entry["verdict"] or "–"
+    return [
+        _signed(entry["mean"]),
+        _interval(entry["seed"]["low"], entry["seed"]["high"]),
+        _interval(boot["low"], boot["high"]),
+        _number(boot["mde"]),
+        f"**{verdict}**" if entry["verdict"] else verdict,
     ]
-    for name, metrics in reference.items():
+
+
+def _primary_lines(
+    config: FinetuneConfig, entries: Sequence[dict[str, Any]], arms: Sequence[str], gate: bool
+) -> list[str]:
+    split, metric, readout = config.evaluation_splits[0], config.metric, config.readout
+    lines = [
+        "## Primary endpoint",
+        "",
+        f"{metric} of the {readout} readout on {split}, each arm minus CE (paired by seed; "
+        f"{len(config.seeds)} seeds). Verdict only when both 95 % intervals exclude 0"
+        + ("" if gate else "; **none here: the learnability gate failed**")
+        + ".",
+        "",
+        "| arm − CE | Δ | seed t 95 % | seed × item bootstrap 95 % | MDE | verdict |",
+        "|---|---|---|---|---|---|",
+    ]
+    for arm in arms:
+        found = [
+            e for e in entries
+            if (e["split"], e["arm"], e["readout"], e["baseline"], e["metric"])
+            == (split, arm, readout, readout, metric)
+        ]  # fmt: skip
+        if found:
+            lines.append(f"| {arm} | " + " | ".join(_difference_cells(found[0])) + " |")
+    return lines
+
+
+def _gate_lines(gate: dict[str, Any]) -> list[str]:
+    best = gate["best"]
+    constant = (
+        f"answering the training {gate['constant']} ({gate['constant_value']:.4g}) to every "
+        f"example: {gate['metric']} {_number(gate['constant_metric'])}"
+    )
+    lines = ["## Learnability gate (validation)", ""]
+    if gate["passed"]:
         lines.append(
-            f"| training {name} | {metrics['value']:.3f} | {_number(metrics['rmse'])} | "
-            f"{_number(metrics['mae'])} |"
+            f"**Passed.** The best constant is {constant}; {best['arm']} ({best['readout']}) "
+            f"beats it by {_number(best['improvement'])} (bootstrap standard error "
+            f"{_number(best['se'])})."
+        )
+    else:
+        lines.append(
+            f"**Failed: the task was not learnt at this budget, so this report gives no verdict "
+            f"on any loss.** No trained arm beats the best constant, {constant}, by more than "
+            "the standard error of the difference"
+            + (
+                f" (closest: {best['arm']} {best['readout']}, {_signed(best['improvement'])} "
+                f"± {_number(best['se'])})."
+                if best
+                else "."
+            )
+        )
+    lines += ["", "| arm | readout | improvement over the constant | bootstrap SE | passes |",
+              "|---|---|---|---|---|"]  # fmt: skip
+    for entry in gate["arms"]:
+        lines.append(
+            f"| {entry['arm']} | {entry['readout']} | {_signed(entry['improvement'])} | "
+            f"{_number(entry['se'])} | {'yes' if entry['passes'] else 'no'} |"
         )
     return lines
 
 
-def _markdown(
-    config: FinetuneConfig,
+def _split_lines(
+    split: str,
+    table: Sequence[dict[str, Any]],
     entries: Sequence[dict[str, Any]],
-    minutes: float,
-    reference: dict[str, dict[str, dict[str, Any]]],
-) -> str:
-    weights = ", ".join(
-        f"{arm} {config.weight_of(arm)}" for arm in config.arms if arm in ("was", "mse", "del")
-    )
-    lines = [
-        f"# Fine-tuning {config.model} on {config.task}: {config.evaluate_on} splits",
+    constants: dict[str, dict[str, Any]],
+) -> list[str]:
+    lines = [f"## {split}", "", "Mean ± std over seeds, every seed in brackets.", "",
+             "| arm | readout | " + " | ".join(SHOWN_METRICS) + " |",
+             "|---|---|" + "---|" * len(SHOWN_METRICS)]  # fmt: skip
+    rows = list(dict.fromkeys((e["arm"], e["readout"]) for e in table if e["split"] == split))
+    for arm, readout in rows:
+        cells = []
+        for metric in SHOWN_METRICS:
+            entry = next(e for e in table if (e["split"], e["arm"], e["readout"], e["metric"])
+                         == (split, arm, readout, metric))  # fmt: skip
+            text = _number(entry["mean"])
+            if entry["std"] is not None:
+                text += f" ± {_number(entry['std'])}"
+            if arm != "base":
+                text += " [" + ", ".join(_number(v) for v in entry["values"]) + "]"
+            cells.append(text)
+        lines.append(f"| {arm} | {readout} | " + " | ".join(cells) + " |")
+    lines += ["", "Constant answers (the training answers' statistic, the same for every "
+              "example): an arm that does not beat them learnt nothing from the prompts.", "",
+              "| constant | value | " + " | ".join(SHOWN_METRICS) + " |",
+              "|---|---|" + "---|" * len(SHOWN_METRICS)]  # fmt: skip
+    for name, scored in constants.items():
+        cells = [_number(scored["metrics"][m]) for m in SHOWN_METRICS]
+        lines.append(f"| training {name} | {scored['value']:.4g} | " + " | ".join(cells) + " |")
+    lines += ["", "Paired differences from CE (arm − CE; MDE: the bootstrap's minimal "
+              "detectable effect at 80 % power).", "",
+              "| arm | readout | vs CE | metric | Δ | seed t 95 % | bootstrap 95 % | MDE | "
+              "verdict |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for entry in entries:
+        if entry["split"] == split and entry["metric"] in SHOWN_METRICS:
+            lines.append(
+                f"| {entry['arm']} | {entry['readout']} | CE {entry['baseline']} | "
+                f"{entry['metric']} | " + " | ".join(_difference_cells(entry)) + " |"
+            )
+    return lines
+
+
+def _preregistration_lines(
+    preregistered: tuple[Path, dict[str, Any]] | None, started: float
+) -> list[str]:
+    if preregistered is None:
+        return ["Not pre-registered (`--preregister FILE`): read every difference as "
+                "exploratory.", ""]  # fmt: skip
+    path, record = preregistered
+    provenance = git_provenance(path)
+    began = datetime.datetime.fromtimestamp(started, datetime.timezone.utc)
+    if provenance["committed"] is None:
+        status = "**not committed in git as it is**: it does not prove it came before the run"
+    else:
+        committed = datetime.datetime.fromisoformat(provenance["committed"])
+        before = committed <= began
+        status = (
+            f"committed in {provenance['commit'][:12]} at {provenance['committed']}, "
+            + ("before" if before else "**after**")
+            + f" the run began ({began.isoformat(timespec='seconds')})"
+        )
+    return [
+        f"**Pre-registered** in `{path.name}` (sha256 {provenance['sha256'][:16]}), {status}; "
+        "the run's settings, data and model match it.",
         "",
-        f"Seeds {list(config.seeds)}; {config.adaptation} fine-tuning, {config.steps} steps × "
-        f"{config.batch_size} examples, learning rate {config.learning_rate}; λ: {weights}. "
-        f"{minutes:.1f} minutes of training and scoring. Mean ± std over seeds, every seed in "
-        "brackets; Δ is the paired difference from CE (same readout) with its 95 % interval, "
-        "in bold where it exceeds the seed spread.",
+        f"Hypothesis: {record['hypothesis']}",
+        "",
     ]
-    splits = list(dict.fromkeys(e["split"] for e in entries))
-    for split in splits:
-        lines += ["", f"## {split}", ""]
-        metrics = list(dict.fromkeys(e["metric"] for e in entries if e["split"] == split))
-        lines.append("| arm | readout | " + " | ".join(metrics) + " |")
-        lines.append("|---|---|" + "---|" * len(metrics))
-        rows = list(dict.fromkeys((e["arm"], e["readout"]) for e in entries if e["split"] == split))
-        for arm, readout in rows:
-            cells = []
-            for metric in metrics:
-                found = [e for e in entries if (e["split"], e["arm"], e["readout"], e["metric"])
-                         == (split, arm, readout, metric)]  # fmt: skip
-                if not found:
-                    cells.append("")
-                    continue
-                entry = found[0]
-                seeds = ", ".join(_number(v) for v in entry["values"])
-                text = _number(entry["mean"])
-                if entry["std"] is not None:
-                    text += f" ± {_number(entry['std'])}"
-                cells.append(f"{text} [{seeds}]")
-            lines.append(f"| {arm} | {readout} | " + " | ".join(cells) + " |")
-        if split in reference:
-            lines += ["", *_reference_lines(reference[split])]
-        lines += ["", "| arm | readout | vs CE | " + " | ".join(metrics) + " |",
-                  "|---|---|---|" + "---|" * len(metrics)]  # fmt: skip
-        for arm, readout in rows:
-            if arm == "ce":
-                continue
-            for baseline in _baselines(readout):
-                cells = []
-                for metric in metrics:
-                    found = [
-                        c for e in entries
-                        if (e["split"], e["arm"], e["readout"], e["metric"])
-                        == (split, arm, readout, metric)
-                        for c in e["vs_ce"] if c["baseline"] == baseline
-                    ]  # fmt: skip
-                    cells.append(_difference(found[0], metric) if found else "")
-                if any(cells):
-                    lines.append(
-                        f"| {arm} | {readout} | CE {baseline} | " + " | ".join(cells) + " |"
-                    )
-    return "\n".join(lines) + "\n"
 
 
-def _plot(
-    entries: Sequence[dict[str, Any]], reference: dict[str, dict[str, dict[str, Any]]], path: Path
-) -> None:
+def _constants(
+    constants: Mapping[str, float], references: Mapping[str, NDArray[np.float64]]
+) -> dict[str, dict[str, dict[str, Any]]]:
+    return {
+        split: {
+            name: {"value": value,
+                   "metrics": item_metrics(np.full_like(truth, value), truth)}
+            for name, value in constants.items()
+        }
+        for split, truth in references.items()
+    }  # fmt: skip
+
+
+def _plot(config: FinetuneConfig, table: Sequence[dict[str, Any]],
+          constants: dict[str, dict[str, dict[str, Any]]], path: Path) -> None:  # fmt: skip
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    splits = list(dict.fromkeys(e["split"] for e in entries))
-    metrics = list(dict.fromkeys(e["metric"] for e in entries if e["metric"] != "parsed_share"))
-    # A panel a third of an inch per bar, at least 3.2 inches; with many bars (rJokes: 19
-    # arm-readouts) one panel per row.
-    bars = max(sum(e["split"] == s and e["metric"] == metrics[0] for e in entries) for s in splits)
-    width = max(3.2, 0.34 * bars)
-    panels = [(split, metric) for split in splits for metric in metrics]
-    columns = len(metrics) if bars <= 10 else 1
-    rows = -(-len(panels) // columns)
-    figure, axes = plt.subplots(rows, columns, figsize=(width * columns, 2.8 * rows), squeeze=False)
-    for number, (split, metric) in enumerate(panels):
-        axis = axes[number // columns][number % columns]
-        chosen = [e for e in entries if e["split"] == split and e["metric"] == metric]
+    splits = ("validation", *config.evaluation_splits)
+    figure, axes = plt.subplots(1, len(splits), figsize=(4.2 * len(splits), 3.4), squeeze=False)
+    for axis, split in zip(axes[0], splits, strict=True):
+        chosen = [e for e in table if e["split"] == split and e["metric"] == config.metric]
         for index, entry in enumerate(chosen):
             if entry["mean"] is not None:
                 axis.bar(index, entry["mean"], color="#9ecae1")
             values = [v for v in entry["values"] if v is not None and math.isfinite(v)]
             axis.plot([index] * len(values), values, "k.", markersize=4)
-        # The best constant answer on this metric (mean for rmse, median for mae).
-        constants = [c.get(metric) for c in reference.get(split, {}).values()]
-        finite = [c for c in constants if c is not None and math.isfinite(c)]
+        scores = [c["metrics"][config.metric] for c in constants[split].values()]
+        finite = [s for s in scores if s is not None]
         if finite:
-            axis.axhline(min(finite), color="#d62728", linestyle="--", linewidth=1)
+            best = max(finite) if config.metric in HIGHER_IS_BETTER else min(finite)
+            axis.axhline(best, color="#d62728", linestyle="--", linewidth=1)
         axis.set_xticks(range(len(chosen)))
-        axis.set_xticklabels(
-            [e["arm"] if e["readout"] in ("greedy", "head") else f"{e['arm']}\n{e['readout']}"
-             for e in chosen], fontsize=7, rotation=45,
-        )  # fmt: skip
-        axis.set_title(f"{split}: {metric}", fontsize=9)
+        axis.set_xticklabels([f"{e['arm']}\n{e['readout']}" for e in chosen], fontsize=7,
+                             rotation=45)  # fmt: skip
+        axis.set_title(f"{split}: {config.metric} (dashed: best constant)", fontsize=9)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
@@ -212,16 +285,97 @@ def _plot(
 def write_report(
     run_dir: Path,
     config: FinetuneConfig,
-    runs: Sequence[dict[str, Any]],
-    minutes: float,
-    reference: dict[str, dict[str, dict[str, Any]]],
+    data: FinetuneData,
+    validation: Mapping[tuple[int, str, float], dict[str, Any]],
+    choice: dict[str, Any],
+    test: Mapping[tuple[int, str], dict[str, Any]],
+    *,
+    constants: Mapping[str, float],
+    preregistered: tuple[Path, dict[str, Any]] | None,
+    started: float,
 ) -> dict[str, Any]:
     """Write ``results.json``, ``report.md`` and ``report.png`` into ``run_dir``; return the
-    results. ``reference``: per split, the constant answers' metrics (empty for arithmetic)."""
-    entries = comparisons(config, runs)
-    results = {"config": config.to_dict(), "runs": list(runs), "comparisons": entries,
-               "reference": reference, "minutes": minutes}  # fmt: skip
-    (run_dir / "results.json").write_text(json.dumps(results, indent=1))
-    (run_dir / "report.md").write_text(_markdown(config, entries, minutes, reference))
-    _plot(entries, reference, run_dir / "report.png")
-    return results
+    results (as ``results.json`` holds them)."""
+    answers = _answers(config, validation, choice["chosen"], test)
+    references = {split: answer_values([e.value for e in data.splits[split]]) for split in answers}
+    seeds = len(config.seeds)
+    trained = {arm: by_readout for arm, by_readout in answers["validation"].items()
+               if arm != "base"}  # fmt: skip
+    gate = learnability_gate(trained, constants, references["validation"], seeds, config.metric)
+    table = metric_table(answers, references, seeds)
+    entries = comparisons(answers, references, seeds, verdicts=gate["passed"])
+    scored_constants = _constants(constants, references)
+    minutes = sum(r["train_minutes"] + r["score_minutes"] for r in validation.values())
+    minutes += sum(r["score_minutes"] for r in test.values())
+    results = json_safe({
+        "config": config.to_dict(),
+        "data": {"notes": data.notes, "digest": data.digest,
+                 "sizes": {s: len(e) for s, e in data.splits.items()}},
+        "preregistration": None if preregistered is None else str(preregistered[0]),
+        "choice": choice,
+        "gate": gate,
+        "metrics": table,
+        "comparisons": entries,
+        "constants": scored_constants,
+        "bootstrap_replicates": BOOTSTRAP_REPLICATES,
+        "references": {split: truth for split, truth in references.items()},
+        "answers": {split: {arm: {r: rows for r, rows in by_readout.items()}
+                            for arm, by_readout in by_arm.items()}
+                    for split, by_arm in answers.items()},
+        "runs": [
+            {"seed": seed, "arm": arm, "weight": weight, "history": r["history"],
+             "seconds_per_step": r["seconds_per_step"], "train_minutes": r["train_minutes"],
+             "validation_minutes": r["score_minutes"]}
+            for (seed, arm, weight), r in validation.items()
+        ],
+        "test_minutes": {f"seed{seed}/{arm}": r["score_minutes"]
+                         for (seed, arm), r in test.items()},
+        "minutes": minutes,
+    })  # fmt: skip
+    (run_dir / "results.json").write_text(json.dumps(results, indent=1, allow_nan=False))
+    lines = [f"# Fine-tuning {config.model} on {config.task}", ""]
+    lines += _preregistration_lines(preregistered, started)
+    compared_arms = [arm for arm in config.arms if arm != "ce"]
+    if preregistered is not None:  # the registered arm alone is primary
+        compared_arms = [preregistered[1]["primary_endpoint"]["difference"].split(" ")[0]]
+    lines += _primary_lines(config, entries, compared_arms, gate["passed"])
+    lines += ["", *_gate_lines(gate), ""]
+    lines += _settings_lines(config, data, choice, minutes)
+    for split in (*config.evaluation_splits, "validation"):
+        lines += ["", *_split_lines(split, table, entries, scored_constants[split])]
+    (run_dir / "report.md").write_text("\n".join(lines) + "\n")
+    _plot(config, table, scored_constants, run_dir / "report.png")
+    loaded: dict[str, Any] = json.loads((run_dir / "results.json").read_text())
+    return loaded
+
+
+def _settings_lines(
+    config: FinetuneConfig, data: FinetuneData, choice: dict[str, Any], minutes: float
+) -> list[str]:
+    weights = ", ".join(
+        f"{arm} {w:g}" for arm, w in choice["chosen"].items() if arm in NUMBER_LOSS_ARMS
+    )
+    lines = [
+        "## Settings",
+        "",
+        f"Seeds {list(config.seeds)}; {config.adaptation} fine-tuning, {config.steps} steps × "
+        f"{config.batch_size} examples, learning rate {config.learning_rate:g}; λ: "
+        f"{weights or 'none'}. Data: " + "; ".join(data.notes or ["generated"]) + ". "
+        f"{minutes:.1f} minutes of training and scoring. Intervals: the paired-seed t interval "
+        f"({len(config.seeds) - 1} degrees of freedom) and the seed × item bootstrap "
+        f"({BOOTSTRAP_REPLICATES} replicates). Many comparisons at the 5 % level: a few verdicts "
+        "may come from chance; the primary endpoint is the one the run was made for.",
+    ]
+    if choice["means"]:
+        lines += ["", f"λ chosen on validation (mean {config.metric} of the {config.readout} "
+                  "readout over the seeds; ties to the smaller λ):", "",
+                  "| arm | " + " | ".join(f"λ={w}" for w in next(iter(choice['means'].values())))
+                  + " | chosen |",
+                  "|---|" + "---|" * (len(next(iter(choice["means"].values()))) + 1)]  # fmt: skip
+        for arm, means in choice["means"].items():
+            lines.append(
+                f"| {arm} | "
+                + " | ".join(_number(m, 4) for m in means.values())
+                + f" | {choice['chosen'][arm]:g} |"
+            )
+    return lines

@@ -1,71 +1,264 @@
-"""Run a whole fine-tuning comparison: the model, the data, every (seed, arm) one after the other
-in this process, and the report. Rerunning the same settings into the same folder resumes:
-finished arms are read back (an interrupted arm starts again).
+"""Run a whole fine-tuning comparison (``numtok compare`` and the ``smollm2-*`` presets), in
+this process, in three phases:
 
-The ``base`` arm (the model before fine-tuning) does not depend on the seed; it is scored once and
-its result stored for every seed, so that it pairs with CE like the other arms.
+1. **Validation.** Every (seed, arm, λ) is trained — every λ of the grid when λ is chosen — and
+   scored on the validation split; what training changed is kept (``trained.pt``).
+2. **Choice and gate.** The rule of :mod:`~numtok.experiments.finetune.choose` picks each
+   number-loss arm's λ from the validation answers alone; the learnability gate
+   (:func:`~numtok.experiments.finetune.analysis.learnability_gate`) reads them too.
+3. **Test.** Each seed's arm at its chosen λ is scored once on the test splits; its
+   ``trained.pt`` is then deleted (those of the λ not chosen, after the choice).
+
+Rerunning the same settings into the same folder resumes: a finished step (``validation.json``,
+``test.json``) is read back, an interrupted one starts again. The ``base`` arm (the model before
+fine-tuning) does not depend on the seed: it is scored once, and that one row pairs with every
+seed of CE.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from numtok.experiments.finetune.config import FinetuneConfig
-from numtok.experiments.finetune.data import load_finetune_data
-from numtok.experiments.finetune.evaluate import constant_reference, score_arm
+from numtok.experiments.finetune.choose import choose_weights
+from numtok.experiments.finetune.config import NUMBER_LOSS_ARMS, FinetuneConfig
+from numtok.experiments.finetune.data import FinetuneData, load_finetune_data
+from numtok.experiments.finetune.evaluate import constant_answers, score_split
+from numtok.experiments.finetune.models import model_digest, resolve_model
+from numtok.experiments.finetune.preregistration import check_preregistration, preregistration
 from numtok.experiments.finetune.report import write_report
-from numtok.experiments.finetune.train import train_arm
-from numtok.experiments.run_folder import arm_directory, finish_arm, prepare_run_dir, read_result
+from numtok.experiments.finetune.train import Trained, load_trained, save_trained, train_arm
+from numtok.experiments.item_metrics import answer_values, item_metrics
+from numtok.experiments.run_folder import prepare_run_dir, save_atomically
 from numtok.vocab import NumberVocab
 
-__all__ = ["model_digest", "resolve_model", "run_finetune"]
+__all__ = [
+    "Prepared",
+    "check_registered",
+    "job_directory",
+    "prepare",
+    "preregistration_of",
+    "run_finetune",
+]
 
 Log = Callable[[str], None]
+TRAINED, VALIDATION, TEST = "trained.pt", "validation.json", "test.json"
 
 
-def resolve_model(model: str) -> Path:
-    """The model's folder: ``"smollm2"`` is SmolLM2-135M-Instruct, built on first use
-    (:func:`numtok.experiments.pretrained.ensure_smollm2`); anything else a local folder that
-    holds a saved causal LM."""
-    from numtok.experiments import pretrained
+@dataclass
+class Prepared:
+    """What every phase reads: the model's folder and digest, its tokenizer and number
+    vocabulary, the encoded data, and the padding id."""
 
-    if model == "smollm2":
-        return pretrained.ensure_smollm2()
-    return pretrained.local_model_dir(Path(model))
+    model_dir: Path
+    digest: str
+    tokenizer: Any
+    vocab: NumberVocab
+    data: FinetuneData
+    pad_id: int
 
 
-def model_digest(folder: Path) -> str:
-    """A short hash of the model folder's configuration and the sizes of its files: two folders
-    with the same digest hold the same model (the weights' bytes are not read)."""
-    entries = sorted(
-        (path.name, path.stat().st_size) for path in folder.iterdir() if path.is_file()
+def prepare(config: FinetuneConfig, data_dir: Path | str | None = None) -> Prepared:
+    """Load the tokenizer and the data of ``config`` (checked: a user's data error is raised
+    here, before any training)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    model_dir = resolve_model(config.model)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model_config = AutoConfig.from_pretrained(model_dir)
+    vocab = NumberVocab.from_tokenizer(tokenizer, vocab_size=model_config.vocab_size)
+    context = getattr(model_config, "max_position_embeddings", None)
+    data = load_finetune_data(
+        config, tokenizer, data_dir, context=context if isinstance(context, int) else None
     )
-    text = (folder / "config.json").read_text() + json.dumps(entries)
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return Prepared(model_dir, model_digest(model_dir), tokenizer, vocab, data, pad)
 
 
-def _check_model(run_dir: Path, model_dir: Path) -> str:
-    """Record the model's digest in the run folder (``model.json``), or refuse a folder whose
-    arms were trained on another model."""
-    digest = model_digest(model_dir)
+def preregistration_of(
+    config: FinetuneConfig, prepared: Prepared, *, hypothesis: str, primary_arm: str
+) -> dict[str, Any]:
+    """The pre-registration record of this run (:mod:`~numtok.experiments.finetune.
+    preregistration`)."""
+    sizes = {split: len(examples) for split, examples in prepared.data.splits.items()}
+    return preregistration(
+        config, hypothesis=hypothesis, primary_arm=primary_arm,
+        data={"sizes": sizes, "digest": prepared.data.digest, "notes": prepared.data.notes},
+        model_digest=prepared.digest,
+    )  # fmt: skip
+
+
+def check_registered(config: FinetuneConfig, prepared: Prepared, path: Path) -> dict[str, Any]:
+    """The pre-registration in ``path`` if it names this run (its hypothesis and primary arm,
+    and this run's settings, data and model); otherwise a ValueError saying what differs."""
+    stored = json.loads(path.read_text())
+    primary = str(stored.get("primary_endpoint", {}).get("difference", "")).split(" ")[0]
+    record = preregistration_of(
+        config, prepared, hypothesis=str(stored.get("hypothesis", "")), primary_arm=primary
+    )
+    return check_preregistration(path, record)
+
+
+def job_directory(
+    run_dir: Path, config: FinetuneConfig, seed: int, arm: str, weight: float
+) -> Path:
+    """``seed<N>/<arm>``, or ``seed<N>/<arm>-lambda<λ>`` when λ is chosen from a grid."""
+    name = f"{arm}-lambda{weight:g}" if config.weight_grid and arm in NUMBER_LOSS_ARMS else arm
+    return Path(run_dir) / f"seed{seed}" / name
+
+
+def _check_model(run_dir: Path, prepared: Prepared) -> float:
+    """Record the model's and the data's digests (``model.json``), or refuse a folder whose arms
+    were trained on another model or other data; returns when the folder was first made (Unix
+    time)."""
     path = run_dir / "model.json"
-    if path.exists():
-        stored = json.loads(path.read_text())
-        if stored["digest"] != digest:
-            raise ValueError(
-                f"the run folder {run_dir} holds arms of another model ({stored['folder']}, "
-                f"digest {stored['digest']}; {model_dir} has {digest}): choose another --out"
-            )
-    else:
-        path.write_text(json.dumps({"folder": str(model_dir), "digest": digest}, indent=1))
-    return digest
+    created = time.time()
+    recorded = {"folder": str(prepared.model_dir), "digest": prepared.digest,
+                "data_digest": prepared.data.digest, "created": created}  # fmt: skip
+    if not path.exists():
+        path.write_text(json.dumps(recorded, indent=1))
+        return created
+    stored = json.loads(path.read_text())
+    if stored["digest"] != prepared.digest:
+        raise ValueError(
+            f"the run folder {run_dir} holds arms of another model ({stored['folder']}, "
+            f"digest {stored['digest']}; {prepared.model_dir} has {prepared.digest}): choose "
+            "another --out"
+        )
+    if stored.get("data_digest", "") != prepared.data.digest:
+        raise ValueError(
+            f"the run folder {run_dir} holds arms trained on other data (digest "
+            f"{stored.get('data_digest')}, this data {prepared.data.digest}): choose another --out"
+        )
+    return float(stored.get("created", path.stat().st_mtime))
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _score(
+    trained: Trained, prepared: Prepared, config: FinetuneConfig, split: str
+) -> dict[str, Any]:
+    return score_split(trained, prepared.tokenizer, config, prepared.data.splits[split])
+
+
+def _validation_phase(
+    config: FinetuneConfig, run_dir: Path, prepared: Prepared, log: Log
+) -> dict[tuple[int, str, float], dict[str, Any]]:
+    """Train and score on validation every (seed, arm, λ) not done yet; their results."""
+    results: dict[tuple[int, str, float], dict[str, Any]] = {}
+    for seed in config.seeds:
+        for arm in config.arms:
+            if arm == "base" and seed != config.seeds[0]:
+                continue
+            for weight in config.weights_of(arm):
+                directory = job_directory(run_dir, config, seed, arm, weight)
+                stored = _read(directory / VALIDATION)
+                if stored is None:
+                    directory.mkdir(parents=True, exist_ok=True)
+                    began = time.perf_counter()
+                    trained = train_arm(
+                        config, arm, weight, seed, prepared.model_dir,
+                        prepared.data.splits["train"], prepared.vocab, prepared.pad_id, log,
+                    )  # fmt: skip
+                    trained_minutes = (time.perf_counter() - began) / 60
+                    if arm != "base":
+                        save_trained(trained, directory / TRAINED)
+                    began = time.perf_counter()
+                    scored = _score(trained, prepared, config, "validation")
+                    stored = {
+                        "seed": seed, "arm": arm, "weight": weight, **scored,
+                        "history": trained.history, "seconds_per_step": trained.seconds_per_step,
+                        "train_minutes": trained_minutes,
+                        "score_minutes": (time.perf_counter() - began) / 60,
+                    }  # fmt: skip
+                    save_atomically(stored, directory / VALIDATION)
+                    log(f"seed {seed} {arm} λ={weight:g}: validation scored")
+                results[(seed, arm, weight)] = stored
+    return results
+
+
+def _metric_of(stored: dict[str, Any], readout: str, metric: str, references: Any) -> float | None:
+    answers = stored["answers"].get(readout)
+    return None if answers is None else item_metrics(answer_values(answers), references)[metric]
+
+
+def _choose(
+    config: FinetuneConfig,
+    validation: dict[tuple[int, str, float], dict[str, Any]],
+    prepared: Prepared,
+) -> dict[str, Any]:
+    """Each number-loss arm's λ: the grid's choice, or the one λ it trained at."""
+    chosen = {arm: config.weights_of(arm)[0] for arm in config.arms}
+    if not config.weight_grid:
+        return {"chosen": chosen, "means": {}}
+    references = answer_values([e.value for e in prepared.data.splits["validation"]])
+    values = {
+        arm: {
+            weight: [
+                _metric_of(validation[(seed, arm, weight)], config.readout, config.metric,
+                           references)
+                for seed in config.seeds
+            ]
+            for weight in config.weight_grid
+        }
+        for arm in config.arms if arm in NUMBER_LOSS_ARMS
+    }  # fmt: skip
+    choices = choose_weights(values, metric=config.metric)
+    chosen |= {choice.arm: choice.chosen for choice in choices}
+    means = {choice.arm: {f"{w:g}": m for w, m in choice.means.items()} for choice in choices}
+    return {"chosen": chosen, "means": means}
+
+
+def _test_phase(
+    config: FinetuneConfig, run_dir: Path, prepared: Prepared, chosen: dict[str, float], log: Log
+) -> dict[tuple[int, str], dict[str, Any]]:
+    """Score every seed's arm at its chosen λ on the test splits, once; drop the kept weights."""
+    results: dict[tuple[int, str], dict[str, Any]] = {}
+    for seed in config.seeds:
+        for arm in config.arms:
+            if arm == "base" and seed != config.seeds[0]:
+                continue
+            directory = job_directory(run_dir, config, seed, arm, chosen[arm])
+            stored = _read(directory / TEST)
+            if stored is None:
+                began = time.perf_counter()
+                if arm == "base":
+                    trained = train_arm(
+                        config, arm, 0.0, seed, prepared.model_dir, prepared.data.splits["train"],
+                        prepared.vocab, prepared.pad_id, log,
+                    )  # fmt: skip
+                else:
+                    trained = load_trained(
+                        config, arm, seed, prepared.model_dir, directory / TRAINED
+                    )
+                stored = {
+                    "seed": seed, "arm": arm, "weight": chosen[arm],
+                    "splits": {s: _score(trained, prepared, config, s)
+                               for s in config.evaluation_splits},
+                    "score_minutes": (time.perf_counter() - began) / 60,
+                }  # fmt: skip
+                save_atomically(stored, directory / TEST)
+                log(f"seed {seed} {arm}: test splits scored")
+            (directory / TRAINED).unlink(missing_ok=True)
+            results[(seed, arm)] = stored
+    return results
+
+
+def _drop_unchosen(config: FinetuneConfig, run_dir: Path, chosen: dict[str, float]) -> None:
+    for seed in config.seeds:
+        for arm in config.arms:
+            for weight in config.weights_of(arm):
+                if weight != chosen[arm]:
+                    path = job_directory(run_dir, config, seed, arm, weight) / TRAINED
+                    path.unlink(missing_ok=True)
 
 
 def run_finetune(
@@ -73,55 +266,28 @@ def run_finetune(
     run_dir: Path,
     *,
     data_dir: Path | str | None = None,
+    preregistered: Path | None = None,
+    prepared: Prepared | None = None,
     log: Log = print,
 ) -> dict[str, Any]:
-    """Fine-tune and score every (seed, arm) of ``config`` into ``run_dir`` (resuming what is
-    there) and write the report; returns the results."""
-    from transformers import AutoConfig, AutoTokenizer
-
-    model_dir = resolve_model(config.model)
-    prepare_run_dir(config, run_dir)
-    digest = _check_model(run_dir, model_dir)
+    """Run (or resume) every phase of ``config`` in ``run_dir`` and write the report; returns
+    the results. ``preregistered``: the pre-registration file this run must match;
+    ``prepared``: :func:`prepare`'s result when the caller has it already."""
     torch.set_num_threads(config.threads)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    vocab_size = AutoConfig.from_pretrained(model_dir).vocab_size
-    vocab = NumberVocab.from_tokenizer(tokenizer, vocab_size=vocab_size)
-    data = load_finetune_data(config, tokenizer, data_dir)
-    evaluation = {split: examples for split, examples in data.items() if split != "train"}
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    runs: list[dict[str, Any]] = []
-    base_result: dict[str, Any] | None = None
-    for seed in config.seeds:
-        for arm in config.arms:
-            directory = arm_directory(run_dir, seed, arm)
-            stored = read_result(directory)
-            if stored is None and arm == "base" and base_result is not None:
-                directory.mkdir(parents=True, exist_ok=True)
-                copied = {**base_result, "seed": seed, "scored_as_seed": base_result["seed"]}
-                stored = finish_arm(directory, copied, {"scored_as_seed": base_result["seed"]})
-            if stored is None:
-                directory.mkdir(parents=True, exist_ok=True)
-                began = time.perf_counter()
-                trained = train_arm(config, arm, seed, model_dir, data["train"], vocab, pad, log)
-                metrics, predictions = score_arm(
-                    trained, tokenizer, config.task, evaluation,
-                    batch_size=config.eval_batch_size, new_tokens=config.max_new_tokens,
-                    max_digits=config.max_digits,
-                )  # fmt: skip
-                result = {
-                    "seed": seed,
-                    "arm": arm,
-                    "model_digest": digest,
-                    "metrics": metrics,
-                    "history": trained.history,
-                    "seconds_per_step": trained.seconds_per_step,
-                    "minutes": (time.perf_counter() - began) / 60,
-                }
-                stored = finish_arm(directory, result, predictions)
-                log(f"seed {seed} {arm}: {json.dumps(metrics)}")
-            if arm == "base" and base_result is None:
-                base_result = stored
-            runs.append(stored)
-    minutes = sum(run["minutes"] for run in runs if "scored_as_seed" not in run)
-    reference = constant_reference(config.task, data["train"], evaluation)
-    return write_report(run_dir, config, runs, minutes, reference)
+    prepared = prepared or prepare(config, data_dir)
+    registration = None
+    if preregistered is not None:
+        registration = check_registered(config, prepared, Path(preregistered))
+    prepare_run_dir(config, run_dir)
+    created = _check_model(run_dir, prepared)
+    validation = _validation_phase(config, run_dir, prepared, log)
+    choice = _choose(config, validation, prepared)
+    _drop_unchosen(config, run_dir, choice["chosen"])
+    test = _test_phase(config, run_dir, prepared, choice["chosen"], log)
+    return write_report(
+        run_dir, config, prepared.data, validation, choice, test,
+        constants=constant_answers(prepared.data.splits["train"]),
+        preregistered=None if preregistered is None or registration is None
+        else (Path(preregistered), registration),
+        started=created,
+    )  # fmt: skip

@@ -30,7 +30,16 @@ from numtok.experiments.loop import learning_rate_at, optimizer_step
 from numtok.experiments.objectives import Objective
 from numtok.vocab import NumberVocab
 
-__all__ = ["Trained", "answer_logits", "causal_lm_of", "load_model", "prompt_states", "train_arm"]
+__all__ = [
+    "Trained",
+    "answer_logits",
+    "causal_lm_of",
+    "load_model",
+    "load_trained",
+    "prompt_states",
+    "save_trained",
+    "train_arm",
+]
 
 Log = Callable[[str], None]
 
@@ -89,7 +98,7 @@ def prompt_states(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
 
 @dataclass
 class Trained:
-    """A fine-tuned arm: the model (and the ``head`` arm's layer with the score's scale), its
+    """A fine-tuned arm: the model (and the ``head`` arm's layer with the answers' scale), its
     logged losses and the median seconds per step."""
 
     model: Any
@@ -99,9 +108,61 @@ class Trained:
     seconds_per_step: float
 
 
+def _answer_scale(examples: Sequence[Encoded]) -> tuple[float, float]:
+    """The training answers' mean and standard deviation (the head's targets are standardised)."""
+    values = torch.tensor([e.value for e in examples], dtype=torch.float64)
+    return float(values.mean()), float(values.std().clamp_min(1e-6))
+
+
+def _new_head(model: Any, arm: str, seed: int, device: str) -> nn.Linear | None:
+    if arm != "head":
+        return None
+    torch.manual_seed(seed)
+    return nn.Linear(causal_lm_of(model).config.hidden_size, 1).to(device)
+
+
+def save_trained(trained: Trained, path: Path) -> None:
+    """What training changed (the parameters that require a gradient, and the head) into
+    ``path``, so that :func:`load_trained` rebuilds the arm from the pretrained model."""
+    from numtok.experiments.run_folder import save_atomically
+
+    state = {
+        "model": {n: p.detach().cpu() for n, p in trained.model.named_parameters()
+                  if p.requires_grad},
+        "head": None if trained.head is None else trained.head.state_dict(),
+        "score_scale": trained.score_scale,
+        "history": trained.history,
+        "seconds_per_step": trained.seconds_per_step,
+    }  # fmt: skip
+    save_atomically(state, path)
+
+
+def load_trained(
+    config: FinetuneConfig, arm: str, seed: int, model_dir: Path, path: Path
+) -> Trained:
+    """The arm :func:`save_trained` stored, on ``config.device``, in eval mode."""
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    model = load_model(model_dir, config, seed)
+    parameters = dict(model.named_parameters())
+    missing = sorted(set(state["model"]) - set(parameters))
+    if missing:
+        raise ValueError(f"{path} holds parameters the model does not have: {missing[:3]}")
+    with torch.no_grad():
+        for name, value in state["model"].items():
+            parameters[name].copy_(value)
+    head = _new_head(model, arm, seed, config.device)
+    if head is not None:
+        head.load_state_dict(state["head"])
+    return Trained(
+        model.eval(), head, tuple(state["score_scale"]), state["history"],
+        state["seconds_per_step"],
+    )  # fmt: skip
+
+
 def train_arm(
     config: FinetuneConfig,
     arm: str,
+    weight: float,
     seed: int,
     model_dir: Path,
     examples: Sequence[Encoded],
@@ -109,26 +170,23 @@ def train_arm(
     pad_id: int,
     log: Log,
 ) -> Trained:
-    """Fine-tune ``arm`` for ``config.steps`` steps of ``config.batch_size`` examples (the
-    ``base`` arm returns the pretrained model untouched)."""
+    """Fine-tune ``arm`` (at λ = ``weight`` for a number-loss arm) for ``config.steps`` steps of
+    ``config.batch_size`` examples (the ``base`` arm returns the pretrained model untouched)."""
     model = load_model(model_dir, config, seed)
-    values = torch.tensor([e.value for e in examples], dtype=torch.float64)
-    scale = (float(values.mean()), float(values.std().clamp_min(1e-6)))
+    scale = _answer_scale(examples)
     if arm == "base":
         return Trained(model.eval(), None, scale, [], 0.0)
+    head = _new_head(model, arm, seed, config.device)
     torch.manual_seed(seed)
-    head = nn.Linear(causal_lm_of(model).config.hidden_size, 1) if arm == "head" else None
-    objective = (
-        None if head is not None else Objective(arm, vocab, ntl_weight=config.weight_of(arm))
-    )
-    parameters = [p for p in model.parameters() if p.requires_grad]
+    objective = None if head is not None else Objective(arm, vocab, ntl_weight=weight)
+    groups: list[dict[str, Any]] = [{"params": [p for p in model.parameters() if p.requires_grad]}]
     if head is not None:
-        head = head.to(config.device)
-        parameters += list(head.parameters())
+        head_rate = config.head_learning_rate or config.learning_rate
+        groups.append(
+            {"params": list(head.parameters()), "lr_scale": head_rate / config.learning_rate}
+        )
     trainable = nn.ModuleList([model] + ([head] if head is not None else []))
-    optimizer = torch.optim.AdamW(
-        parameters, lr=config.learning_rate, weight_decay=config.weight_decay
-    )
+    optimizer = torch.optim.AdamW(groups, lr=config.learning_rate, weight_decay=config.weight_decay)
     order = torch.randperm(
         len(examples), generator=torch.Generator().manual_seed(1000 + seed)
     ).tolist()

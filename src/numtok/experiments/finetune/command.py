@@ -1,0 +1,260 @@
+"""``numtok compare``: does a number loss help on *your* task? Fine-tune your model on your JSON
+Lines (or a built-in preset) with CE and each number loss, paired seeds, λ chosen on
+validation, the learnability gate, the test split scored once, and a report with both
+intervals (:mod:`numtok.experiments.finetune.runner`).
+
+Every check runs before any training: the settings, the data (one line per error: file, line,
+field), the model, a run folder that holds other settings, and a pre-registration the run does
+not match.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import fields
+from pathlib import Path
+from typing import Any, NoReturn
+
+from numtok.experiments.finetune.config import FinetuneConfig
+from numtok.experiments.finetune.jsonl import read_user_data
+
+__all__ = [
+    "COMPARE_DEFAULTS",
+    "add_compare_arguments",
+    "compare_config",
+    "distribution_bound",
+    "run_compare",
+    "summary_lines",
+]
+
+#: ``numtok compare --data``'s settings where no flag is given: the SmolLM2 arithmetic preset's
+#: budget (LoRA rank 16 on q and v, 60 steps of 16 examples, learning rate 1e-3), CE against
+#: CE + 0.3·NTL-WAS and the model before fine-tuning, 3 seeds.
+COMPARE_DEFAULTS: dict[str, Any] = {
+    "task": "jsonl",
+    "arms": ("base", "ce", "was"),
+    "adaptation": "lora",
+    "steps": 60,
+    "batch_size": 16,
+    "learning_rate": 1e-3,
+    "warmup_steps": 6,
+}
+#: The largest answer the distribution readouts enumerate by default (``--max-value auto``):
+#: beyond it a readout scores more than ~1,100 continuations per example.
+AUTO_MAX_VALUE = 999
+
+_SETTINGS = {
+    "model": "--model", "arms": "--arms", "seeds": "--seeds", "ntl_weight": "--ntl-weight",
+    "arm_weights": "--arm-weights", "weight_grid": "--choose-on-validation", "steps": "--steps",
+    "batch_size": "--batch-size", "learning_rate": "--learning-rate",
+    "head_learning_rate": "--head-learning-rate", "adaptation": "--adaptation",
+    "lora_rank": "--lora-rank", "metric": "--metric", "readout": "--readout",
+    "device": "--device", "threads": "--threads", "max_new_tokens": "--max-new-tokens",
+}  # fmt: skip
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected λ values separated by commas (0.3,1,3), got {text!r}"
+        ) from None
+
+
+def add_compare_arguments(
+    parser: argparse.ArgumentParser, seeds: Any, arms: Any, arm_weights: Any
+) -> None:
+    """The flags of ``numtok compare`` (``seeds``, ``arms``, ``arm_weights``: the command line's
+    parsers of those values)."""
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--data", type=Path,
+        help="your task: a .jsonl file (one {\"prompt\": ..., \"answer\": number, \"split\": "
+        "train|validation|test} per line; split optional) or a folder of them",
+    )  # fmt: skip
+    source.add_argument("--preset", help="a built-in comparison instead (numtok list: smollm2-*)")
+    parser.add_argument(
+        "--model", help="a local causal LM folder (default smollm2: SmolLM2-135M-Instruct, built "
+        "by numtok model smollm2 on first use)"
+    )  # fmt: skip
+    parser.add_argument(
+        "--arms", type=arms,
+        help="comma-separated, ce required: base (before fine-tuning), ce, was, mse, number, "
+        "del, smmd, dist2 (CE + λ·that loss), gls (Gaussian label smoothing), head (a regression "
+        "head); default base,ce,was",
+    )  # fmt: skip
+    parser.add_argument("--seeds", type=seeds, help="number of seeds (3) or a list (3,4,5)")
+    weights = parser.add_mutually_exclusive_group()
+    weights.add_argument("--ntl-weight", type=float, help="λ of every number loss (default 0.3)")
+    weights.add_argument("--arm-weights", type=arm_weights, help="λ per arm, e.g. was=3,del=1")
+    weights.add_argument(
+        "--choose-on-validation", type=_floats, metavar="GRID",
+        help="train every number loss at each λ of GRID (e.g. 0.3,1,3) and keep, per arm, the "
+        "λ with the best mean validation --metric over the seeds (ties: the smaller)",
+    )  # fmt: skip
+    parser.add_argument("--steps", type=int, help="training steps per arm (default 60)")
+    parser.add_argument("--batch-size", type=int, help="examples per step (default 16)")
+    parser.add_argument("--learning-rate", type=float, help="default 1e-3 (LoRA)")
+    parser.add_argument("--head-learning-rate", type=float, help="the head arm's own rate")
+    parser.add_argument("--adaptation", choices=("lora", "full"), help="default lora")
+    parser.add_argument("--lora-rank", type=int, help="default 16")
+    parser.add_argument(
+        "--metric", help="the endpoint: λ's choice, the gate and the primary endpoint "
+        "(exact_accuracy, mae, rmse, log_mae [default], within_1_percent, pearson)"
+    )  # fmt: skip
+    parser.add_argument(
+        "--readout", help="greedy (default), expected, median (need --max-value), head"
+    )
+    parser.add_argument(
+        "--max-value", default="auto",
+        help="the expected/median readouts enumerate the numbers 0..N: an int, 'none', or "
+        f"'auto' (default: the largest training answer when every training answer is an "
+        f"integer from 0 to {AUTO_MAX_VALUE}, else none)",
+    )  # fmt: skip
+    parser.add_argument("--max-new-tokens", type=int, help="tokens generated per answer (8)")
+    parser.add_argument("--device", help="cpu (default), cuda, cuda:N or mps")
+    parser.add_argument("--threads", type=int, help="torch threads (default 2)")
+    parser.add_argument("--data-dir", type=Path, help="--preset smollm2-rjokes*: the rJokes folder")
+    parser.add_argument("--out", type=Path, help="run folder (default runs/compare-<hash>)")
+    parser.add_argument(
+        "--preregister", type=Path, metavar="FILE",
+        help="pre-registration: if FILE does not exist, write the hypothesis, primary endpoint, "
+        "arms, λ, seeds and splits there and stop (commit it, then run the same command again); "
+        "if it exists, run only if this run is the one it names",
+    )  # fmt: skip
+    parser.add_argument("--hypothesis", help="with --preregister: what the run tests")
+    parser.add_argument(
+        "--primary", help="with --preregister: the arm of the primary endpoint (ARM − CE)"
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress lines")
+
+
+def distribution_bound(data: Path) -> tuple[int | None, int]:
+    """``(max_value, max_digits)`` of ``--max-value auto``: the largest training answer when
+    every training answer is an integer from 0 to :data:`AUTO_MAX_VALUE`, else no
+    distribution readouts."""
+    train = read_user_data(data).splits["train"]
+    values = [record.value for record in train]
+    if all(v.is_integer() and 0 <= v <= AUTO_MAX_VALUE for v in values) and all(
+        "." not in record.answer for record in train
+    ):
+        largest = int(max(values))
+        return largest, len(str(largest))
+    return None, 2
+
+
+def _max_value(text: str, data: Path | None) -> dict[str, Any]:
+    if text == "auto":
+        if data is None:
+            return {}
+        value, digits = distribution_bound(data)
+        return {"max_value": value, "max_digits": digits}
+    if text == "none":
+        return {"max_value": None}
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"--max-value must be an int, 'auto' or 'none', got {text!r}") from None
+    return {"max_value": value, "max_digits": max(1, len(str(value)))}
+
+
+def compare_config(args: argparse.Namespace, base: FinetuneConfig | None) -> FinetuneConfig:
+    """The settings of ``numtok compare``: a preset's (``base``) or :data:`COMPARE_DEFAULTS`
+    with ``--data``, and every flag given."""
+    known = {f.name for f in fields(FinetuneConfig)}
+    settings: dict[str, Any] = {}
+    if base is None:
+        settings = {**COMPARE_DEFAULTS, "data": str(args.data), "model": "smollm2"}
+    for name, flag in _SETTINGS.items():
+        value = getattr(args, flag.removeprefix("--").replace("-", "_"))
+        if value is not None and name in known:
+            settings[name] = value
+    settings.update(_max_value(args.max_value, args.data))
+    if base is None:
+        return FinetuneConfig(**settings)
+    return base.with_overrides(**settings)
+
+
+def _signed(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:+.4f}"
+
+
+def summary_lines(results: dict[str, Any], config: FinetuneConfig) -> list[str]:
+    """What the command prints at the end: the gate and the primary endpoint of every arm."""
+    gate = results["gate"]
+    split = config.evaluation_splits[0]
+    lines = [
+        f"learnability gate (validation {config.metric}): "
+        + (
+            "passed"
+            if gate["passed"]
+            else "FAILED: the task was not learnt, no verdict on any loss"
+        ),
+        f"primary endpoint, {config.metric} ({config.readout}) on {split}, arm − CE:",
+    ]
+    for entry in results["comparisons"]:
+        if (entry["split"], entry["readout"], entry["baseline"], entry["metric"]) == (
+            split,
+            config.readout,
+            config.readout,
+            config.metric,
+        ):
+            seed, boot = entry["seed"], entry["bootstrap"]
+            lines.append(
+                f"  {entry['arm']}: {_signed(entry['mean'])}, seed t "
+                f"[{_signed(seed['low'])}, {_signed(seed['high'])}], bootstrap "
+                f"[{_signed(boot['low'])}, {_signed(boot['high'])}]: "
+                f"{entry['verdict'] or 'no verdict'}"
+            )
+    return lines
+
+
+def run_compare(
+    args: argparse.Namespace, base: FinetuneConfig | None, fail: Callable[[str], NoReturn]
+) -> int:
+    """``numtok compare``: ``fail(message)`` exits with status 2 and one error line."""
+    from numtok.experiments.finetune.jsonl import DataError
+    from numtok.experiments.finetune.preregistration import write_preregistration
+    from numtok.experiments.finetune.runner import (
+        check_registered,
+        prepare,
+        preregistration_of,
+        run_finetune,
+    )
+    from numtok.experiments.run_folder import prepare_run_dir
+
+    registering = args.preregister is not None and not args.preregister.exists()
+    if (args.hypothesis or args.primary) and not registering:
+        fail("--hypothesis and --primary write a new pre-registration: give --preregister FILE "
+             "with a file that does not exist yet")  # fmt: skip
+    try:
+        config = compare_config(args, base)
+        prepared = prepare(config, args.data_dir)
+        if registering:
+            if not (args.hypothesis and args.primary):
+                raise ValueError(
+                    "--preregister FILE (new) needs --hypothesis TEXT and --primary ARM"
+                )
+            record = preregistration_of(
+                config, prepared, hypothesis=args.hypothesis, primary_arm=args.primary
+            )
+            write_preregistration(args.preregister, record)
+            print(f"pre-registration written to {args.preregister}: commit it, then run the same "
+                  "command again (without --hypothesis and --primary) to train")  # fmt: skip
+            return 0
+        if args.preregister is not None:
+            check_registered(config, prepared, args.preregister)
+        run_dir = args.out or Path("runs") / f"compare-{config.fingerprint()}"
+        prepare_run_dir(config, run_dir)
+    except (ValueError, TypeError, ModuleNotFoundError, DataError) as error:
+        fail(str(error))
+    log = (lambda _line: None) if args.no_progress else (lambda line: print(line, flush=True))
+    results = run_finetune(
+        config, run_dir, data_dir=args.data_dir, preregistered=args.preregister,
+        prepared=prepared, log=log,
+    )  # fmt: skip
+    print("\n".join(summary_lines(results, config)))
+    print(f"{results['minutes']:.1f} min; report.md, results.json and report.png in {run_dir}")
+    return 0

@@ -1,0 +1,120 @@
+"""Pre-registration: the hypothesis, the primary endpoint, the arms, λ, seeds and splits written
+down before anything is trained, and the run held against them.
+
+``numtok compare ... --preregister FILE --hypothesis TEXT --primary ARM`` writes FILE (JSON)
+and stops: commit it, then run the same command again. The run then refuses to start unless its
+settings, its data and its model are the ones FILE names, and its report opens with the primary
+endpoint: ``ARM − CE`` on the run's metric and readout, on its first test split, with both
+intervals. The report also says whether FILE is committed in git, and when (a file committed
+after the run began does not pre-register it).
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from numtok.experiments.finetune.config import NUMBER_LOSS_ARMS, FinetuneConfig
+
+__all__ = ["check_preregistration", "git_provenance", "preregistration", "write_preregistration"]
+
+_VERSION = 1
+
+
+def preregistration(
+    config: FinetuneConfig,
+    *,
+    hypothesis: str,
+    primary_arm: str,
+    data: dict[str, Any],
+    model_digest: str,
+) -> dict[str, Any]:
+    """The record :func:`write_preregistration` writes: ``data`` holds the splits' sizes and the
+    data's digest."""
+    if not hypothesis.strip():
+        raise ValueError("hypothesis must state what the run tests, got an empty text")
+    if primary_arm not in config.arms or primary_arm == "ce":
+        raise ValueError(
+            f"primary arm must be one of the run's arms other than 'ce' (it is compared with "
+            f"CE), got {primary_arm!r} for arms {list(config.arms)}"
+        )
+    return {
+        "version": _VERSION,
+        "hypothesis": hypothesis.strip(),
+        "primary_endpoint": {
+            "difference": f"{primary_arm} - ce",
+            "metric": config.metric,
+            "readout": config.readout,
+            "split": config.evaluation_splits[0],
+            "tests": "paired-seed t interval and seed x item bootstrap, both 95 %; a verdict "
+            "only when both exclude 0 and the learnability gate passed",
+        },
+        "arms": list(config.arms),
+        "weights": {
+            arm: list(config.weights_of(arm)) for arm in config.arms if arm in NUMBER_LOSS_ARMS
+        },
+        "seeds": list(config.seeds),
+        "splits": data,
+        "model_digest": model_digest,
+        "settings": config.to_dict(),
+    }
+
+
+def write_preregistration(path: Path, record: dict[str, Any]) -> None:
+    """Write ``record`` to ``path``; an existing file is never overwritten."""
+    if path.exists():
+        raise ValueError(f"{path} exists: a pre-registration is written once, never replaced")
+    record = {**record, "written": datetime.datetime.now(datetime.timezone.utc).isoformat()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n")
+
+
+def check_preregistration(path: Path, record: dict[str, Any]) -> dict[str, Any]:
+    """The stored pre-registration, if it names this run (``record`` as :func:`preregistration`
+    makes it); otherwise a ValueError listing what differs."""
+    stored: dict[str, Any] = json.loads(path.read_text())
+    differing = [
+        key for key in sorted(set(stored) | set(record))
+        if key != "written" and stored.get(key) != record.get(key)
+    ]  # fmt: skip
+    if differing:
+        details = "; ".join(_difference(key, stored.get(key), record.get(key)) for key in differing)
+        raise ValueError(f"this run is not the one {path} pre-registered ({details})")
+    return stored
+
+
+def _difference(key: str, registered: Any, run: Any) -> str:
+    """What differs under ``key``: within a dict, each differing entry."""
+    if isinstance(registered, dict) and isinstance(run, dict):
+        return "; ".join(
+            _difference(f"{key}.{name}", registered.get(name), run.get(name))
+            for name in sorted(set(registered) | set(run))
+            if registered.get(name) != run.get(name)
+        )
+    return f"{key}: registered {json.dumps(registered)[:80]}, this run {json.dumps(run)[:80]}"
+
+
+def git_provenance(path: Path) -> dict[str, Any]:
+    """``{"sha256", "commit", "committed"}``: the file's hash, and the commit that last changed
+    it with that commit's time (None when the file is not committed as it is, or not in git)."""
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    result: dict[str, Any] = {"sha256": digest, "commit": None, "committed": None}
+    folder = path.resolve().parent
+    try:
+        changed = subprocess.run(
+            ["git", "status", "--porcelain", "--", path.name], cwd=folder,
+            capture_output=True, text=True, check=True, timeout=30,
+        ).stdout.strip()  # fmt: skip
+        log = subprocess.run(
+            ["git", "log", "-1", "--format=%H %cI", "--", path.name], cwd=folder,
+            capture_output=True, text=True, check=True, timeout=30,
+        ).stdout.split()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return result
+    if log and not changed:
+        result.update(commit=log[0], committed=log[1])
+    return result
