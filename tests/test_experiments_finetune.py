@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import json
 import random
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -114,83 +115,146 @@ def test_the_loss_reads_the_answer_positions(model_dir: Path) -> None:
         torch.testing.assert_close(states[row], hidden[row, len(example.prompt) - 1])
 
 
+def test_the_fresh_4_digit_split_repeats_no_question_of_another_split() -> None:
+    """Drawn after every other split, with a seed of its own: adding it changed none of them,
+    and it shares no question with test_harder, the split whose result it tests afresh."""
+    sizes = {**SIZES, "test_fresh_4_digit": 50}
+    splits = arithmetic_splits(sizes)
+    assert {k: v for k, v in splits.items() if k != "test_fresh_4_digit"} == arithmetic_splits(
+        SIZES
+    )
+    fresh = {q.question for q in splits["test_fresh_4_digit"]}
+    assert len(fresh) == 50 and not fresh & {q.question for q in splits["test_harder"]}
+    operands = [
+        q.question.removeprefix("What is ").removesuffix("?").split()[::2]
+        for q in splits["test_fresh_4_digit"]
+    ]
+    assert all(len(a) == len(b) == 4 for a, b in operands)
+
+
 def test_a_whole_arithmetic_run_reports_and_resumes(
     model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config = small(model_dir, arms=("base", "ce", "was", "mse", "del", "gls"))
     results = run_finetune(config, tmp_path / "run", log=lambda _: None)
-    runs = {(run["seed"], run["arm"]): run for run in results["runs"]}
-    assert set(runs) == {(s, a) for s in (0, 1) for a in config.arms}
-    assert runs[(0, "base")]["metrics"] == runs[(1, "base")]["metrics"]  # scored once
-    assert runs[(1, "base")]["scored_as_seed"] == 0
-    assert set(runs[(0, "ce")]["metrics"]) == {"test", "test_harder"}
-    greedy = runs[(0, "was")]["metrics"]["test"]["greedy"]
-    assert set(greedy) == {"exact_accuracy", "mae", "log_mae", "within_1_percent", "parsed_share"}
-    assert runs[(0, "was")]["history"][-1]["ntl"] >= 0  # the NTL term was computed
-    assert runs[(0, "ce")]["history"] != runs[(0, "was")]["history"]
-    compared = [c for c in results["comparisons"] if c["arm"] == "del" and c["vs_ce"]]
-    assert compared and all(len(c["values"]) == 2 for c in compared)
-    report = (tmp_path / "run" / "report.md").read_text()
-    assert "## test_harder" in report and "| del | greedy | CE greedy |" in report
-    assert (tmp_path / "run" / "report.png").stat().st_size > 0
+    runs = {(run["seed"], run["arm"]) for run in results["runs"]}
+    # base is scored once (seed 0) and pairs with every seed of CE.
+    assert runs == {(s, a) for s in (0, 1) for a in config.arms if a != "base"} | {(0, "base")}
+    assert set(results["answers"]) == {"validation", "test", "test_harder"}
+    assert len(results["answers"]["test"]["base"]["greedy"]) == 1
+    assert len(results["answers"]["test"]["was"]["greedy"]) == 2
+    assert len(results["answers"]["test"]["was"]["greedy"][0]) == SIZES["test"]
+    was = next(r for r in results["runs"] if (r["seed"], r["arm"]) == (0, "was"))
+    ce = next(r for r in results["runs"] if (r["seed"], r["arm"]) == (0, "ce"))
+    assert was["history"][-1]["ntl"] >= 0 and was["history"] != ce["history"]
+    compared = [c for c in results["comparisons"] if c["arm"] == "del" and c["split"] == "test"]
+    assert {c["metric"] for c in compared} >= {"exact_accuracy", "log_mae", "within_1_percent"}
+    assert all(set(c) >= {"seed", "bootstrap", "verdict"} for c in compared)
+    run_dir = tmp_path / "run"
+    report = (run_dir / "report.md").read_text()
+    assert report.index("## Primary endpoint") < report.index("## Learnability gate")
+    assert "## test_harder" in report and "| del | greedy | CE greedy | log_mae |" in report
+    assert (run_dir / "report.png").stat().st_size > 0
+    assert not list(run_dir.rglob("trained.pt"))  # dropped once the test splits were scored
 
     import numtok.experiments.finetune.runner as runner
 
     def refuse(*_: Any, **__: Any) -> None:
-        raise AssertionError("a finished arm was trained again")
+        raise AssertionError("a finished arm was trained or scored again")
 
     monkeypatch.setattr(runner, "train_arm", refuse)
-    again = run_finetune(config, tmp_path / "run", log=lambda _: None)
-    assert again["runs"] == results["runs"]
-    model_json = tmp_path / "run" / "model.json"
+    monkeypatch.setattr(runner, "score_split", refuse)
+    again = run_finetune(config, run_dir, log=lambda _: None)
+    assert again["answers"] == results["answers"] and again["comparisons"] == results["comparisons"]
+    model_json = run_dir / "model.json"
     model_json.write_text(json.dumps({"folder": "elsewhere", "digest": "0" * 12}))
     with pytest.raises(ValueError, match="holds arms of another model"):
-        run_finetune(config, tmp_path / "run", log=lambda _: None)
+        run_finetune(config, run_dir, log=lambda _: None)
+
+
+def test_an_interrupted_run_resumes_where_it_stopped(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed while scoring the test split: what finished is read back, the rest is done, and
+    the result equals an uninterrupted run's."""
+    config = small(model_dir, arms=("ce", "was"), seeds=(0,), test_splits=("test",))
+    straight = run_finetune(config, tmp_path / "straight", log=lambda _: None)
+    import numtok.experiments.finetune.runner as runner
+
+    calls: list[str] = []
+    original = runner.score_split
+
+    def stop_at_the_test_split(trained: Any, tokenizer: Any, cfg: Any, examples: Any) -> Any:
+        calls.append("score")
+        if len(calls) == 3:  # validation of ce and was, then the first test split
+            raise KeyboardInterrupt
+        return original(trained, tokenizer, cfg, examples)
+
+    monkeypatch.setattr(runner, "score_split", stop_at_the_test_split)
+    with pytest.raises(KeyboardInterrupt):
+        run_finetune(config, tmp_path / "resumed", log=lambda _: None)
+    assert len(list((tmp_path / "resumed").rglob("trained.pt"))) == 2
+    monkeypatch.setattr(runner, "score_split", original)
+    trained: list[str] = []
+    train = runner.train_arm
+    monkeypatch.setattr(runner, "train_arm", lambda *a, **k: trained.append(a[1]) or train(*a, **k))
+    resumed = run_finetune(config, tmp_path / "resumed", log=lambda _: None)
+    assert trained == [] and resumed["answers"] == straight["answers"]
 
 
 def test_rjokes_with_the_regression_head_and_the_readouts(
     model_dir: Path, jokes_dir: Path, tmp_path: Path
 ) -> None:
     config = small(
-        model_dir, task="rjokes", arms=("ce", "was", "head"), seeds=(0,), evaluate_on="validation"
-    )
+        model_dir, task="rjokes", arms=("ce", "was", "head"), seeds=(0,), max_value=11,
+        metric="rmse", head_learning_rate=0.05,
+    )  # fmt: skip
     results = run_finetune(config, tmp_path / "run", data_dir=jokes_dir, log=lambda _: None)
-    runs = {run["arm"]: run for run in results["runs"]}
-    assert set(runs["ce"]["metrics"]["validation"]) == {"greedy", "expected", "median"}
-    head = runs["head"]["metrics"]["validation"]["head"]
-    assert set(head) == {"rmse", "mae", "pearson", "parsed_share"} and head["parsed_share"] == 1
-    baselines = {c["baseline"] for c in results["comparisons"] if c["arm"] == "head"
-                 for c in c["vs_ce"]}  # fmt: skip
+    assert set(results["answers"]["test"]["ce"]) == {"greedy", "expected", "median"}
+    head = results["answers"]["test"]["head"]["head"][0]
+    assert len(head) == SIZES["test"] and all(isinstance(v, float) for v in head)
+    baselines = {c["baseline"] for c in results["comparisons"] if c["arm"] == "head"}
     assert baselines == {"expected", "greedy"}
+    assert any("cut to its first 12 tokens" in note for note in results["data"]["notes"])
     # The constant answers: the training jokes' mean, median and mode score for every joke.
     from transformers import AutoTokenizer
 
     data = load_finetune_data(config, AutoTokenizer.from_pretrained(model_dir), jokes_dir)
-    train = [e.value for e in data["train"]]
-    truth = torch.tensor([e.value for e in data["validation"]], dtype=torch.float64)
-    constants = results["reference"]["validation"]
+    train = [e.value for e in data.splits["train"]]
+    truth = torch.tensor([e.value for e in data.splits["test"]], dtype=torch.float64)
+    constants = results["constants"]["test"]
     assert constants["mean"]["value"] == pytest.approx(sum(train) / len(train))
-    assert constants["median"]["value"] == sorted(train)[(len(train) - 1) // 2]
+    assert constants["median"]["value"] == statistics.median(train)
     for name in ("mean", "median", "mode"):
         errors = truth - constants[name]["value"]
-        assert constants[name]["rmse"] == pytest.approx(float(errors.square().mean().sqrt()))
-        assert constants[name]["mae"] == pytest.approx(float(errors.abs().mean()))
+        metrics = constants[name]["metrics"]
+        assert metrics["rmse"] == pytest.approx(float(errors.square().mean().sqrt()))
+        assert metrics["mae"] == pytest.approx(float(errors.abs().mean()))
+        assert metrics["pearson"] is None  # a constant answer does not correlate
     report = (tmp_path / "run" / "report.md").read_text()
-    mean = constants["mean"]
-    assert (
-        f"| training mean | {mean['value']:.3f} | {mean['rmse']:.3f} | {mean['mae']:.3f} |"
-        in report
-    )
+    assert f"| training mean | {constants['mean']['value']:.4g} |" in report
 
 
 def test_settings_are_checked() -> None:
-    with pytest.raises(ValueError, match="'head' arm"):
-        FinetuneConfig(arms=("ce", "head"))
     with pytest.raises(ValueError, match="arms must be distinct, include 'ce'"):
         FinetuneConfig(arms=("was",))
     with pytest.raises(ValueError, match="adaptation must be one of"):
         FinetuneConfig(adaptation="qlora")
-    assert FinetuneConfig.from_dict(FinetuneConfig().to_dict()) == FinetuneConfig()
+    with pytest.raises(ValueError, match="data names the JSON Lines of task 'jsonl'"):
+        FinetuneConfig(task="jsonl")
+    with pytest.raises(ValueError, match="give one of the two"):
+        FinetuneConfig(weight_grid=(0.3, 1.0), arm_weights=(("was", 1.0),))
+    with pytest.raises(ValueError, match="readout must be one of the readouts this run has"):
+        FinetuneConfig(readout="expected")  # no max_value: no distribution readouts
+    with pytest.raises(ValueError, match="test_splits of task 'rjokes'"):
+        FinetuneConfig(task="rjokes", test_splits=("test_harder",))
+    with pytest.raises(ValueError, match="metric must be one of"):
+        FinetuneConfig(metric="r2")
+    with pytest.raises(ValueError, match="max_value must have at most max_digits"):
+        FinetuneConfig(max_value=100, max_digits=2)
+    chosen = FinetuneConfig(weight_grid=(0.3, 1.0), seeds=(4, 5), test_splits=("test",))
+    assert FinetuneConfig.from_dict(chosen.to_dict()) == chosen
+    assert chosen.weights_of("was") == (0.3, 1.0) and chosen.weights_of("gls") == (0.0,)
 
 
 def test_a_run_folder_with_arm_weights_resumes(tmp_path: Path) -> None:
@@ -214,7 +278,8 @@ def test_command_line(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFix
                  "--steps", "2", "--seeds", "1", "--arms", "base,ce", "--threads", "1",
                  "--out", str(out), "--no-progress"]  # fmt: skip
     assert main(arguments) == 0
-    assert "report.md" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "report.md" in printed and "learnability gate" in printed
     assert json.loads((out / "config.json").read_text())["steps"] == 2
     with pytest.raises(SystemExit):
         main([*arguments[:5], "--eval-jokes", "3"])

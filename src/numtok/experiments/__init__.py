@@ -1,15 +1,10 @@
-"""The reproduction harness behind ``numtok demo`` and ``numtok repro``.
+"""The experiment harness behind ``numtok demo``, ``numtok repro`` and ``numtok compare``.
 
-CE vs CE + λ·NTL (WAS, MSE) and Gaussian label smoothing on DeepMind's Mathematics data, with a
-small transformer trained from scratch. One concern per module: ``compat`` (the generator under
-current sympy/numpy), ``data`` (tasks, generation, cache), ``tokenizer``, ``model``, ``batches``
-(packing), ``objectives`` (each arm's loss), ``train`` (one arm, checkpoints), ``evaluate``
-(greedy decoding and metrics), ``timing`` (step-time overhead), ``report``, ``config``,
-``presets`` and ``runner`` (a whole run). Needs the ``demo`` extra: ``pip install numtok[demo]``.
+From scratch: CE vs CE + λ·NTL and the other number losses on DeepMind's Mathematics data and on
+rJokes, small transformers trained from scratch (``config``, ``data``, ``tokenizer``, ``model``,
+``batches``, ``objectives``, ``train``, ``evaluate``, ``timing``, ``report``, ``presets``,
+``runner``; ``rjokes`` the regression task). Fine-tuning a pretrained causal LM on a user's data or
+a built-in task, with the statistics a reviewer accepts: ``finetune`` (``numtok compare``),
+``item_metrics`` and ``bootstrap``. Needs the ``demo`` extra (fine-tuning also ``pretrained``);
+the package itself imports nothing, so that the command line can list its commands without them.
 """
-
-from numtok.experiments.config import ExperimentConfig
-from numtok.experiments.presets import PRESETS
-from numtok.experiments.runner import run_experiment
-
-__all__ = ["PRESETS", "ExperimentConfig", "run_experiment"]

@@ -187,7 +187,9 @@ def learnability_gate(
     def standard_errors(entry: dict[str, Any]) -> float:
         if entry["improvement"] is None:
             return -math.inf
-        return float(entry["improvement"] / entry["se"]) if entry["se"] else math.inf
+        if entry["se"]:
+            return float(entry["improvement"] / entry["se"])
+        return math.copysign(math.inf, entry["improvement"]) if entry["improvement"] else 0.0
 
     best = max(entries, key=standard_errors) if entries else None
     return {

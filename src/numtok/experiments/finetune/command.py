@@ -14,10 +14,10 @@ import argparse
 from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from numtok.experiments.finetune.config import FinetuneConfig
-from numtok.experiments.finetune.jsonl import read_user_data
+if TYPE_CHECKING:  # the command line builds its parser without the harness's dependencies
+    from numtok.experiments.finetune.config import FinetuneConfig
 
 __all__ = [
     "COMPARE_DEFAULTS",
@@ -135,6 +135,8 @@ def distribution_bound(data: Path) -> tuple[int | None, int]:
     """``(max_value, max_digits)`` of ``--max-value auto``: the largest training answer when
     every training answer is an integer from 0 to :data:`AUTO_MAX_VALUE`, else no
     distribution readouts."""
+    from numtok.experiments.finetune.jsonl import read_user_data
+
     train = read_user_data(data).splits["train"]
     values = [record.value for record in train]
     if all(v.is_integer() and 0 <= v <= AUTO_MAX_VALUE for v in values) and all(
@@ -163,6 +165,8 @@ def _max_value(text: str, data: Path | None) -> dict[str, Any]:
 def compare_config(args: argparse.Namespace, base: FinetuneConfig | None) -> FinetuneConfig:
     """The settings of ``numtok compare``: a preset's (``base``) or :data:`COMPARE_DEFAULTS`
     with ``--data``, and every flag given."""
+    from numtok.experiments.finetune.config import FinetuneConfig
+
     known = {f.name for f in fields(FinetuneConfig)}
     settings: dict[str, Any] = {}
     if base is None:

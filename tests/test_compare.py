@@ -1,0 +1,305 @@
+"""``numtok compare`` on a user's JSON Lines: the data reader and its one-line errors, a whole
+run from the command line on a tiny random model (report, rows without NaN, resuming, λ chosen on
+validation), the learnability gate, and pre-registration."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from numtok.experiments.finetune.analysis import learnability_gate
+from numtok.experiments.finetune.jsonl import DataError, read_records, read_user_data
+from numtok.experiments.finetune.preregistration import (
+    check_preregistration,
+    git_provenance,
+    write_preregistration,
+)
+
+from _hf_tiny import build_model, build_tokenizer
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    tokenizer = build_tokenizer()
+    build_model(tokenizer).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def _write(path: Path, lines: list[Any]) -> Path:
+    path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n"
+                            for line in lines))  # fmt: skip
+    return path
+
+
+def _sums(count: int, seed: int = 0) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    examples = {}
+    while len(examples) < count:
+        a, b = rng.randint(0, 40), rng.randint(0, 40)
+        examples[f"{a}+{b}="] = a + b
+    return [{"prompt": prompt, "answer": answer} for prompt, answer in examples.items()]
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("{not json", "data.jsonl:2: not valid JSON"),
+        ('["prompt", "answer"]', "data.jsonl:2: expected a JSON object"),
+        (
+            '{"answer": 3}',
+            "data.jsonl:2: field 'prompt' must be a non-empty string, got no 'prompt'",
+        ),
+        ('{"prompt": "  ", "answer": 3}', "field 'prompt' must be a non-empty string"),
+        ('{"prompt": "2+2="}', "data.jsonl:2: field 'answer' is missing"),
+        ('{"prompt": "2+2=", "answer": "four"}', "data.jsonl:2: field 'answer' must be a finite"),
+        ('{"prompt": "2+2=", "answer": true}', "field 'answer' must be a finite number"),
+        ('{"prompt": "2+2=", "answer": NaN}', "field 'answer' must be a finite number"),
+        ('{"prompt": "2+2=", "answer": "1e3"}', "field 'answer' must be a finite number"),
+        ('{"prompt": "2+2=", "answer": 4, "split": "dev"}', "field 'split' must be one of"),
+    ],
+)
+def test_a_bad_line_is_named_by_file_line_and_field(
+    tmp_path: Path, line: str, message: str
+) -> None:
+    path = _write(tmp_path / "data.jsonl", [{"prompt": "1+1=", "answer": 2}, line])
+    with pytest.raises(DataError, match=message.replace("[", r"\[").replace("+", r"\+")):
+        read_records(path)
+
+
+def test_answers_are_trained_as_written(tmp_path: Path) -> None:
+    path = _write(tmp_path / "data.jsonl", [
+        {"prompt": "a", "answer": 12}, {"prompt": "b", "answer": 1e-7},
+        {"prompt": "c", "answer": "0.50"}, {"prompt": "d", "answer": -3.25},
+        {"prompt": "e", "answer": 1e16},
+    ])  # fmt: skip
+    assert [(r.answer, r.value) for r in read_records(path)] == [
+        ("12", 12.0), ("0.0000001", 1e-7), ("0.50", 0.5), ("-3.25", -3.25),
+        ("10000000000000000", 1e16),
+    ]  # fmt: skip
+
+
+def test_unsplit_data_is_split_by_prompt_with_a_fixed_seed(tmp_path: Path) -> None:
+    examples = _sums(100)
+    path = _write(tmp_path / "data.jsonl", examples + examples[:5])  # five prompts twice
+    data = read_user_data(path)
+    assert sum(len(records) for records in data.splits.values()) == 105
+    prompts = {s: {r.prompt for r in records} for s, records in data.splits.items()}
+    assert not (prompts["train"] & prompts["test"]) and not (
+        prompts["validation"] & prompts["test"]
+    )
+    assert (len(prompts["validation"]), len(prompts["test"])) == (10, 10)
+    assert "split 80 / 10 / 10 % with the fixed seed 0" in data.how_split
+    assert read_user_data(path).splits == data.splits  # the same every time
+
+
+def test_split_errors_name_the_examples(tmp_path: Path) -> None:
+    named = [{**e, "split": s} for e, s in zip(_sums(4), ["train", "validation", "test", "train"],
+                                                strict=True)]  # fmt: skip
+    assert [
+        len(v) for v in read_user_data(_write(tmp_path / "a.jsonl", named)).splits.values()
+    ] == [2, 1, 1]
+    mixed = [*named, {"prompt": "9+9=", "answer": 18}]
+    with pytest.raises(DataError, match=r"b.jsonl:5: field 'split' is missing, while .*b.jsonl:1"):
+        read_user_data(_write(tmp_path / "b.jsonl", mixed))
+    empty = [e for e in named if e["split"] != "validation"]
+    with pytest.raises(DataError, match="the validation split is empty"):
+        read_user_data(_write(tmp_path / "c.jsonl", empty))
+    repeated = [*named, {**named[0], "split": "test"}]
+    with pytest.raises(
+        DataError, match=r"d.jsonl:5: field 'prompt' repeats the prompt of .*d.jsonl:1"
+    ):
+        read_user_data(_write(tmp_path / "d.jsonl", repeated))
+
+
+def test_a_folder_gives_its_files_names_as_splits(tmp_path: Path) -> None:
+    folder = tmp_path / "task"
+    folder.mkdir()
+    examples = _sums(6)
+    _write(folder / "train.jsonl", examples[:4])
+    _write(folder / "validation.jsonl", examples[4:5])
+    _write(folder / "test.jsonl", [{**examples[5], "split": "test"}])
+    data = read_user_data(folder)
+    assert [len(v) for v in data.splits.values()] == [4, 1, 1]
+    assert data.how_split == "the splits the data names"
+    _write(folder / "test.jsonl", [{**examples[5], "split": "train"}])
+    with pytest.raises(DataError, match=r"test.jsonl:1: field 'split' is 'train', but the file"):
+        read_user_data(folder)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match=r"must hold .jsonl files, found none"):
+        read_user_data(tmp_path / "empty")
+    with pytest.raises(DataError, match="no such file or folder"):
+        read_user_data(tmp_path / "missing.jsonl")
+
+
+def _compare(model_dir: Path, data: Path, out: Path, *extra: str) -> list[str]:
+    return ["compare", "--data", str(data), "--model", str(model_dir), "--seeds", "2",
+            "--steps", "2", "--batch-size", "4", "--threads", "1", "--adaptation", "full",
+            "--learning-rate", "0.01", "--out", str(out), "--no-progress", *extra]  # fmt: skip
+
+
+def _strict_json(path: Path) -> Any:
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{path.name} holds {constant}")
+
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+def test_compare_runs_reports_and_resumes_from_the_command_line(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    from numtok.cli import main
+
+    data = _write(tmp_path / "sums.jsonl", _sums(40))
+    out = tmp_path / "run"
+    arguments = _compare(model_dir, data, out, "--arms", "base,ce,was")
+    assert main(arguments) == 0
+    printed = capsys.readouterr().out
+    assert "learnability gate (validation log_mae)" in printed and "primary endpoint" in printed
+    results = _strict_json(out / "results.json")
+    largest = max(r.value for r in read_user_data(data).splits["train"])
+    assert results["config"]["max_value"] == largest  # --max-value auto: the largest training sum
+    assert set(results["answers"]["test"]["ce"]) == {"greedy", "expected", "median"}
+    assert results["gate"]["constant"] in ("mean", "median", "mode")
+    report = (out / "report.md").read_text()
+    for heading in ("## Primary endpoint", "## Learnability gate", "## Settings", "## test",
+                    "## validation", "Not pre-registered"):  # fmt: skip
+        assert heading in report
+    import numtok.experiments.finetune.runner as runner
+
+    monkeypatch.setattr(runner, "train_arm", lambda *a, **k: pytest.fail("trained again"))
+    assert main(arguments) == 0
+    assert _strict_json(out / "results.json")["answers"] == results["answers"]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stopped:
+        main([*arguments, "--steps", "3"])
+    error = capsys.readouterr().err
+    assert stopped.value.code == 2 and "holds a run with other settings (differing: steps)" in error
+    assert error.count("\n") == 1  # one line, no traceback
+
+
+def test_compare_chooses_lambda_on_validation(model_dir: Path, tmp_path: Path) -> None:
+    from numtok.cli import main
+
+    data = _write(tmp_path / "sums.jsonl", _sums(40))
+    out = tmp_path / "grid"
+    arguments = _compare(model_dir, data, out, "--arms", "ce,was", "--choose-on-validation",
+                         "0.3,3", "--max-value", "none", "--metric", "mae")  # fmt: skip
+    assert main(arguments) == 0
+    results = _strict_json(out / "results.json")
+    assert {p.name for p in (out / "seed0").iterdir()} == {"ce", "was-lambda0.3", "was-lambda3"}
+    chosen = results["choice"]["chosen"]["was"]
+    means = results["choice"]["means"]["was"]
+    defined = {float(w): m for w, m in means.items() if m is not None}
+    if defined:
+        assert chosen == min(defined, key=lambda w: (defined[w], w))
+    for seed in ("seed0", "seed1"):  # the test split is scored for the chosen λ alone
+        scored = {p.parent.name for p in (out / seed).glob("was-*/test.json")}
+        assert scored == {f"was-lambda{chosen:g}"}
+    assert not list(out.rglob("trained.pt"))
+
+
+@pytest.mark.parametrize(
+    ("lines", "message"),
+    [
+        ([{"prompt": "x" * 70, "answer": 1}], r"data.jsonl:1: field 'prompt' is \d+ tokens"),
+        (["oops"], "data.jsonl:1: not valid JSON"),
+    ],
+)
+def test_compare_refuses_bad_data_in_one_line(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], lines: list[Any],
+    message: str,
+) -> None:  # fmt: skip
+    from numtok.cli import main
+
+    data = _write(tmp_path / "data.jsonl", [*lines, *_sums(30)])
+    with pytest.raises(SystemExit) as stopped:
+        main(_compare(model_dir, data, tmp_path / "run"))
+    error = capsys.readouterr().err
+    assert stopped.value.code == 2 and error.count("\n") == 1
+    assert __import__("re").search(message, error), error
+    assert not (tmp_path / "run").exists()  # nothing written before the checks pass
+
+
+def test_the_gate_passes_only_beyond_the_standard_error() -> None:
+    rng = np.random.default_rng(0)
+    references = rng.integers(0, 10, 300).astype(np.float64)
+    constants = {"mean": float(references.mean()), "median": float(np.median(references)),
+                 "mode": 0.0}  # fmt: skip
+    marginal = np.full((2, 300), constants["median"])
+    learnt = np.stack([references + rng.normal(0, 0.5, 300) for _ in range(2)])
+    failed = learnability_gate({"ce": {"greedy": marginal}}, constants, references, 2, "mae")
+    assert not failed["passed"] and failed["constant"] == "median"
+    assert failed["best"]["improvement"] == pytest.approx(0.0)
+    passed = learnability_gate(
+        {"ce": {"greedy": marginal}, "was": {"greedy": learnt}}, constants, references, 2, "mae"
+    )
+    assert passed["passed"] and passed["best"]["arm"] == "was"
+    # Better than the constant by one point on 20 items, worse by one on 19 others: a net
+    # improvement smaller than its standard error.
+    median = constants["median"]
+    closer = np.flatnonzero(references >= median + 1)[:20]
+    further = np.flatnonzero(references <= median - 1)[:19]
+    mixed = marginal.copy()
+    mixed[:, closer] += 1
+    mixed[:, further] += 1
+    (entry,) = learnability_gate({"ce": {"greedy": mixed}}, constants, references, 2, "mae")["arms"]
+    assert 0 < entry["improvement"] < entry["se"] and not entry["passes"]
+    accuracy = learnability_gate({"was": {"greedy": learnt.round()}}, constants, references, 2,
+                                 "exact_accuracy")  # fmt: skip
+    assert accuracy["passed"]  # higher is better for accuracy
+
+
+def test_a_preregistration_is_written_once_and_held_against_the_run(tmp_path: Path) -> None:
+    path = tmp_path / "plan.json"
+    record = {"hypothesis": "h", "arms": ["ce", "was"], "settings": {"steps": 60, "seeds": [3]}}
+    write_preregistration(path, record)
+    with pytest.raises(ValueError, match="written once, never replaced"):
+        write_preregistration(path, record)
+    assert check_preregistration(path, record)["hypothesis"] == "h"
+    changed = {**record, "settings": {"steps": 61, "seeds": [3]}}
+    with pytest.raises(ValueError, match=r"settings.steps: registered 60, this run 61"):
+        check_preregistration(path, changed)
+    assert git_provenance(path)["commit"] is None  # not in git
+    run = lambda *a: subprocess.run(["git", *a], cwd=tmp_path, check=True, capture_output=True)  # noqa: E731
+    run("init", "-q")
+    run("-c", "user.name=t", "-c", "user.email=t@t", "add", "plan.json")
+    run("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "plan")
+    committed = git_provenance(path)
+    assert committed["commit"] and committed["committed"]
+    path.write_text(path.read_text() + " ")
+    assert git_provenance(path)["commit"] is None  # changed since it was committed
+
+
+def test_compare_preregisters_then_runs_only_the_registered_run(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from numtok.cli import main
+
+    data = _write(tmp_path / "sums.jsonl", _sums(40))
+    plan = tmp_path / "plan.json"
+    arguments = _compare(model_dir, data, tmp_path / "run", "--arms", "ce,was", "--max-value",
+                         "none", "--preregister", str(plan))  # fmt: skip
+    assert main([*arguments, "--hypothesis", "WAS lowers log-MAE", "--primary", "was"]) == 0
+    assert "commit it" in capsys.readouterr().out and not (tmp_path / "run").exists()
+    stored = json.loads(plan.read_text())
+    assert stored["primary_endpoint"]["difference"] == "was - ce"
+    assert stored["splits"]["sizes"]["test"] == 4 and stored["seeds"] == [0, 1]
+    with pytest.raises(SystemExit):
+        main([*arguments, "--steps", "3"])  # not the registered 2 (the last flag wins)
+    error = capsys.readouterr().err
+    assert "plan.json pre-registered (settings.steps: registered 2, this run 3)" in error
+    assert not (tmp_path / "run").exists()
+    assert main(arguments) == 0
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert report.startswith("# Fine-tuning") and "**Pre-registered** in `plan.json`" in report
+    assert "Hypothesis: WAS lowers log-MAE" in report
+    assert report.index("Pre-registered") < report.index("## Primary endpoint")
