@@ -186,14 +186,27 @@ def test_compare_runs_reports_and_resumes_from_the_command_line(
     assert error.count("\n") == 1  # one line, no traceback
 
 
-def test_compare_chooses_lambda_on_validation(model_dir: Path, tmp_path: Path) -> None:
+def test_compare_chooses_lambda_on_validation(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from numtok.cli import main
 
     data = _write(tmp_path / "sums.jsonl", _sums(40))
     out = tmp_path / "grid"
     arguments = _compare(model_dir, data, out, "--arms", "ce,was", "--choose-on-validation",
                          "0.3,3", "--max-value", "none", "--metric", "mae")  # fmt: skip
-    assert main(arguments) == 0
+    # First validation only: the test split stays unseen, every λ's weights are kept.
+    assert main([*arguments, "--validation-only"]) == 0
+    assert not list(out.rglob("test.json")) and len(list(out.rglob("trained.pt"))) == 6
+    assert "**Not measured: the test splits were not scored**" in (out / "report.md").read_text()
+    assert list(_strict_json(out / "results.json")["answers"]) == ["validation"]
+    import numtok.experiments.finetune.runner as runner
+
+    train = runner.train_arm
+    retrained: list[Any] = []
+    monkeypatch.setattr(runner, "train_arm", lambda *a, **k: retrained.append(a) or train(*a, **k))
+    assert main(arguments) == 0  # the same command scores the test split, training nothing
+    assert retrained == []
     results = _strict_json(out / "results.json")
     assert {p.name for p in (out / "seed0").iterdir()} == {"ce", "was-lambda0.3", "was-lambda3"}
     chosen = results["choice"]["chosen"]["was"]

@@ -128,6 +128,12 @@ def add_compare_arguments(
     parser.add_argument(
         "--primary", help="with --preregister: the arm of the primary endpoint (ARM − CE)"
     )
+    parser.add_argument(
+        "--validation-only", action="store_true",
+        help="train and score the validation split only, for choosing settings (steps, learning "
+        "rate, λ) without seeing the test split; the same command without it then scores the "
+        "test splits from the same folder",
+    )  # fmt: skip
     parser.add_argument("--no-progress", action="store_true", help="no progress lines")
 
 
@@ -189,6 +195,8 @@ def summary_lines(results: dict[str, Any], config: FinetuneConfig) -> list[str]:
     """What the command prints at the end: the gate and the primary endpoint of every arm."""
     gate = results["gate"]
     split = config.evaluation_splits[0]
+    if split not in results["answers"]:
+        split = "validation"
     lines = [
         f"learnability gate (validation {config.metric}): "
         + (
@@ -196,7 +204,8 @@ def summary_lines(results: dict[str, Any], config: FinetuneConfig) -> list[str]:
             if gate["passed"]
             else "FAILED: the task was not learnt, no verdict on any loss"
         ),
-        f"primary endpoint, {config.metric} ({config.readout}) on {split}, arm − CE:",
+        f"primary endpoint, {config.metric} ({config.readout}) on {split}, arm − CE"
+        + (" (the test splits not scored: nothing to claim):" if split == "validation" else ":"),
     ]
     for entry in results["comparisons"]:
         if (entry["split"], entry["readout"], entry["baseline"], entry["metric"]) == (
@@ -257,7 +266,7 @@ def run_compare(
     log = (lambda _line: None) if args.no_progress else (lambda line: print(line, flush=True))
     results = run_finetune(
         config, run_dir, data_dir=args.data_dir, preregistered=args.preregister,
-        prepared=prepared, log=log,
+        prepared=prepared, validation_only=args.validation_only, log=log,
     )  # fmt: skip
     print("\n".join(summary_lines(results, config)))
     print(f"{results['minutes']:.1f} min; report.md, results.json and report.png in {run_dir}")

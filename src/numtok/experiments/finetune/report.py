@@ -67,9 +67,10 @@ def _answers(
     chosen: Mapping[str, float],
     test: Mapping[tuple[int, str], dict[str, Any]],
 ) -> dict[str, dict[str, dict[str, NDArray[np.float64]]]]:
-    """``answers[split][arm][readout]``: (seeds, items), one row for ``base``."""
+    """``answers[split][arm][readout]``: (seeds, items), one row for ``base``; the test splits
+    when they were scored."""
     answers: dict[str, dict[str, dict[str, NDArray[np.float64]]]] = {}
-    for split in ("validation", *config.evaluation_splits):
+    for split in ("validation", *(config.evaluation_splits if test else ())):
         answers[split] = {}
         for arm in config.arms:
             seeds = config.seeds[:1] if arm == "base" else config.seeds
@@ -109,12 +110,23 @@ def _difference_cells(entry: dict[str, Any]) -> list[str]:
 
 
 def _primary_lines(
-    config: FinetuneConfig, entries: Sequence[dict[str, Any]], arms: Sequence[str], gate: bool
+    config: FinetuneConfig,
+    entries: Sequence[dict[str, Any]],
+    arms: Sequence[str],
+    gate: bool,
+    tested: bool,
 ) -> list[str]:
     split, metric, readout = config.evaluation_splits[0], config.metric, config.readout
-    lines = [
-        "## Primary endpoint",
-        "",
+    lines = ["## Primary endpoint", ""]
+    if not tested:
+        lines += [
+            "**Not measured: the test splits were not scored** (a validation-only run, for "
+            "choosing settings). The same differences on validation, which chose them, claim "
+            "nothing:",
+            "",
+        ]
+        split = "validation"
+    lines += [
         f"{metric} of the {readout} readout on {split}, each arm minus CE (paired by seed; "
         f"{len(config.seeds)} seeds). Verdict only when both 95 % intervals exclude 0"
         + ("" if gate else "; **none here: the learnability gate failed**")
@@ -252,14 +264,13 @@ def _constants(
     }  # fmt: skip
 
 
-def _plot(config: FinetuneConfig, table: Sequence[dict[str, Any]],
+def _plot(config: FinetuneConfig, splits: Sequence[str], table: Sequence[dict[str, Any]],
           constants: dict[str, dict[str, dict[str, Any]]], path: Path) -> None:  # fmt: skip
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    splits = ("validation", *config.evaluation_splits)
     figure, axes = plt.subplots(1, len(splits), figsize=(4.2 * len(splits), 3.4), squeeze=False)
     for axis, split in zip(axes[0], splits, strict=True):
         chosen = [e for e in table if e["split"] == split and e["metric"] == config.metric]
@@ -338,13 +349,13 @@ def write_report(
     compared_arms = [arm for arm in config.arms if arm != "ce"]
     if preregistered is not None:  # the registered arm alone is primary
         compared_arms = [preregistered[1]["primary_endpoint"]["difference"].split(" ")[0]]
-    lines += _primary_lines(config, entries, compared_arms, gate["passed"])
+    lines += _primary_lines(config, entries, compared_arms, gate["passed"], bool(test))
     lines += ["", *_gate_lines(gate), ""]
     lines += _settings_lines(config, data, choice, minutes)
-    for split in (*config.evaluation_splits, "validation"):
+    for split in (*(s for s in config.evaluation_splits if s in answers), "validation"):
         lines += ["", *_split_lines(split, table, entries, scored_constants[split])]
     (run_dir / "report.md").write_text("\n".join(lines) + "\n")
-    _plot(config, table, scored_constants, run_dir / "report.png")
+    _plot(config, list(answers), table, scored_constants, run_dir / "report.png")
     loaded: dict[str, Any] = json.loads((run_dir / "results.json").read_text())
     return loaded
 

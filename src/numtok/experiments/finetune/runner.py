@@ -268,11 +268,14 @@ def run_finetune(
     data_dir: Path | str | None = None,
     preregistered: Path | None = None,
     prepared: Prepared | None = None,
+    validation_only: bool = False,
     log: Log = print,
 ) -> dict[str, Any]:
     """Run (or resume) every phase of ``config`` in ``run_dir`` and write the report; returns
     the results. ``preregistered``: the pre-registration file this run must match;
-    ``prepared``: :func:`prepare`'s result when the caller has it already."""
+    ``prepared``: :func:`prepare`'s result when the caller has it already;
+    ``validation_only``: stop before the test phase (for choosing settings: the test splits stay
+    unseen, and a later run of the same settings in the same folder scores them)."""
     torch.set_num_threads(config.threads)
     prepared = prepared or prepare(config, data_dir)
     registration = None
@@ -282,8 +285,9 @@ def run_finetune(
     created = _check_model(run_dir, prepared)
     validation = _validation_phase(config, run_dir, prepared, log)
     choice = _choose(config, validation, prepared)
-    _drop_unchosen(config, run_dir, choice["chosen"])
-    test = _test_phase(config, run_dir, prepared, choice["chosen"], log)
+    if not validation_only:
+        _drop_unchosen(config, run_dir, choice["chosen"])
+    test = {} if validation_only else _test_phase(config, run_dir, prepared, choice["chosen"], log)
     return write_report(
         run_dir, config, prepared.data, validation, choice, test,
         constants=constant_answers(prepared.data.splits["train"]),
