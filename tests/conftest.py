@@ -143,6 +143,19 @@ def build_mistral_tokenizer(folder: Path) -> Any:
 
 
 @pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding the tiny random Llama of ``_hf_tiny`` and its tokenizer, saved as a
+    causal LM folder (what ``from_pretrained`` and the fine-tuning harness read)."""
+    from _hf_tiny import build_model, build_tokenizer
+
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    tokenizer = build_tokenizer()
+    build_model(tokenizer).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
 def digit_tokenizer() -> Any:
     return build_digit_tokenizer()
 

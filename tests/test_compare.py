@@ -21,17 +21,6 @@ from numtok.experiments.finetune.preregistration import (
     write_preregistration,
 )
 
-from _hf_tiny import build_model, build_tokenizer
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    tokenizer = build_tokenizer()
-    build_model(tokenizer).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
 
 def _write(path: Path, lines: list[Any]) -> Path:
     path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n"
@@ -139,8 +128,8 @@ def test_a_folder_gives_its_files_names_as_splits(tmp_path: Path) -> None:
         read_user_data(tmp_path / "missing.jsonl")
 
 
-def _compare(model_dir: Path, data: Path, out: Path, *extra: str) -> list[str]:
-    return ["compare", "--data", str(data), "--model", str(model_dir), "--seeds", "2",
+def _compare(tiny_llama_dir: Path, data: Path, out: Path, *extra: str) -> list[str]:
+    return ["compare", "--data", str(data), "--model", str(tiny_llama_dir), "--seeds", "2",
             "--steps", "2", "--batch-size", "4", "--threads", "1", "--adaptation", "full",
             "--learning-rate", "0.01", "--out", str(out), "--no-progress", *extra]  # fmt: skip
 
@@ -153,14 +142,14 @@ def _strict_json(path: Path) -> Any:
 
 
 def test_compare_runs_reports_and_resumes_from_the_command_line(
-    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    tiny_llama_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
     from numtok.cli import main
 
     data = _write(tmp_path / "sums.jsonl", _sums(40))
     out = tmp_path / "run"
-    arguments = _compare(model_dir, data, out, "--arms", "base,ce,was")
+    arguments = _compare(tiny_llama_dir, data, out, "--arms", "base,ce,was")
     assert main(arguments) == 0
     printed = capsys.readouterr().out
     assert "learnability gate (validation log_mae)" in printed and "primary endpoint" in printed
@@ -187,13 +176,13 @@ def test_compare_runs_reports_and_resumes_from_the_command_line(
 
 
 def test_compare_chooses_lambda_on_validation(
-    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_llama_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from numtok.cli import main
 
     data = _write(tmp_path / "sums.jsonl", _sums(40))
     out = tmp_path / "grid"
-    arguments = _compare(model_dir, data, out, "--arms", "ce,was", "--choose-on-validation",
+    arguments = _compare(tiny_llama_dir, data, out, "--arms", "ce,was", "--choose-on-validation",
                          "0.3,3", "--max-value", "none", "--metric", "mae")  # fmt: skip
     # First validation only: the test split stays unseen, every λ's weights are kept.
     assert main([*arguments, "--validation-only"]) == 0
@@ -228,14 +217,14 @@ def test_compare_chooses_lambda_on_validation(
     ],
 )
 def test_compare_refuses_bad_data_in_one_line(
-    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], lines: list[Any],
+    tiny_llama_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], lines: list[Any],
     message: str,
 ) -> None:  # fmt: skip
     from numtok.cli import main
 
     data = _write(tmp_path / "data.jsonl", [*lines, *_sums(30)])
     with pytest.raises(SystemExit) as stopped:
-        main(_compare(model_dir, data, tmp_path / "run"))
+        main(_compare(tiny_llama_dir, data, tmp_path / "run"))
     error = capsys.readouterr().err
     assert stopped.value.code == 2 and error.count("\n") == 1
     assert __import__("re").search(message, error), error
@@ -293,13 +282,13 @@ def test_a_preregistration_is_written_once_and_held_against_the_run(tmp_path: Pa
 
 
 def test_compare_preregisters_then_runs_only_the_registered_run(
-    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tiny_llama_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from numtok.cli import main
 
     data = _write(tmp_path / "sums.jsonl", _sums(40))
     plan = tmp_path / "plan.json"
-    arguments = _compare(model_dir, data, tmp_path / "run", "--arms", "ce,was", "--max-value",
+    arguments = _compare(tiny_llama_dir, data, tmp_path / "run", "--arms", "ce,was", "--max-value",
                          "none", "--preregister", str(plan))  # fmt: skip
     assert main([*arguments, "--hypothesis", "WAS lowers log-MAE", "--primary", "was"]) == 0
     assert "commit it" in capsys.readouterr().out and not (tmp_path / "run").exists()

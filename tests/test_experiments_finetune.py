@@ -24,18 +24,9 @@ from numtok.experiments.finetune.runner import run_finetune
 from numtok.experiments.finetune.train import answer_logits, load_model, prompt_states
 from numtok.experiments.run_folder import prepare_run_dir
 
-from _hf_tiny import build_model, build_tokenizer
+from _hf_tiny import build_tokenizer
 
 SIZES = {"train": 40, "validation": 8, "test": 8, "test_harder": 6}
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    tokenizer = build_tokenizer()
-    build_model(tokenizer).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
 
 
 @pytest.fixture(scope="module")
@@ -51,9 +42,9 @@ def jokes_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def small(model_dir: Path, **changes: Any) -> FinetuneConfig:
+def small(tiny_llama_dir: Path, **changes: Any) -> FinetuneConfig:
     settings: dict[str, Any] = {
-        "model": str(model_dir), "steps": 3, "batch_size": 4, "train_examples": SIZES["train"],
+        "model": str(tiny_llama_dir), "steps": 3, "batch_size": 4, "train_examples": SIZES["train"],
         "validation_examples": SIZES["validation"], "test_examples": SIZES["test"],
         "harder_examples": SIZES["test_harder"], "seeds": (0, 1), "eval_batch_size": 4,
         "threads": 1, "max_prompt_tokens": 12, "max_new_tokens": 4, "warmup_steps": 1,
@@ -94,11 +85,11 @@ def test_examples_train_on_the_answer_only() -> None:
     assert prompts["attention_mask"][1, 0] == 0
 
 
-def test_the_loss_reads_the_answer_positions(model_dir: Path) -> None:
+def test_the_loss_reads_the_answer_positions(tiny_llama_dir: Path) -> None:
     """The output layer at the positions whose next label is an answer token gives the
     cross-entropy of the full logits with the prompt's labels ignored."""
     tokenizer = build_tokenizer()
-    model = load_model(model_dir, small(model_dir), seed=0)
+    model = load_model(tiny_llama_dir, small(tiny_llama_dir), seed=0)
     examples = [
         encode(tokenizer, q.question, q.answer) for q in arithmetic_splits({"test": 3})["test"]
     ]
@@ -133,9 +124,9 @@ def test_the_fresh_4_digit_split_repeats_no_question_of_another_split() -> None:
 
 
 def test_a_whole_arithmetic_run_reports_and_resumes(
-    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_llama_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    config = small(model_dir, arms=("base", "ce", "was", "mse", "del", "gls"))
+    config = small(tiny_llama_dir, arms=("base", "ce", "was", "mse", "del", "gls"))
     results = run_finetune(config, tmp_path / "run", log=lambda _: None)
     runs = {(run["seed"], run["arm"]) for run in results["runs"]}
     # base is scored once (seed 0) and pairs with every seed of CE.
@@ -173,11 +164,11 @@ def test_a_whole_arithmetic_run_reports_and_resumes(
 
 
 def test_an_interrupted_run_resumes_where_it_stopped(
-    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_llama_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Killed while scoring the test split: what finished is read back, the rest is done, and
     the result equals an uninterrupted run's."""
-    config = small(model_dir, arms=("ce", "was"), seeds=(0,), test_splits=("test",))
+    config = small(tiny_llama_dir, arms=("ce", "was"), seeds=(0,), test_splits=("test",))
     straight = run_finetune(config, tmp_path / "straight", log=lambda _: None)
     import numtok.experiments.finetune.runner as runner
 
@@ -203,10 +194,10 @@ def test_an_interrupted_run_resumes_where_it_stopped(
 
 
 def test_rjokes_with_the_regression_head_and_the_readouts(
-    model_dir: Path, jokes_dir: Path, tmp_path: Path
+    tiny_llama_dir: Path, jokes_dir: Path, tmp_path: Path
 ) -> None:
     config = small(
-        model_dir, task="rjokes", arms=("ce", "was", "head"), seeds=(0,), max_value=11,
+        tiny_llama_dir, task="rjokes", arms=("ce", "was", "head"), seeds=(0,), max_value=11,
         metric="rmse", head_learning_rate=0.05,
     )  # fmt: skip
     results = run_finetune(config, tmp_path / "run", data_dir=jokes_dir, log=lambda _: None)
@@ -219,7 +210,7 @@ def test_rjokes_with_the_regression_head_and_the_readouts(
     # The constant answers: the training jokes' mean, median and mode score for every joke.
     from transformers import AutoTokenizer
 
-    data = load_finetune_data(config, AutoTokenizer.from_pretrained(model_dir), jokes_dir)
+    data = load_finetune_data(config, AutoTokenizer.from_pretrained(tiny_llama_dir), jokes_dir)
     train = [e.value for e in data.splits["train"]]
     truth = torch.tensor([e.value for e in data.splits["test"]], dtype=torch.float64)
     constants = results["constants"]["test"]
@@ -270,11 +261,13 @@ def test_a_run_folder_with_arm_weights_resumes(tmp_path: Path) -> None:
         prepare_run_dir(config.with_overrides(arm_weights=(("was", 1.0),)), tmp_path)
 
 
-def test_command_line(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_command_line(
+    tiny_llama_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from numtok.cli import main
 
     out = tmp_path / "cli"
-    arguments = ["repro", "--preset", "smollm2-arithmetic", "--model", str(model_dir),
+    arguments = ["repro", "--preset", "smollm2-arithmetic", "--model", str(tiny_llama_dir),
                  "--steps", "2", "--seeds", "1", "--arms", "base,ce", "--threads", "1",
                  "--out", str(out), "--no-progress"]  # fmt: skip
     assert main(arguments) == 0

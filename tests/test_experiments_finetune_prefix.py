@@ -20,7 +20,7 @@ from numtok.experiments.finetune.examples import IGNORE_INDEX, encode, prompt_ba
 from numtok.experiments.finetune.prefix import decoder_states, shared_prefix_length
 from numtok.experiments.finetune.train import answer_logits, load_model, prompt_states
 
-from _hf_tiny import build_model, build_tokenizer
+from _hf_tiny import build_tokenizer
 
 #: Prompts "What is …?\n" share their first 8 tokens (the digit tokenizer reads characters);
 #: their lengths differ, so the right-padded rows differ in length too.
@@ -29,18 +29,11 @@ SHARED = [("What is 7 + 30?", "37"), ("What is 123 - 23?", "100"), ("What is 5 +
 UNSHARED = [("What is 7 + 30?", "37"), ("1+1=", "2")]
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    tokenizer = build_tokenizer()
-    build_model(tokenizer).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
-def float64_model(model_dir: Path, adaptation: str) -> Any:
-    config = FinetuneConfig(model=str(model_dir), adaptation=adaptation, lora_rank=2, threads=1)
-    model = load_model(model_dir, config, seed=0).double()
+def float64_model(tiny_llama_dir: Path, adaptation: str) -> Any:
+    config = FinetuneConfig(
+        model=str(tiny_llama_dir), adaptation=adaptation, lora_rank=2, threads=1
+    )
+    model = load_model(tiny_llama_dir, config, seed=0).double()
     torch.manual_seed(1)
     for name, parameter in model.named_parameters():
         if "lora_B" in name:  # zero at initialisation: A's gradients would be zero too
@@ -85,9 +78,9 @@ def batch_of(questions: list[tuple[str, str]]) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("adaptation", ["full", "lora"])
 @pytest.mark.parametrize("questions", [SHARED, UNSHARED], ids=["shared", "unshared"])
 def test_answer_logits_and_gradients_are_those_of_whole_rows(
-    model_dir: Path, adaptation: str, questions: list[tuple[str, str]]
+    tiny_llama_dir: Path, adaptation: str, questions: list[tuple[str, str]]
 ) -> None:
-    model = float64_model(model_dir, adaptation)
+    model = float64_model(tiny_llama_dir, adaptation)
     batch = batch_of(questions)
     _, shared = decoder_states(model.model.model if adaptation == "lora" else model.model,
                                batch["input_ids"], batch["attention_mask"])  # fmt: skip
@@ -113,9 +106,9 @@ def test_answer_logits_and_gradients_are_those_of_whole_rows(
 
 @pytest.mark.parametrize("questions", [SHARED, UNSHARED], ids=["shared", "unshared"])
 def test_the_heads_prompt_states_are_those_of_whole_rows(
-    model_dir: Path, questions: list[tuple[str, str]]
+    tiny_llama_dir: Path, questions: list[tuple[str, str]]
 ) -> None:
-    model = float64_model(model_dir, "full")
+    model = float64_model(tiny_llama_dir, "full")
     batch = batch_of(questions)
     hidden = model.model(input_ids=batch["input_ids"]).last_hidden_state  # right padding
     prompt_lengths = [len(build_tokenizer()(f"{q}\n")["input_ids"]) for q, _ in questions]
@@ -125,11 +118,11 @@ def test_the_heads_prompt_states_are_those_of_whole_rows(
 
 @pytest.mark.parametrize("questions", [SHARED, UNSHARED], ids=["shared", "unshared"])
 def test_greedy_answers_are_those_of_whole_prompts(
-    model_dir: Path, questions: list[tuple[str, str]]
+    tiny_llama_dir: Path, questions: list[tuple[str, str]]
 ) -> None:
     """Against ``generate`` on the whole left-padded prompts: the same tokens, every row."""
     tokenizer = build_tokenizer()
-    model = float64_model(model_dir, "lora").eval()
+    model = float64_model(tiny_llama_dir, "lora").eval()
     examples = [encode(tokenizer, question, answer) for question, answer in questions]
     whole = prompt_batch([e.prompt for e in examples], tokenizer.pad_token_id)
     generated = model.generate(
