@@ -285,6 +285,20 @@ def test_run_writes_rows_report_and_plot(smoke_run: tuple[Path, Any]) -> None:
     assert head["rmse"]["values"] == pytest.approx(differences)
     report = (run_dir / "report.md").read_text()
     assert "regression head" in report and "BERT-base" in report and "## Verdict" in report
+    # The seed × item bootstrap beside the seed interval, from the stored predictions; a verdict
+    # only where both exclude 0 and the learnability check passed.
+    assert "## Learnability check" in report and "seed × item bootstrap" in report
+    gate = stored["learnability"]
+    assert gate["constant"] in ("mean", "median", "mode") and len(gate["arms"]) == 10
+    for comparison in stored["comparisons"]:
+        for metric in ("rmse", "mae", "pearson"):
+            entry = comparison[metric]
+            assert entry["bootstrap"]["replicates"] == 2000
+            if entry["verdict"] is not None:
+                assert gate["passed"] and entry["exceeds"]
+                boot = entry["bootstrap"]
+                assert boot["low"] > 0 or boot["high"] < 0
+        assert "bootstrap" not in comparison["spearman"]
 
 
 def test_rerun_reads_finished_arms_back(smoke_run: tuple[Path, Any], data_dir: Path) -> None:

@@ -39,6 +39,7 @@ __all__ = [
     "learnability_gate",
     "metric_table",
     "resamples_of",
+    "verdict",
 ]
 
 #: Replicates of every bootstrap (fixed, with a fixed generator seed per split).
@@ -86,8 +87,10 @@ def _baselines(readout: str, ce_readouts: Sequence[str]) -> list[str]:
     return [r for r in wanted if r in ce_readouts]
 
 
-def _verdict(metric: str, seed: dict[str, Any], bootstrap: dict[str, Any]) -> str | None:
-    """``"better"``/``"worse"`` when both intervals exclude 0, else None."""
+def verdict(metric: str, seed: dict[str, Any], bootstrap: dict[str, Any]) -> str | None:
+    """``"better"``/``"worse"`` when both intervals (``seed``: the paired-seed t interval's
+    ``mean``, ``low``, ``high``; ``bootstrap``: :func:`~numtok.experiments.bootstrap.
+    seed_item_difference`'s) exclude 0, else None."""
     intervals = [(seed["low"], seed["high"]), (bootstrap["low"], bootstrap["high"])]
     if any(low is None or high is None for low, high in intervals):
         return None
@@ -115,7 +118,7 @@ def _paired(
         "mean": seed_interval["mean"],
         "seed": {k: seed_interval[k] for k in ("low", "high", "t", "values")},
         "bootstrap": bootstrap,
-        "verdict": _verdict(metric, seed_interval, bootstrap),
+        "verdict": verdict(metric, seed_interval, bootstrap),
     }
 
 

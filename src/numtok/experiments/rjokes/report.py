@@ -8,6 +8,14 @@ four kinds: ``ntl_vs_ce`` (each other token arm against CE under the same readou
 ``readout_vs_greedy`` (each distribution readout against greedy decoding within an arm) and
 ``vs_head`` (every token arm and readout against the regression head); and the constant
 predictions (training mean, median and mode) scored on the same jokes, for scale.
+
+Each comparison of RMSE, MAE and Pearson's r carries, beside the paired-seed t interval, the seed
+× item bootstrap interval (:mod:`numtok.experiments.bootstrap`: the evaluated jokes' own noise
+too) and a verdict only where both exclude 0. The learnability check asks whether some trained
+arm beats the best constant answer by more than the bootstrap standard error
+(:func:`numtok.experiments.finetune.analysis.learnability_gate`): a run that learnt nothing
+from the jokes gets no verdict. It reads the evaluated split (these runs score no validation split
+beside it); it chooses nothing, it only withholds verdicts.
 """
 
 from __future__ import annotations
@@ -19,6 +27,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from numtok.experiments.bootstrap import seed_item_difference
+from numtok.experiments.finetune.analysis import learnability_gate, resamples_of, verdict
+from numtok.experiments.item_metrics import answer_values
 from numtok.experiments.objectives import ARM_LABELS
 from numtok.experiments.report_format import ARM_COLOURS, json_safe, run_header, table
 from numtok.experiments.rjokes.config import RJokesConfig
@@ -28,6 +39,7 @@ from numtok.experiments.rjokes.evaluate import (
     readouts_of,
     regression_metrics,
 )
+from numtok.experiments.run_folder import arm_directory
 from numtok.experiments.stats import paired_comparison, summarise
 
 __all__ = ["LABELS", "PUBLISHED", "constant_predictions", "summary_table", "write_report"]
@@ -35,6 +47,8 @@ __all__ = ["LABELS", "PUBLISHED", "constant_predictions", "summary_table", "writ
 LABELS = {**ARM_LABELS, "head": "regression head"}
 #: The metrics the comparisons test (the unparseable rate is shown, not tested).
 TESTED = ("rmse", "mae", "pearson", "spearman", "accuracy")
+#: The metrics that also get the seed × item bootstrap (the others: the seed interval alone).
+BOOTSTRAPPED = ("rmse", "mae", "pearson")
 #: The dataset paper's regression baselines, trained on the full 550k-joke train split (not
 #: available offline): rJokesData ``analysis/regression_results_base.csv``.
 PUBLISHED = (
@@ -137,6 +151,50 @@ def _comparisons(
     ]
 
 
+Answers = dict[str, dict[str, Any]]
+
+
+def _answers(config: RJokesConfig, run_dir: Path) -> tuple[Answers, Any]:
+    """``(answers[arm][readout] (seeds, jokes), the true scores (jokes,))`` from every arm's
+    ``predictions.json``."""
+    stored = {
+        (seed, arm): json.loads(
+            (arm_directory(run_dir, seed, arm) / "predictions.json").read_text()
+        )
+        for seed in config.seeds
+        for arm in config.arms
+    }
+    import numpy as np
+
+    answers = {
+        arm: {
+            readout: np.stack(
+                [answer_values(stored[(seed, arm)][readout]) for seed in config.seeds]
+            )
+            for readout in readouts_of(arm)
+        }
+        for arm in config.arms
+    }
+    scores = stored[(config.seeds[0], config.arms[0])]["scores"]
+    return answers, answer_values(scores)
+
+
+def _with_bootstrap(
+    config: RJokesConfig, comparisons: list[dict[str, Any]], answers: Answers, truth: Any,
+    *, verdicts: bool,
+) -> None:  # fmt: skip
+    """Add the seed × item bootstrap and the verdict (both intervals exclude 0, and the run
+    learnt something) to the bootstrapped metrics of every comparison."""
+    resamples = resamples_of(len(config.seeds), len(truth), config.evaluate_on)
+    for comparison in comparisons:
+        rows = answers[comparison["arm"]][comparison["readout"]]
+        baseline = answers[comparison["baseline_arm"]][comparison["baseline_readout"]]
+        for metric in BOOTSTRAPPED:
+            entry = comparison[metric]
+            entry["bootstrap"] = seed_item_difference(metric, rows, baseline, truth, resamples)
+            entry["verdict"] = verdict(metric, entry, entry["bootstrap"]) if verdicts else None
+
+
 def constant_predictions(train: Sequence[int], truth: Sequence[int]) -> dict[str, Any]:
     """The metrics of predicting one constant for every score of ``truth``: the ``train``
     scores' mean, median and mode (correlations are undefined for a constant)."""
@@ -161,18 +219,30 @@ def _mean_std(entry: dict[str, Any]) -> str:
 
 
 def _difference(entry: dict[str, Any]) -> str:
-    """``+0.041 [−0.012, +0.094]``, with ``*`` when the difference exceeds the seed spread."""
+    """``+0.041 [−0.012, +0.094] {−0.030, +0.110}``: the paired-seed t interval, then (for the
+    bootstrapped metrics) the seed × item bootstrap's; ``*`` when the difference exceeds the
+    seed spread, **better**/**worse** when both intervals exclude 0 and the run learnt."""
     if entry["mean"] is None:
         return "n/a"
     text = f"{entry['mean']:+.3f}"
     if entry["low"] is not None:
         text += f" [{entry['low']:+.3f}, {entry['high']:+.3f}]"
+    boot = entry.get("bootstrap")
+    if boot is not None:
+        interval = "n/a" if boot["low"] is None else f"{boot['low']:+.3f}, {boot['high']:+.3f}"
+        text += f" {{{interval}}}"
+    if entry.get("verdict"):
+        return text + f" **{entry['verdict']}**"
     return text + (" **\\***" if entry["exceeds"] else "")
 
 
 def _judgement(entry: dict[str, Any], metric: str) -> str:
     if entry["mean"] is None or entry["exceeds"] is None:
         return "n/a"
+    if entry.get("verdict"):
+        return str(entry["verdict"])
+    if entry["exceeds"] and entry.get("bootstrap") is not None:
+        return "beyond the seed spread, not beyond the jokes' noise"
     if not entry["exceeds"]:
         return "within the seed spread"
     return "better" if (entry["mean"] > 0) == REGRESSION_METRICS[metric][1] else "worse"
@@ -230,6 +300,8 @@ def verdict_lines(results: dict[str, Any]) -> list[str]:
     median readout and NTL-WAS aim at)."""
     if len(results["config"]["seeds"]) < 2:
         return ["With one seed the seed spread is unknown; run with --seeds 3 or more."]
+    if not results["learnability"]["passed"]:
+        return ["No verdict: no arm beat the best constant answer (learnability check)."]
     lines = []
     for comparison in results["comparisons"]:
         if comparison["kind"] == "readout_vs_greedy":
@@ -297,11 +369,16 @@ def _markdown(results: dict[str, Any]) -> str:
         "",
         summary_table(results),
         "",
+        *_learnability_lines(results["learnability"]),
+        "",
         "## Paired differences",
         "",
-        "Per seed, then the mean over seeds with its 95 % interval; **\\*** marks a difference "
-        "beyond the seed spread (two-sided paired t-test, 5 %). Lower is better for RMSE and "
-        "MAE, higher for Pearson, Spearman and exact accuracy.",
+        "The mean difference over seeds with its paired-seed 95 % interval in brackets (the "
+        "seed-to-seed spread only; **\\*** marks a difference beyond it) and, for RMSE, MAE and "
+        "Pearson, the seed × item bootstrap 95 % interval in braces (the evaluated jokes' own "
+        "noise too). **better** / **worse**: both intervals exclude 0 and the run passed the "
+        "learnability check. Lower is better for RMSE and MAE, higher for Pearson, Spearman and "
+        "exact accuracy.",
         "",
     ]
     for kind, title in COMPARISON_TITLES.items():
@@ -335,6 +412,34 @@ def _markdown(results: dict[str, Any]) -> str:
         rows.append(cells)
     lines += [table(header, rows, markdown=True), ""]
     return "\n".join(lines)
+
+
+def _learnability_lines(gate: dict[str, Any]) -> list[str]:
+    best = gate["best"]
+    constant = (
+        f"the training {gate['constant']} ({gate['constant_value']:.3g}) for every joke, RMSE "
+        f"{_number(gate['constant_metric'])}"
+    )
+    closest = f"{_name(best['arm'], best['readout'])}: {_number(best['improvement'])} better" + (
+        f" (bootstrap standard error {_number(best['se'])})" if best["se"] is not None else ""
+    )
+    if gate["passed"]:
+        verdict = f"**Passed**: the best constant answer is {constant}; {closest}."
+    else:
+        verdict = (
+            f"**Failed: no arm learnt from the jokes at this budget, so no verdict is given on "
+            f"any loss.** No arm beats the best constant answer, {constant}, by more than the "
+            f"standard error of the difference; closest {closest}."
+        )
+    lines = ["## Learnability check", "", verdict, "", "RMSE below the best constant "
+             "(positive: better than answering it to every joke):", ""]  # fmt: skip
+    rows = [
+        [_name(e["arm"], e["readout"]), _number(e["improvement"]), _number(e["se"]),
+         "yes" if e["passes"] else "no"]
+        for e in gate["arms"]
+    ]  # fmt: skip
+    return [*lines, table(["arm, readout", "improvement", "bootstrap SE", "beyond it"], rows,
+                          markdown=True)]  # fmt: skip
 
 
 def _cost_lines(results: dict[str, Any]) -> list[str]:
@@ -434,6 +539,13 @@ def write_report(
     results (as stored in results.json)."""
     by_seed = {(r["seed"], r["arm"]): r for r in runs}
     pruned = [r["pruned"] for r in runs if r["pruned"] is not None]
+    answers, truth = _answers(config, run_dir)
+    learnability = learnability_gate(
+        answers, {name: entry["value"] for name, entry in constants.items()}, truth,
+        len(config.seeds), "rmse",
+    )  # fmt: skip
+    comparisons = _comparisons(config, by_seed)
+    _with_bootstrap(config, comparisons, answers, truth, verdicts=learnability["passed"])
     header = run_header(
         config, vocabulary_size, command=command, wall_seconds=wall_seconds, workers=workers
     )
@@ -452,7 +564,8 @@ def write_report(
                 }
                 for arm in config.arms
             },
-            "comparisons": _comparisons(config, by_seed),
+            "comparisons": comparisons,
+            "learnability": learnability,
             "constant_predictions": constants,
             "largest_pruned": max(pruned, default=0.0),
             "timing": timing,
