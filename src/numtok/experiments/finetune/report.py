@@ -181,15 +181,27 @@ def _gate_lines(gate: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _best_constant(constants: dict[str, dict[str, Any]], metric: str) -> float | None:
+    scores = [float(c["metrics"][metric]) for c in constants.values()
+              if c["metrics"][metric] is not None]  # fmt: skip
+    if not scores:
+        return None
+    return max(scores) if metric in HIGHER_IS_BETTER else min(scores)
+
+
 def _split_lines(
     split: str,
     table: Sequence[dict[str, Any]],
     entries: Sequence[dict[str, Any]],
     constants: dict[str, dict[str, Any]],
+    metric_of_run: str,
 ) -> list[str]:
-    lines = [f"## {split}", "", "Mean ± std over seeds, every seed in brackets.", "",
-             "| arm | readout | " + " | ".join(SHOWN_METRICS) + " |",
-             "|---|---|" + "---|" * len(SHOWN_METRICS)]  # fmt: skip
+    best = _best_constant(constants, metric_of_run)
+    lines = [f"## {split}", "", "Mean ± std over seeds, every seed in brackets; the last column: "
+             f"whether the mean {metric_of_run} beats every constant answer's "
+             f"({_number(best)}, table below).", "",
+             "| arm | readout | " + " | ".join(SHOWN_METRICS) + " | beats the constants |",
+             "|---|---|" + "---|" * (len(SHOWN_METRICS) + 1)]  # fmt: skip
     rows = list(dict.fromkeys((e["arm"], e["readout"]) for e in table if e["split"] == split))
     for arm, readout in rows:
         cells = []
@@ -202,7 +214,12 @@ def _split_lines(
             if arm != "base":
                 text += " [" + ", ".join(_number(v) for v in entry["values"]) + "]"
             cells.append(text)
-        lines.append(f"| {arm} | {readout} | " + " | ".join(cells) + " |")
+        mean = next(e["mean"] for e in table if (e["split"], e["arm"], e["readout"], e["metric"])
+                    == (split, arm, readout, metric_of_run))  # fmt: skip
+        beats = "n/a"
+        if mean is not None and best is not None:
+            beats = "yes" if (mean > best) == (metric_of_run in HIGHER_IS_BETTER) else "no"
+        lines.append(f"| {arm} | {readout} | " + " | ".join(cells) + f" | {beats} |")
     lines += ["", "Constant answers (the training answers' statistic, the same for every "
               "example): an arm that does not beat them learnt nothing from the prompts.", "",
               "| constant | value | " + " | ".join(SHOWN_METRICS) + " |",
@@ -353,7 +370,7 @@ def write_report(
     lines += ["", *_gate_lines(gate), ""]
     lines += _settings_lines(config, data, choice, minutes)
     for split in (*(s for s in config.evaluation_splits if s in answers), "validation"):
-        lines += ["", *_split_lines(split, table, entries, scored_constants[split])]
+        lines += ["", *_split_lines(split, table, entries, scored_constants[split], config.metric)]
     (run_dir / "report.md").write_text("\n".join(lines) + "\n")
     _plot(config, list(answers), table, scored_constants, run_dir / "report.png")
     loaded: dict[str, Any] = json.loads((run_dir / "results.json").read_text())
