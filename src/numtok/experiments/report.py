@@ -3,6 +3,9 @@ printed at the end of ``numtok demo``.
 
 For each split, arm and metric the report gives the mean and standard deviation over seeds, and
 the *paired* difference to CE seed by seed, tested as :mod:`numtok.experiments.stats` describes.
+Every seed draws its own evaluation questions, so the seed-to-seed spread includes the test
+questions' sampling noise (the fine-tuning and rJokes harnesses, whose seeds share one test set,
+add a seed × item bootstrap instead).
 """
 
 from __future__ import annotations
@@ -243,7 +246,9 @@ def _markdown(results: dict[str, Any]) -> str:
         "",
         "## Paired differences to CE (arm − CE; 95 % interval, per seed in brackets)",
         "",
-        "\\* marks a difference that exceeds the seed spread (two-sided paired t-test, 5 %).",
+        "\\* marks a difference that exceeds the seed spread (two-sided paired t-test, 5 %). "
+        "Each seed draws its own evaluation questions (data.py), so the spread over seeds holds "
+        "the test questions' own sampling noise too: no item bootstrap is needed beside it.",
         "",
         _differences_table(results, "paired_differences", "CE"),
         "",
