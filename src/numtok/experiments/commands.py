@@ -81,7 +81,10 @@ def run_and_summarise(
 ) -> list[str]:
     """Run (or resume) the comparison and return the summary lines to print."""
     if isinstance(config, FinetuneConfig):
-        results = run_finetune(config, run_dir, data_dir=data_dir)
+        results = run_finetune(
+            config, run_dir, data_dir=data_dir, show_progress=show_progress,
+            log=(lambda _line: None) if show_progress else print,
+        )  # fmt: skip
         return [
             *summary_lines(results, config),
             f"{config.task} on {config.model}: {results['minutes']:.1f} min of training and "

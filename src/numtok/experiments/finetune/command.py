@@ -224,6 +224,12 @@ def summary_lines(results: dict[str, Any], config: FinetuneConfig) -> list[str]:
     return lines
 
 
+def _log_lines(quiet: bool) -> Callable[[str], None]:
+    if quiet:
+        return lambda _line: None
+    return lambda line: print(line, flush=True)
+
+
 def run_compare(
     args: argparse.Namespace, base: FinetuneConfig | None, fail: Callable[[str], NoReturn]
 ) -> int:
@@ -263,10 +269,11 @@ def run_compare(
         prepare_run_dir(config, run_dir)
     except (ValueError, TypeError, ModuleNotFoundError, DataError) as error:
         fail(str(error))
-    log = (lambda _line: None) if args.no_progress else (lambda line: print(line, flush=True))
+    # A progress bar, or (--no-progress, e.g. into a log file) a line every ten steps.
     results = run_finetune(
         config, run_dir, data_dir=args.data_dir, preregistered=args.preregister,
-        prepared=prepared, validation_only=args.validation_only, log=log,
+        prepared=prepared, validation_only=args.validation_only,
+        show_progress=not args.no_progress, log=_log_lines(not args.no_progress),
     )  # fmt: skip
     print("\n".join(summary_lines(results, config)))
     print(f"{results['minutes']:.1f} min; report.md, results.json and report.png in {run_dir}")

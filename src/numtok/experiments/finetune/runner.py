@@ -35,6 +35,7 @@ from numtok.experiments.finetune.preregistration import check_preregistration, p
 from numtok.experiments.finetune.report import write_report
 from numtok.experiments.finetune.train import Trained, load_trained, save_trained, train_arm
 from numtok.experiments.item_metrics import answer_values, item_metrics
+from numtok.experiments.parallel import progress_bar
 from numtok.experiments.run_folder import prepare_run_dir, save_atomically
 from numtok.vocab import NumberVocab
 
@@ -144,13 +145,32 @@ def _read(path: Path) -> dict[str, Any] | None:
 
 
 def _score(
-    trained: Trained, prepared: Prepared, config: FinetuneConfig, split: str
+    trained: Trained, prepared: Prepared, config: FinetuneConfig, split: str, bar: Any
 ) -> dict[str, Any]:
-    return score_split(trained, prepared.tokenizer, config, prepared.data.splits[split])
+    scored = score_split(trained, prepared.tokenizer, config, prepared.data.splits[split])
+    bar.update(len(prepared.data.splits[split]))
+    return scored
+
+
+def _work(config: FinetuneConfig, prepared: Prepared, run_dir: Path) -> int:
+    """What the progress bar counts: every training step and every scored example still to do."""
+    splits = prepared.data.splits
+    total = 0
+    for seed in config.seeds:
+        for arm in config.arms:
+            if arm == "base" and seed != config.seeds[0]:
+                continue
+            for weight in config.weights_of(arm):
+                if not (job_directory(run_dir, config, seed, arm, weight) / VALIDATION).exists():
+                    total += (config.steps if arm != "base" else 0) + len(splits["validation"])
+            tested = job_directory(run_dir, config, seed, arm, config.weights_of(arm)[0]) / TEST
+            if not tested.exists():
+                total += sum(len(splits[s]) for s in config.evaluation_splits)
+    return total
 
 
 def _validation_phase(
-    config: FinetuneConfig, run_dir: Path, prepared: Prepared, log: Log
+    config: FinetuneConfig, run_dir: Path, prepared: Prepared, log: Log, bar: Any
 ) -> dict[tuple[int, str, float], dict[str, Any]]:
     """Train and score on validation every (seed, arm, λ) not done yet; their results."""
     results: dict[tuple[int, str, float], dict[str, Any]] = {}
@@ -167,12 +187,13 @@ def _validation_phase(
                     trained = train_arm(
                         config, arm, weight, seed, prepared.model_dir,
                         prepared.data.splits["train"], prepared.vocab, prepared.pad_id, log,
+                        on_step=lambda: bar.update(1),
                     )  # fmt: skip
                     trained_minutes = (time.perf_counter() - began) / 60
                     if arm != "base":
                         save_trained(trained, directory / TRAINED)
                     began = time.perf_counter()
-                    scored = _score(trained, prepared, config, "validation")
+                    scored = _score(trained, prepared, config, "validation", bar)
                     stored = {
                         "seed": seed, "arm": arm, "weight": weight, **scored,
                         "history": trained.history, "seconds_per_step": trained.seconds_per_step,
@@ -218,7 +239,12 @@ def _choose(
 
 
 def _test_phase(
-    config: FinetuneConfig, run_dir: Path, prepared: Prepared, chosen: dict[str, float], log: Log
+    config: FinetuneConfig,
+    run_dir: Path,
+    prepared: Prepared,
+    chosen: dict[str, float],
+    log: Log,
+    bar: Any,
 ) -> dict[tuple[int, str], dict[str, Any]]:
     """Score every seed's arm at its chosen λ on the test splits, once; drop the kept weights."""
     results: dict[tuple[int, str], dict[str, Any]] = {}
@@ -241,7 +267,7 @@ def _test_phase(
                     )
                 stored = {
                     "seed": seed, "arm": arm, "weight": chosen[arm],
-                    "splits": {s: _score(trained, prepared, config, s)
+                    "splits": {s: _score(trained, prepared, config, s, bar)
                                for s in config.evaluation_splits},
                     "score_minutes": (time.perf_counter() - began) / 60,
                 }  # fmt: skip
@@ -269,13 +295,15 @@ def run_finetune(
     preregistered: Path | None = None,
     prepared: Prepared | None = None,
     validation_only: bool = False,
+    show_progress: bool = False,
     log: Log = print,
 ) -> dict[str, Any]:
     """Run (or resume) every phase of ``config`` in ``run_dir`` and write the report; returns
     the results. ``preregistered``: the pre-registration file this run must match;
     ``prepared``: :func:`prepare`'s result when the caller has it already;
     ``validation_only``: stop before the test phase (for choosing settings: the test splits stay
-    unseen, and a later run of the same settings in the same folder scores them)."""
+    unseen, and a later run of the same settings in the same folder scores them);
+    ``show_progress``: a bar on stderr over the training steps and scored examples left."""
     torch.set_num_threads(config.threads)
     prepared = prepared or prepare(config, data_dir)
     registration = None
@@ -283,11 +311,14 @@ def run_finetune(
         registration = check_registered(config, prepared, Path(preregistered))
     prepare_run_dir(config, run_dir)
     created = _check_model(run_dir, prepared)
-    validation = _validation_phase(config, run_dir, prepared, log)
-    choice = _choose(config, validation, prepared)
-    if not validation_only:
-        _drop_unchosen(config, run_dir, choice["chosen"])
-    test = {} if validation_only else _test_phase(config, run_dir, prepared, choice["chosen"], log)
+    work = _work(config, prepared, run_dir)
+    with progress_bar(show_progress, work, "steps + scored examples", "it") as bar:
+        validation = _validation_phase(config, run_dir, prepared, log, bar)
+        choice = _choose(config, validation, prepared)
+        test: dict[tuple[int, str], dict[str, Any]] = {}
+        if not validation_only:
+            _drop_unchosen(config, run_dir, choice["chosen"])
+            test = _test_phase(config, run_dir, prepared, choice["chosen"], log, bar)
     return write_report(
         run_dir, config, prepared.data, validation, choice, test,
         constants=constant_answers(prepared.data.splits["train"]),

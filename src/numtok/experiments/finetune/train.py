@@ -54,7 +54,10 @@ def load_model(model_dir: Path, config: FinetuneConfig, seed: int) -> Any:
     """The pretrained model in float32, in training mode; with LoRA wrapped in adapters on the
     q and v projections (rank ``lora_rank``, α = 2·rank, initialised from ``seed``)."""
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as transformers_logging
 
+    # The harness loads the model once per arm and phase: no loading bar each time.
+    transformers_logging.disable_progress_bar()
     model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     if config.adaptation == "lora":
         import peft
@@ -169,9 +172,11 @@ def train_arm(
     vocab: NumberVocab,
     pad_id: int,
     log: Log,
+    on_step: Callable[[], None] | None = None,
 ) -> Trained:
     """Fine-tune ``arm`` (at λ = ``weight`` for a number-loss arm) for ``config.steps`` steps of
-    ``config.batch_size`` examples (the ``base`` arm returns the pretrained model untouched)."""
+    ``config.batch_size`` examples (the ``base`` arm returns the pretrained model untouched);
+    ``on_step`` is called after each step (a progress bar)."""
     model = load_model(model_dir, config, seed)
     scale = _answer_scale(examples)
     if arm == "base":
@@ -207,6 +212,8 @@ def train_arm(
             assert objective is not None
             loss, ce, ntl = objective(*answer_logits(model, batch))
         optimizer_step(trainable, optimizer, loss, config, learning_rate_at(step, config))
+        if on_step is not None:
+            on_step()
         seconds.append(time.perf_counter() - began)
         if step % 10 == 0 or step == config.steps - 1:
             entry = {"step": float(step), "loss": float(loss.detach())}
