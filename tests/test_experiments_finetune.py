@@ -292,3 +292,25 @@ def test_a_long_preset_differs_from_its_short_one_in_the_budget_only(name: str) 
     assert budget <= differing <= budget | {"harder_examples"}
     assert long.steps >= 10 * short.steps and long.train_examples >= 5 * short.train_examples
     assert long.seeds[: len(short.seeds)] == short.seeds  # the short run's seeds, and more
+
+
+@pytest.mark.slow  # scores 150 validation jokes with every readout: about 20 s
+def test_the_long_rjokes_preset_runs_on_cpu_with_two_steps(
+    tiny_llama_dir: Path, tmp_path: Path
+) -> None:
+    """The GPU budget's preset, dry-run: its settings train, score and report (here on a tiny
+    model and made-up jokes, enough for its validation split, for two steps on one seed)."""
+    from numtok.cli import main
+
+    jokes_dir = tmp_path / "jokes"
+    jokes_dir.mkdir()
+    for name, count in (("dev.tsv.gz", 400), ("test.tsv.gz", 30)):
+        with gzip.open(jokes_dir / name, "wt") as file:
+            file.write("".join(f"{i % 12}\tjoke {i} about cats\n" for i in range(count)))
+    out = tmp_path / "long"
+    arguments = ["compare", "--preset", "smollm2-rjokes-long", "--model", str(tiny_llama_dir),
+                 "--data-dir", str(jokes_dir), "--steps", "2", "--seeds", "1", "--threads", "1",
+                 "--out", str(out), "--no-progress"]  # fmt: skip
+    assert main(arguments) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["config"]["steps"] == 2 and set(results["answers"]) == {"validation", "test"}

@@ -57,7 +57,7 @@ def load_model(model_dir: Path, config: FinetuneConfig, seed: int) -> Any:
     from transformers.utils import logging as transformers_logging
 
     # The harness loads the model once per arm and phase: no loading bar each time.
-    transformers_logging.disable_progress_bar()
+    transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     if config.adaptation == "lora":
         import peft
