@@ -10,6 +10,7 @@ from numtok._ntl_maths import LossSpec
 from numtok._shift import shift_left
 from numtok.fused import CEWithNTLOutput, cross_entropy_with_ntl_from_tables
 from numtok.hf._head import BypassedHead
+from numtok.hf._zero3 import gathered
 from numtok.linear import linear_cross_entropy_with_ntl_from_tables
 from numtok.vocab import NumberTables
 
@@ -60,19 +61,20 @@ def ce_plus_ntl(
         return cross_entropy_with_ntl_from_tables(
             logits, labels, tables, spec, ntl_weight, ratio, tokens, impl=impl
         )
-    bias = None if head.bias is None else head.bias.to(head.dtype)
-    return linear_cross_entropy_with_ntl_from_tables(
-        logits.to(head.dtype),
-        head.weight.to(head.dtype),
-        labels,
-        tables,
-        head_spec,
-        ntl_weight,
-        ratio,
-        tokens,
-        bias=bias,
-        impl=impl,
-    )
+    with gathered([head.weight, head.bias]):  # ZeRO-3: the layer's call released them
+        bias = None if head.bias is None else head.bias.to(head.dtype)
+        return linear_cross_entropy_with_ntl_from_tables(
+            logits.to(head.dtype),
+            head.weight.to(head.dtype),
+            labels,
+            tables,
+            head_spec,
+            ntl_weight,
+            ratio,
+            tokens,
+            bias=bias,
+            impl=impl,
+        )
 
 
 def count_targets(

@@ -20,7 +20,10 @@ the final hidden states and the output layer's weight inside the forward
 (:func:`numtok.linear.linear_cross_entropy_with_ntl`, through the bypass of
 :mod:`numtok.hf._head`): the (B, T, V) logits never exist, and ``outputs.logits`` is None, as
 Liger-Kernel's skipped logits. The output layer's weight is read while the model's forward runs,
-where FSDP2 (``fully_shard``) holds it gathered. Evaluation, ``generate()`` and every forward
+where FSDP2 (``fully_shard``) holds it gathered; DeepSpeed ZeRO-3 partitions it outside the
+layer's own call, and the loss gathers it for its pass (:mod:`numtok.hf._zero3`), also in a model
+built inside ``deepspeed.zero.Init`` (``from_pretrained`` under a ZeRO-3 configuration), whose
+sizes numtok reads from ``ds_shape``. Evaluation, ``generate()`` and every forward
 under ``torch.no_grad()`` compute the logits as usual (and the loss from them when labels are
 given). A soft cap on the logits (Gemma 2) is applied by the loss.
 
@@ -60,6 +63,7 @@ from numtok.hf._loss import (
     denominator_dtype,
     token_share_denominators,
 )
+from numtok.hf._zero3 import full_shape, gathered
 from numtok.kernels.dispatch import check_impl
 from numtok.number_head import NumberHeadSpec, number_head_loss
 from numtok.vocab import NumberVocab
@@ -160,7 +164,9 @@ def patch_model(
             patched already; a NumberVocab of another size than the model's logits; with
             ``logits_free=True``, a model whose logits are not its output layer's product
             (:mod:`numtok.hf._head`), and, when called, an output layer sharded inside the
-            forward (tensor parallelism). DeepSpeed ZeRO-3 and FSDP1 are untested.
+            forward (tensor parallelism: ``tp_plan``, DeepSpeed's ``autotp_size``). DeepSpeed
+            ZeRO-2 and ZeRO-3 (also a model partitioned by ``deepspeed.zero.Init``) and FSDP2
+            are tested exact with two processes; FSDP1 is not tested.
     """
     name = type(model).__name__
     if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
@@ -170,7 +176,8 @@ def patch_model(
         )
     check_not_patched(model)
     head = output_layer_of(model)
-    vocab = _vocab_for(model, vocab_or_tokenizer, head.weight.shape[0])
+    # The full size, also of a weight that deepspeed.zero.Init partitioned (shape (0,)).
+    vocab = _vocab_for(model, vocab_or_tokenizer, full_shape(head.weight)[0])
     refuse_number_level(kind, "patch_model", NUMBER_LEVEL_INSTEAD)
     spec = LossSpec.build(
         vocab,
@@ -290,18 +297,19 @@ def _beside_the_models_loss(
     counts = count_targets(labels, tables.position_of_id, patch.spec)
     dtype = denominator_dtype(hidden)
     tokens, numbers = token_share_denominators(counts, kwargs.get("num_items_in_batch"), dtype)
-    # Weighing every position by tokens/numbers and dividing by tokens: Σ ntl / numbers.
-    ntl = number_head_loss(
-        hidden.to(weight.dtype),
-        weight,
-        labels,
-        patch.vocab,
-        NumberHeadSpec.of(patch.head_spec),
-        tables,
-        bias=bias,
-        loss_weights=(tokens / numbers).expand(labels.shape),
-        num_items_in_batch=tokens,
-    )
+    with gathered([weight, bias]):  # ZeRO-3: the layer's call released them
+        # Weighing every position by tokens/numbers and dividing by tokens: Σ ntl / numbers.
+        ntl = number_head_loss(
+            hidden.to(weight.dtype),
+            weight,
+            labels,
+            patch.vocab,
+            NumberHeadSpec.of(patch.head_spec),
+            tables,
+            bias=bias,
+            loss_weights=(tokens / numbers).expand(labels.shape),
+            num_items_in_batch=tokens,
+        )
     loss = own_loss + patch.ntl_weight * ntl.to(own_loss.dtype)
     patch.last = CEWithNTLOutput(loss=loss.detach(), ce=own_loss.detach(), ntl=ntl.detach())
     fields = {key: value for key, value in outputs.items() if key != "loss"}
