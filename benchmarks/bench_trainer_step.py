@@ -1,7 +1,8 @@
 """One Hugging Face Trainer step (forward, backward, gradient clipping, AdamW step) of a tiny
 random Llama with a Llama-3-sized vocabulary: CE + 0.3·NTL through ``NTLossForTrainer`` with the
 logits (``logits`` mode, the base of the ratios) and without them (``logits_free``), through the
-patched model (``patched``: ``patch_model``, logits-free, no ``compute_loss_func``), and the same
+patched model (``patched``: ``patch_model`` with numtok's logits-free pass, no
+``compute_loss_func``; on a GPU its default would be the model's own loss instead), and the same
 model unpatched (``unpatched``: its own cross-entropy, no NTL): time and peak memory.
 
     python benchmarks/bench_trainer_step.py            # V = 128,256, sequence 512, batch 4
@@ -59,7 +60,7 @@ NTL_WEIGHT = 0.3
 MODES = {
     "logits": "NTLossForTrainer(logits_free=False).attach",
     "logits_free": "NTLossForTrainer(logits_free=True).attach",
-    "patched": "patch_model(model), no compute_loss_func",
+    "patched": "patch_model(model, cross_entropy='numtok'), no compute_loss_func",
     "unpatched": "the model's own cross-entropy, no NTL",
 }
 
@@ -151,7 +152,7 @@ def build_trainer(mode: str, size: dict[str, Any], steps: int, clock: StepClock)
             trainer
         )
     elif mode == "patched":
-        patch_model(trainer.model, vocab, ntl_weight=NTL_WEIGHT)
+        patch_model(trainer.model, vocab, ntl_weight=NTL_WEIGHT, cross_entropy="numtok")
     return trainer
 
 

@@ -184,7 +184,9 @@ def test_soft_capped_logits(tokenizer: Any) -> None:
 
 def test_what_it_refuses(tokenizer: Any) -> None:
     vocab = NumberVocab.from_tokenizer(tokenizer)
-    with pytest.raises(ValueError, match=r"cross_entropy must be one of \('numtok', 'model'\)"):
+    with pytest.raises(
+        ValueError, match=r"cross_entropy must be one of \('auto', 'numtok', 'model'\)"
+    ):
         patch_model(build_model(tokenizer), vocab, cross_entropy="liger")
     with pytest.raises(ValueError, match="reweigh=True needs each number position's full"):
         patch_model(build_model(tokenizer), vocab, reweigh=True, cross_entropy="model")

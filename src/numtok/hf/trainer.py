@@ -92,6 +92,7 @@ from numtok.hf._in_forward import (
 )
 from numtok.hf._loss import (
     NUMBER_LEVEL_INSTEAD,
+    auto_cross_entropy,
     ce_plus_ntl,
     count_targets,
     denominator_dtype,
@@ -514,7 +515,7 @@ class NTLossForTrainer:
             link.wrap(trainer)
             chosen = self.cross_entropy
             if chosen == "auto":
-                chosen = "numtok" if args.device.type == "cpu" else "trl"
+                chosen = auto_cross_entropy(args.device, "trl")
             attach_to_trl(trainer, self.vocab, self.spec, self.ntl_weight, link, chosen)
             return trainer
         bypass = self._output_layer_bypass(trainer) if self.logits_free else None
