@@ -117,27 +117,33 @@ def build_dataset(size: dict[str, Any], examples: int) -> list[dict[str, torch.T
     return [{"input_ids": row, "labels": row} for row in ids]
 
 
-def build_trainer(mode: str, size: dict[str, Any], steps: int, clock: StepClock) -> Any:
+def build_trainer(
+    mode: str, size: dict[str, Any], steps: int, clock: StepClock, **arguments: Any
+) -> Any:
+    """The Trainer of ``mode``; ``arguments`` override its TrainingArguments (``deepspeed=``,
+    ``ddp_backend=``: bench_zero3_memory.py)."""
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
     class Callback(TrainerCallback):
         on_step_begin = clock.on_step_begin
         on_step_end = clock.on_step_end
+        on_log = clock.on_log
 
-    args = TrainingArguments(
-        output_dir=tempfile.mkdtemp(prefix="bench_trainer_step_"),
-        per_device_train_batch_size=size["batch"],
-        max_steps=steps,
-        learning_rate=1e-4,
-        optim="adamw_torch",
-        logging_steps=10_000,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=clock.device.type == "cpu",
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-        seed=0,
-    )
+    settings: dict[str, Any] = {
+        "output_dir": tempfile.mkdtemp(prefix="bench_trainer_step_"),
+        "per_device_train_batch_size": size["batch"],
+        "max_steps": steps,
+        "learning_rate": 1e-4,
+        "optim": "adamw_torch",
+        "logging_steps": 10_000,
+        "save_strategy": "no",
+        "report_to": "none",
+        "use_cpu": clock.device.type == "cpu",
+        "disable_tqdm": True,
+        "dataloader_num_workers": 0,
+        "seed": 0,
+    }
+    args = TrainingArguments(**settings | arguments)
     trainer = Trainer(
         model=build_model(size, clock.device),
         args=args,
