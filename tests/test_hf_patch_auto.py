@@ -16,6 +16,7 @@ from numtok.hf._loss import auto_cross_entropy
 
 from _hf_tiny import build_model, build_tokenizer, max_relative_difference
 from test_hf_patch import batch_of, gradients
+from test_hf_patch_model_loss import scaled_logits_model
 
 NTL_WEIGHT = 0.7
 
@@ -73,30 +74,15 @@ def test_reweigh_keeps_numtoks_pass_everywhere(tokenizer: Any) -> None:
     assert outputs.logits is None  # the model's own loss hands out no log-sum-exp
 
 
-def _scaled(tokenizer: Any) -> Any:
-    """A model dividing its logits by a scale: numtok's logits-free pass is exact for it (no
-    bias), the number head beside the model's own loss is refused."""
-    model = build_model(tokenizer)
-    model.config.logits_scaling = 4.0
-    own_forward = model.forward
-
-    def divided(*args: Any, **kwargs: Any) -> Any:
-        outputs = own_forward(*args, **kwargs)
-        outputs.logits = outputs.logits / model.config.logits_scaling
-        return outputs
-
-    model.forward = divided
-    return model
-
-
 def test_a_model_the_model_route_refuses_trains_on_the_cpu(tokenizer: Any) -> None:
-    model = patch_model(_scaled(tokenizer), tokenizer)
+    model = patch_model(scaled_logits_model(tokenizer), tokenizer)
     model(**batch_of(tokenizer)).loss.backward()
 
 
 @pytest.mark.usefixtures("off_the_cpu")
 def test_off_the_cpu_the_models_refusal_is_raised_naming_the_fix(tokenizer: Any) -> None:
-    model = patch_model(_scaled(tokenizer), tokenizer)  # checked, not refused: it may stay on CPU
+    # Checked when patched, not refused then: the model may stay on the CPU.
+    model = patch_model(scaled_logits_model(tokenizer), tokenizer)
     match = (
         r"cross_entropy='auto' computes the cross-entropy with the model's own loss off the CPU "
         r"\(here \w+\).*logits_scaling=4\.0.*Pass cross_entropy='numtok'"

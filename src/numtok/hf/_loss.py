@@ -12,7 +12,8 @@ from numtok.fused import CEWithNTLOutput, cross_entropy_with_ntl_from_tables
 from numtok.hf._head import BypassedHead
 from numtok.hf._zero3 import gathered
 from numtok.linear import linear_cross_entropy_with_ntl_from_tables
-from numtok.vocab import NumberTables
+from numtok.number_head import NumberHeadSpec, number_head_loss
+from numtok.vocab import NumberTables, NumberVocab
 
 __all__ = [
     "NUMBER_LEVEL_INSTEAD",
@@ -20,6 +21,7 @@ __all__ = [
     "ce_plus_ntl",
     "count_targets",
     "denominator_dtype",
+    "number_head_mean",
     "token_share_denominators",
 ]
 
@@ -84,6 +86,35 @@ def ce_plus_ntl(
             tokens,
             bias=bias,
             impl=impl,
+        )
+
+
+def number_head_mean(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    labels: torch.Tensor,
+    vocab: NumberVocab,
+    tables: NumberTables,
+    spec: LossSpec,
+    tokens: torch.Tensor,
+    numbers: torch.Tensor,
+) -> torch.Tensor:
+    """``Σ ntl / numbers`` of the number head (:func:`numtok.linear_number_token_loss`) on the
+    hidden states (B, T, H) and the output layer's ``weight`` (V, H) and ``bias``, gathered where
+    ZeRO-3 partitions them, for labels (B, T) and the settings ``spec`` (its soft cap included).
+    Every position is weighed by ``tokens / numbers`` and the sum divided by ``tokens``."""
+    with gathered([weight, bias]):  # ZeRO-3: the layer's call released them
+        return number_head_loss(
+            hidden.to(weight.dtype),
+            weight,
+            labels,
+            vocab,
+            NumberHeadSpec.of(spec),
+            tables,
+            bias=bias,
+            loss_weights=(tokens / numbers).expand(labels.shape),
+            num_items_in_batch=tokens,
         )
 
 

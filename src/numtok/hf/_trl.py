@@ -51,11 +51,10 @@ from numtok._ntl_maths import LossSpec
 from numtok.hf._head import OutputLayerBypass, check_bypass_is_exact, output_layer_of
 from numtok.hf._hidden import HiddenStatesCapture, check_head_reads_hidden, decoder_of
 from numtok.hf._in_forward import check_whole_weight, install_forward, run_forward
-from numtok.hf._loss import denominator_dtype
+from numtok.hf._loss import denominator_dtype, number_head_mean
 from numtok.hf._step_counts import StepCounts, StepLink
 from numtok.hf._zero3 import gathered
 from numtok.linear import linear_loss_and_row_terms
-from numtok.number_head import NumberHeadSpec, number_head_loss
 from numtok.vocab import NumberVocab
 
 __all__ = ["CROSS_ENTROPIES", "attach_to_trl", "causal_lm_of", "takes_the_trl_route"]
@@ -201,19 +200,17 @@ class _TrlRoute:
         tables = self.vocab.tables(hidden.device)
         dtype = denominator_dtype(hidden)
         counts = self.link.counts(labels, step.num_items_in_batch, tables.position_of_id, dtype)
-        with gathered([weight, bias]):  # ZeRO-3: the layer's call released them
-            ntl = number_head_loss(
-                hidden.to(weight.dtype),
-                weight,
-                labels,
-                self.vocab,
-                NumberHeadSpec.of(self.spec),
-                tables,
-                bias=bias,
-                # Each position weighed by tokens/numbers, divided by tokens: Σ ntl / numbers.
-                loss_weights=(counts.tokens / counts.numbers).expand(labels.shape),
-                num_items_in_batch=counts.tokens,
-            )
+        ntl = number_head_mean(
+            hidden,
+            weight,
+            bias,
+            labels,
+            self.vocab,
+            tables,
+            self.spec,
+            counts.tokens,
+            counts.numbers,
+        )
         return ntl, counts
 
 

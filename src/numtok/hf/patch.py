@@ -74,11 +74,11 @@ from numtok.hf._loss import (
     ce_plus_ntl,
     count_targets,
     denominator_dtype,
+    number_head_mean,
     token_share_denominators,
 )
-from numtok.hf._zero3 import full_shape, gathered
+from numtok.hf._zero3 import full_shape
 from numtok.kernels.dispatch import check_impl
-from numtok.number_head import NumberHeadSpec, number_head_loss
 from numtok.vocab import NumberVocab
 
 __all__ = ["last_loss_terms", "patch_model", "unpatch_model"]
@@ -340,19 +340,9 @@ def _beside_the_models_loss(
     counts = count_targets(labels, tables.position_of_id, patch.spec)
     dtype = denominator_dtype(hidden)
     tokens, numbers = token_share_denominators(counts, kwargs.get("num_items_in_batch"), dtype)
-    with gathered([weight, bias]):  # ZeRO-3: the layer's call released them
-        # Weighing every position by tokens/numbers and dividing by tokens: Σ ntl / numbers.
-        ntl = number_head_loss(
-            hidden.to(weight.dtype),
-            weight,
-            labels,
-            patch.vocab,
-            NumberHeadSpec.of(patch.head_spec),
-            tables,
-            bias=bias,
-            loss_weights=(tokens / numbers).expand(labels.shape),
-            num_items_in_batch=tokens,
-        )
+    ntl = number_head_mean(
+        hidden, weight, bias, labels, patch.vocab, tables, patch.head_spec, tokens, numbers
+    )
     loss = own_loss + patch.ntl_weight * ntl.to(own_loss.dtype)
     patch.last = CEWithNTLOutput(loss=loss.detach(), ce=own_loss.detach(), ntl=ntl.detach())
     fields = {key: value for key, value in outputs.items() if key != "loss"}
