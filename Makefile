@@ -11,11 +11,12 @@ DOCS_STAMP := $(VENV)/.docs-installed
 
 .PHONY: test test-slow lint docs demo bench gpu-wheels clean
 
+# DS_BUILD_OPS=0: the dev extra's DeepSpeed installs as pure Python, no op compiled.
 define install
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(TORCH)
-	$(PY) -m pip install --quiet -e '.[$(1)]'
+	DS_BUILD_OPS=0 $(PY) -m pip install --quiet -e '.[$(1)]'
 endef
 
 $(STAMP): pyproject.toml Makefile
@@ -31,7 +32,8 @@ $(DOCS_STAMP): pyproject.toml Makefile
 	touch $(DOCS_STAMP)
 
 # The suite, a few minutes on 2 cores; `make test-slow` runs the tests marked slow (the JIT
-# compilations, FSDP/DDP processes, the Axolotl and vLLM environments), as `.ci/run` does.
+# compilations, FSDP/DDP/DeepSpeed processes, the Axolotl and vLLM environments), as `.ci/run`
+# does.
 test: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
 

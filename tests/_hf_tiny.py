@@ -23,6 +23,21 @@ EXAMPLES = [
     ("pi is ", "3.14159"),
 ]
 
+#: Questions whose answers are 4 tokens with 3 digits: every example has 5 target positions (the
+#: answer and the end of sequence) and 3 number positions, so every micro-batch has the same
+#: number share, the case where a mean per micro-batch (patch_model's, a plain loop's) is the
+#: step's.
+EQUAL_SHARES = [
+    ("a+b=", "123x"),
+    ("what is x? ", "7 45"),
+    ("say: ", "9.01"),
+    ("a-c=", "x908"),
+    ("count: ", "1,23"),
+    ("zero? ", "n445"),
+    ("z=", "3 14"),
+    ("pi is ", "3.14"),
+]
+
 
 def build_tokenizer() -> Any:
     """The character-level digit tokenizer of ``conftest`` with an end-of-sequence token."""

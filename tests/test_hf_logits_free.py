@@ -273,23 +273,14 @@ def test_an_output_layer_that_is_not_linear_is_refused(tokenizer: Any, tmp_path:
         )
 
 
-@pytest.mark.parametrize(
-    ("change", "name"),
-    [
-        ({"get_tp_size": lambda: 2}, "tensor parallelism"),
-        ("zero3", "DeepSpeed ZeRO-3"),
-    ],
-    ids=["tensor-parallel", "zero3"],
-)
-def test_sharded_output_layers_are_refused(
-    tokenizer: Any, tmp_path: Path, change: Any, name: str
-) -> None:
+def test_tensor_parallelism_is_refused_naming_its_settings(tokenizer: Any, tmp_path: Path) -> None:
     trainer = trainer_for(tokenizer, build_model(tokenizer), tmp_path)
-    if change == "zero3":
-        plugin = SimpleNamespace(zero_stage=3)
-        change = {"accelerator": SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=plugin))}
-    vars(trainer).update(change)
-    with pytest.raises(ValueError, match=f"where {name} keeps it sharded"):
+    vars(trainer)["get_tp_size"] = lambda: 2  # tp_plan, or DeepSpeed's autotp_size, set to 2
+    match = (
+        r"tensor parallelism over 2 ranks \(.*tp_plan.*DeepSpeed's tensor_parallel.autotp_size"
+        r"\).*use logits_free=False.*ZeRO-3 or FSDP2"
+    )
+    with pytest.raises(ValueError, match=match):
         NTLossForTrainer(tokenizer, logits_free=True).attach(trainer)
     assert "forward" not in vars(trainer.model)  # refused before the model was patched
 

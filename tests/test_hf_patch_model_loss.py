@@ -184,24 +184,32 @@ def test_soft_capped_logits(tokenizer: Any) -> None:
 
 def test_what_it_refuses(tokenizer: Any) -> None:
     vocab = NumberVocab.from_tokenizer(tokenizer)
-    with pytest.raises(ValueError, match=r"cross_entropy must be one of \('numtok', 'model'\)"):
+    with pytest.raises(
+        ValueError, match=r"cross_entropy must be one of \('auto', 'numtok', 'model'\)"
+    ):
         patch_model(build_model(tokenizer), vocab, cross_entropy="liger")
     with pytest.raises(ValueError, match="reweigh=True needs each number position's full"):
         patch_model(build_model(tokenizer), vocab, reweigh=True, cross_entropy="model")
-    scaled = build_model(tokenizer)
-    scaled.config.logits_scaling = 4.0
-    own_forward = scaled.forward
+    with pytest.raises(ValueError, match=r"its configuration sets logits_scaling=4\.0"):
+        patch_model(scaled_logits_model(tokenizer), vocab, cross_entropy="model")
+    with pytest.raises(ValueError, match="has none of its own"):
+        patch_model(_DecoderOnly(build_model(tokenizer)), vocab, cross_entropy="model")
+
+
+def scaled_logits_model(tokenizer: Any) -> Any:
+    """A model dividing its logits by a scale (``logits_scaling``, as Granite): numtok's
+    logits-free pass is exact for it (no bias), the number head beside its own loss is not."""
+    model = build_model(tokenizer)
+    model.config.logits_scaling = 4.0
+    own_forward = model.forward
 
     def divided(*args: Any, **kwargs: Any) -> Any:
         outputs = own_forward(*args, **kwargs)
-        outputs.logits = outputs.logits / scaled.config.logits_scaling
+        outputs.logits = outputs.logits / model.config.logits_scaling
         return outputs
 
-    scaled.forward = divided
-    with pytest.raises(ValueError, match=r"its configuration sets logits_scaling=4\.0"):
-        patch_model(scaled, vocab, cross_entropy="model")
-    with pytest.raises(ValueError, match="has none of its own"):
-        patch_model(_DecoderOnly(build_model(tokenizer)), vocab, cross_entropy="model")
+    model.forward = divided
+    return model
 
 
 class _DecoderOnly(torch.nn.Module):

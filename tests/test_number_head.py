@@ -302,6 +302,17 @@ def test_bad_input_is_named(change: dict[str, Any], error: type, message: str) -
         )  # fmt: skip
 
 
+def test_a_partitioned_zero3_weight_is_named_with_the_way_to_read_it() -> None:
+    """DeepSpeed ZeRO-3 leaves a (0,) placeholder with the full shape in ``ds_shape`` outside the
+    weight's own module call; read there, the number head says how to gather it."""
+    good = _good()
+    placeholder = torch.nn.Parameter(good["weight"].new_empty(0))
+    placeholder.ds_shape = good["weight"].shape  # type: ignore[attr-defined]
+    match = r"ZeRO-3 parameter.*shape \(0,\), full shape \(17, 6\).*GatheredParameters"
+    with pytest.raises(ValueError, match=match):
+        linear_number_token_loss(good["hidden"], placeholder, good["labels"], make_vocab("digits"))
+
+
 def test_number_level_needs_digit_strings() -> None:
     with pytest.raises(ValueError, match="digit strings"):
         LinearNumberTokenLoss(make_vocab("custom"), kind="number")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 # The modules the extras of pyproject.toml (hf, demo) and the dev tools bring, except torch's own
 # dependencies (sympy): hidden, they cannot be imported, as in an environment of torch alone.
@@ -21,6 +22,7 @@ OPTIONAL = [
     "absl",
     "tqdm",
     "triton",
+    "deepspeed",
 ]
 
 
@@ -92,6 +94,32 @@ def test_importing_numtok_imports_no_optional_dependency() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"  # whatever torch itself imports is not numtok's doing
+
+
+def test_the_hugging_face_routes_train_without_deepspeed() -> None:
+    """The ZeRO-3 gathering (numtok.hf._zero3) imports deepspeed only for a ZeRO-3 parameter."""
+    code = f"""
+        import sys
+        sys.modules["deepspeed"] = None  # not installed
+        sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})
+        from _hf_tiny import build_dataset, build_model, build_tokenizer, collate
+        from numtok.hf import patch_model
+
+        tokenizer = build_tokenizer()
+        for cross_entropy in ("numtok", "model"):
+            model = patch_model(build_model(tokenizer), tokenizer, cross_entropy=cross_entropy)
+            model(**collate(build_dataset(tokenizer))).loss.backward()
+        print("trained")
+    """
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "trained"
 
 
 def test_the_command_names_the_extra_to_install() -> None:

@@ -225,6 +225,14 @@ def check_linear_inputs(
     labels = require_tensor("labels", labels)
     if not hidden.is_floating_point():
         raise TypeError(f"hidden must be floating point, got {hidden.dtype}")
+    full_shape = getattr(weight, "ds_shape", None)  # set by DeepSpeed ZeRO-3 on its parameters
+    if full_shape is not None and tuple(weight.shape) != tuple(full_shape):
+        raise ValueError(
+            f"weight is a DeepSpeed ZeRO-3 parameter read outside its module's call, where it is "
+            f"partitioned (shape {tuple(weight.shape)}, full shape {tuple(full_shape)}): read it "
+            "inside `with deepspeed.zero.GatheredParameters([weight, bias]):` (exact: the "
+            "gradient still reaches it), or let patch_model / NTLossForTrainer.attach gather it"
+        )
     if weight.dtype != hidden.dtype:
         raise TypeError(
             f"weight must have the hidden states' dtype {hidden.dtype}, got {weight.dtype}"

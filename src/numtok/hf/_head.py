@@ -31,6 +31,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from numtok.hf._zero3 import each_module_gathered, full_shape, gathered
+
 __all__ = [
     "BypassedHead",
     "OutputLayerBypass",
@@ -213,25 +215,15 @@ def logit_settings_of(model: Any) -> dict[str, Any]:
     return found
 
 
-def check_bypass_is_exact(
+def _two_forwards(
     model: Any, head: torch.nn.Linear, read_logits: Callable[[Any], torch.Tensor]
-) -> float | None:
-    """Refuse a model whose logits, its soft cap switched off, are not ``P(h) @ W.T + b`` with
-    ``P(h)`` what it returns when its output layer is bypassed; return the soft cap (None
-    without one), which the loss then applies.
-
-    Two forwards of four tokens with the soft cap off, in eval mode without gradients: one with
-    the layer's output multiplied by ``k = 1000 / max|logits|`` (large logits, where any other
-    non-linearity shows), one with the layer bypassed. The first must equal ``k·(P(h) @ W.T +
-    b)`` up to rounding (1e-3 of the largest logit in float32, 3e-2 in 16-bit dtypes).
-    """
-    name = type(model).__name__
-    settings = logit_settings_of(model)
-    weight = head.weight.detach()
-    bias = None if head.bias is None else head.bias.detach()
+) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """``(k·logits, P(h), [k])`` of four tokens, the soft cap off, in eval mode without
+    gradients: the layer's output magnified by ``k = 1000 / max|logits|``, then bypassed."""
+    weight = head.weight
     embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     device = getattr(getattr(embeddings, "weight", weight), "device", weight.device)
-    input_ids = torch.arange(min(4, weight.shape[0]), device=device)[None]  # (1, 4)
+    input_ids = torch.arange(min(4, full_shape(weight)[0]), device=device)[None]  # (1, 4)
     original = head.forward
     scale: list[torch.Tensor] = []
 
@@ -254,16 +246,39 @@ def check_bypass_is_exact(
                 passed = read_logits(model(input_ids=input_ids))  # (1, 4, H) when exact
     finally:
         model.train(was_training)
-    exact = (
-        len(scale) == 1
-        and passed.shape[-1] == weight.shape[1]
-        and tuple(logits.shape) == (*passed.shape[:-1], weight.shape[0])
-    )
-    if exact:
-        expected = F.linear(passed.to(weight.dtype), weight, bias).float() * scale[0]
-        tolerance = 1e-3 if weight.dtype in (torch.float32, torch.float64) else 3e-2
-        error = float((logits - expected).abs().max() / expected.abs().max().clamp_min(1e-30))
-        exact = error <= tolerance
+    return logits, passed, scale
+
+
+def check_bypass_is_exact(
+    model: Any, head: torch.nn.Linear, read_logits: Callable[[Any], torch.Tensor]
+) -> float | None:
+    """Refuse a model whose logits, its soft cap switched off, are not ``P(h) @ W.T + b`` with
+    ``P(h)`` what it returns when its output layer is bypassed; return the soft cap (None
+    without one), which the loss then applies.
+
+    Two forwards of four tokens with the soft cap off, in eval mode without gradients: one with
+    the layer's output multiplied by ``k = 1000 / max|logits|`` (large logits, where any other
+    non-linearity shows), one with the layer bypassed. The first must equal ``k·(P(h) @ W.T +
+    b)`` up to rounding (1e-3 of the largest logit in float32, 3e-2 in 16-bit dtypes). A model
+    built inside ``deepspeed.zero.Init`` runs them with each module's weights gathered for its
+    call (:func:`numtok.hf._zero3.each_module_gathered`).
+    """
+    name = type(model).__name__
+    settings = logit_settings_of(model)
+    with each_module_gathered(model), gathered([head.weight, head.bias]):
+        logits, passed, scale = _two_forwards(model, head, read_logits)
+        weight = head.weight.detach()
+        bias = None if head.bias is None else head.bias.detach()
+        exact = (
+            len(scale) == 1
+            and passed.shape[-1] == weight.shape[1]
+            and tuple(logits.shape) == (*passed.shape[:-1], weight.shape[0])
+        )
+        if exact:
+            expected = F.linear(passed.to(weight.dtype), weight, bias).float() * scale[0]
+            tolerance = 1e-3 if weight.dtype in (torch.float32, torch.float64) else 3e-2
+            error = float((logits - expected).abs().max() / expected.abs().max().clamp_min(1e-30))
+            exact = error <= tolerance
     if not exact:
         named = ", ".join(f"{key}={value}" for key, value in settings.items())
         because = (

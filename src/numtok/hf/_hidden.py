@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from numtok.hf._head import logit_settings_of, softcap_of
+from numtok.hf._zero3 import each_module_gathered, full_shape, gathered
 
 __all__ = ["HiddenStatesCapture", "check_head_reads_hidden", "decoder_of"]
 
@@ -84,6 +85,25 @@ class HiddenStatesCapture:
         return seen[0]
 
 
+def _logits_and_hidden(
+    model: Any, head: torch.nn.Linear, capture: HiddenStatesCapture
+) -> tuple[Any, torch.Tensor]:
+    """The logits (1, 4, V) of four tokens, in eval mode without gradients, and the hidden
+    states (1, 4, H) ``capture`` saw."""
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    device = getattr(getattr(embeddings, "weight", head.weight), "device", head.weight.device)
+    input_ids = torch.arange(min(4, full_shape(head.weight)[0]), device=device)[None]  # (1, 4)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), capture.during_forward():
+            logits = model(input_ids=input_ids)["logits"]
+        hidden = capture.take()
+    finally:
+        model.train(was_training)
+    return logits, hidden
+
+
 def check_head_reads_hidden(
     model: Any, head: torch.nn.Linear, capture: HiddenStatesCapture
 ) -> float | None:
@@ -94,32 +114,24 @@ def check_head_reads_hidden(
     One forward of four tokens, in eval mode without gradients (where fused losses such as
     Liger-Kernel's still return the logits): the logits must equal the output layer applied to
     the captured hidden states up to rounding (1e-3 of the largest logit in float32, 3e-2 in
-    16-bit dtypes)."""
+    16-bit dtypes). A model built inside ``deepspeed.zero.Init`` runs it with each module's
+    weights gathered for its call (:func:`numtok.hf._zero3.each_module_gathered`)."""
     name = type(model).__name__
-    weight = head.weight.detach()
-    bias = None if head.bias is None else head.bias.detach()
-    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    device = getattr(getattr(embeddings, "weight", weight), "device", weight.device)
-    input_ids = torch.arange(min(4, weight.shape[0]), device=device)[None]  # (1, 4)
     softcap = softcap_of(model)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad(), capture.during_forward():
-            logits = model(input_ids=input_ids)["logits"]
-        hidden = capture.take()
-    finally:
-        model.train(was_training)
-    exact = isinstance(logits, torch.Tensor) and hidden.shape[-1] == weight.shape[1]
-    if exact:
-        expected = F.linear(hidden.to(weight.dtype), weight, bias).float()
-        if softcap is not None:
-            expected = softcap * torch.tanh(expected / softcap)
-        tolerance = 1e-3 if weight.dtype in (torch.float32, torch.float64) else 3e-2
-        exact = tuple(logits.shape) == tuple(expected.shape)
+    with each_module_gathered(model), gathered([head.weight, head.bias]):
+        logits, hidden = _logits_and_hidden(model, head, capture)
+        weight = head.weight.detach()
+        bias = None if head.bias is None else head.bias.detach()
+        exact = isinstance(logits, torch.Tensor) and hidden.shape[-1] == weight.shape[1]
         if exact:
-            error = (logits.float() - expected).abs().max() / expected.abs().max().clamp_min(1e-30)
-            exact = float(error) <= tolerance
+            expected = F.linear(hidden.to(weight.dtype), weight, bias).float()
+            if softcap is not None:
+                expected = softcap * torch.tanh(expected / softcap)
+            tolerance = 1e-3 if weight.dtype in (torch.float32, torch.float64) else 3e-2
+            exact = tuple(logits.shape) == tuple(expected.shape)
+            if exact:
+                error = (logits.float() - expected).abs().max()
+                exact = float(error / expected.abs().max().clamp_min(1e-30)) <= tolerance
     if not exact:
         named = ", ".join(f"{key}={value}" for key, value in logit_settings_of(model).items())
         because = f"its configuration sets {named}" if named else "it transforms them otherwise"

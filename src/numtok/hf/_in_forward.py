@@ -5,8 +5,9 @@ trainer's ``compute_loss``). The model's instance gets a ``forward`` that runs i
 with the output layer bypassed (:mod:`numtok.hf._head`) in calls that record gradients, so that
 the loss reads the layer's weight while the forward runs: where FSDP2 (``fully_shard``) holds it
 gathered (tested; FSDP1 gathers the root's parameters for its forward too, untested), and where
-DDP sees it used. DeepSpeed ZeRO-3 gathers a layer's weight only within that layer's call, and
-tensor parallelism keeps it sharded: :func:`run_forward` refuses both when it sees the weight.
+DDP sees it used. DeepSpeed ZeRO-3 gathers a layer's weight only within that layer's call: the
+loss gathers it again where it reads it (:mod:`numtok.hf._zero3`). Tensor parallelism keeps it
+sharded: :func:`run_forward` refuses it when it sees the weight.
 """
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ from typing import Any
 import torch
 
 from numtok.hf._head import BypassedHead, OutputLayerBypass
+from numtok.hf._zero3 import full_shape
 
 __all__ = [
     "check_not_patched",
     "check_whole_weight",
     "install_forward",
     "owner_of",
+    "refuse_tensor_parallelism",
     "remove_forward",
     "route_of",
     "run_forward",
@@ -104,15 +107,36 @@ def run_forward(
     return outputs, outputs["logits"], head
 
 
+#: The settings that turn tensor parallelism on, for the messages that refuse it.
+_TENSOR_PARALLEL_SETTINGS = (
+    "transformers' tp_plan / TrainingArguments' tp_size, accelerate's ParallelismConfig(tp_size=), "
+    "DeepSpeed's tensor_parallel.autotp_size"
+)
+
+
+def refuse_tensor_parallelism(tp_size: int, instead: str) -> None:
+    """Refuse tensor parallelism (``tp_size`` ranks share each layer) on a route that reads the
+    output layer's weight inside the forward: there each rank holds a slice of its rows or
+    columns, and no rank the (V, H) weight the loss multiplies; ``instead`` says what to use."""
+    if tp_size > 1:
+        raise ValueError(
+            f"tensor parallelism over {tp_size} ranks ({_TENSOR_PARALLEL_SETTINGS}) splits the "
+            "output layer's weight inside the model's forward, where this route reads the whole "
+            f"weight: {instead}, or shard with DeepSpeed ZeRO-3 or FSDP2 instead (numtok gathers "
+            "the weight there)"
+        )
+
+
 def check_whole_weight(weight: torch.Tensor, vocab_size: int, instead: str) -> None:
     """Refuse an output layer's weight that is sharded inside the model's forward (it must be
-    (V, H), a plain tensor); ``instead`` says what to use then."""
-    if type(weight).__name__ == "DTensor" or weight.shape[:1] != (vocab_size,):
+    (V, H), a plain tensor, or a ZeRO-3 parameter of that full shape, which is gathered where it
+    is read); ``instead`` says what to use then."""
+    if type(weight).__name__ == "DTensor" or full_shape(weight)[:1] != (vocab_size,):
         raise ValueError(
             f"the output layer's weight is sharded inside the model's forward (a "
-            f"{type(weight).__name__} of shape {tuple(weight.shape)}, where {vocab_size} rows "
-            "were expected: tensor parallelism, or DeepSpeed ZeRO-3, which gathers it only "
-            f"within the layer's own call); numtok's loss needs the whole weight: {instead}"
+            f"{type(weight).__name__} of shape {full_shape(weight)}, where {vocab_size} rows "
+            f"were expected: tensor parallelism, {_TENSOR_PARALLEL_SETTINGS}); numtok's loss "
+            f"needs the whole weight: {instead}"
         )
 
 

@@ -51,10 +51,10 @@ from numtok._ntl_maths import LossSpec
 from numtok.hf._head import OutputLayerBypass, check_bypass_is_exact, output_layer_of
 from numtok.hf._hidden import HiddenStatesCapture, check_head_reads_hidden, decoder_of
 from numtok.hf._in_forward import check_whole_weight, install_forward, run_forward
-from numtok.hf._loss import denominator_dtype
+from numtok.hf._loss import denominator_dtype, number_head_mean
 from numtok.hf._step_counts import StepCounts, StepLink
+from numtok.hf._zero3 import gathered
 from numtok.linear import linear_loss_and_row_terms
-from numtok.number_head import NumberHeadSpec, number_head_loss
 from numtok.vocab import NumberVocab
 
 __all__ = ["CROSS_ENTROPIES", "attach_to_trl", "causal_lm_of", "takes_the_trl_route"]
@@ -161,17 +161,18 @@ class _TrlRoute:
         counts = self.link.counts(
             labels, step.num_items_in_batch, tables.position_of_id, denominator_dtype(hidden)
         )
-        out, rows = linear_loss_and_row_terms(
-            hidden.to(head.dtype),
-            head.weight.to(head.dtype),
-            labels,
-            tables,
-            self.spec,
-            self.ntl_weight,
-            (counts.tokens / counts.numbers).expand(labels.shape),
-            counts.tokens,
-            bias=None if head.bias is None else head.bias.to(head.dtype),
-        )
+        with gathered([head.weight, head.bias]):  # ZeRO-3: the layer's call released them
+            out, rows = linear_loss_and_row_terms(
+                hidden.to(head.dtype),
+                head.weight.to(head.dtype),
+                labels,
+                tables,
+                self.spec,
+                self.ntl_weight,
+                (counts.tokens / counts.numbers).expand(labels.shape),
+                counts.tokens,
+                bias=None if head.bias is None else head.bias.to(head.dtype),
+            )
         step.counts, step.terms = counts, (out.ce, out.ntl)
 
         def next_token(values: torch.Tensor) -> torch.Tensor:
@@ -199,17 +200,16 @@ class _TrlRoute:
         tables = self.vocab.tables(hidden.device)
         dtype = denominator_dtype(hidden)
         counts = self.link.counts(labels, step.num_items_in_batch, tables.position_of_id, dtype)
-        ntl = number_head_loss(
-            hidden.to(weight.dtype),
+        ntl = number_head_mean(
+            hidden,
             weight,
+            bias,
             labels,
             self.vocab,
-            NumberHeadSpec.of(self.spec),
             tables,
-            bias=bias,
-            # Each position weighed by tokens/numbers, divided by tokens: Σ ntl / numbers.
-            loss_weights=(counts.tokens / counts.numbers).expand(labels.shape),
-            num_items_in_batch=counts.tokens,
+            self.spec,
+            counts.tokens,
+            counts.numbers,
         )
         return ntl, counts
 

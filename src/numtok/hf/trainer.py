@@ -15,11 +15,12 @@ loss is computed inside the model's own forward, the mechanism of :func:`numtok.
 the batch's labels, its output layer (``get_output_embeddings()``) hands its input through, and
 CE + NTL are computed from the final hidden states (B, T, H) and the layer's weight with
 :func:`numtok.linear.linear_cross_entropy_with_ntl` while the forward runs — where FSDP holds the
-weight gathered — never holding the (B, T, V) logits or their gradient; the model returns no
+weight gathered, and DeepSpeed ZeRO-3's gathered again for the pass (:mod:`numtok.hf._zero3`)
+— never holding the (B, T, V) logits or their gradient; the model returns no
 logits and this loss returns that value. Same value, gradients, exactness and logs as from the
 logits; evaluation and ``generate()`` still compute logits; a soft cap on the logits (Gemma 2's
 ``final_logit_softcapping``) is applied by the loss. What it checks and refuses (a logit scale with
-an output bias, DeepSpeed ZeRO-3, ...) is in :mod:`numtok.hf._head` and
+an output bias, tensor parallelism, ...) is in :mod:`numtok.hf._head` and
 :meth:`NTLossForTrainer.attach`.
 
 **What is minimised.** Over the positions of one optimizer step (all micro-batches of the
@@ -82,9 +83,16 @@ from numtok.hf._head import (
     check_bypass_is_exact,
     output_layer_of,
 )
-from numtok.hf._in_forward import check_not_patched, install_forward, run_forward, with_loss
+from numtok.hf._in_forward import (
+    check_not_patched,
+    install_forward,
+    refuse_tensor_parallelism,
+    run_forward,
+    with_loss,
+)
 from numtok.hf._loss import (
     NUMBER_LEVEL_INSTEAD,
+    auto_cross_entropy,
     ce_plus_ntl,
     count_targets,
     denominator_dtype,
@@ -93,6 +101,7 @@ from numtok.hf._loss import (
 from numtok.hf._step_counts import StepCounts, StepLink
 from numtok.hf._trl import CROSS_ENTROPIES as TRL_CROSS_ENTROPIES
 from numtok.hf._trl import attach_to_trl, takes_the_trl_route
+from numtok.hf._zero3 import full_shape
 from numtok.kernels.dispatch import check_impl
 from numtok.vocab import NumberVocab
 
@@ -139,13 +148,6 @@ def _size(trainer: Any, getter: str) -> int:
     """``trainer.get_tp_size()`` and the like; 1 where the trainer has no such method."""
     get_size = getattr(trainer, getter, None)
     return int(get_size()) if callable(get_size) else 1
-
-
-def _deepspeed_stage(trainer: Any) -> int | None:
-    """The ZeRO stage of the trainer's DeepSpeed plugin, None without DeepSpeed."""
-    state = getattr(getattr(trainer, "accelerator", None), "state", None)
-    plugin = getattr(state, "deepspeed_plugin", None)
-    return None if plugin is None else int(getattr(plugin, "zero_stage", 0) or 0)
 
 
 @dataclass
@@ -388,7 +390,7 @@ class NTLossForTrainer:
                 "predict the label at t. Use NTLossForTrainer(..., shift=False)"
             )
         self._check_vocab_size(
-            logits if head is None else head.weight.new_empty(0, len(head.weight))
+            logits if head is None else head.weight.new_empty(0, full_shape(head.weight)[0])
         )
         tables = self.vocab.tables(logits.device)
         link = self._link
@@ -467,9 +469,11 @@ class NTLossForTrainer:
                 GPUs in one process; use DDP through torchrun or accelerate). With
                 ``logits_free=True``: a model whose logits are not its output layer's product,
                 soft-capped or not (a logit scale together with a bias), an output layer that is
-                not a plain ``nn.Linear``, a model patched by ``patch_model`` already, DeepSpeed
-                ZeRO-3 or tensor parallelism (the layer's weight is sharded inside the model's
-                forward too). FSDP2 is tested (two processes); FSDP1 is not.
+                not a plain ``nn.Linear``, a model patched by ``patch_model`` already. With
+                ``logits_free=True`` or on TRL's route: tensor parallelism (``tp_plan``,
+                DeepSpeed's ``tensor_parallel.autotp_size``: the layer's weight is split inside
+                the model's forward). FSDP2 and DeepSpeed ZeRO-2/3 are tested exact (two
+                processes, every route); FSDP1 is not.
         """
         methods = ("get_batch_samples", "log", "evaluation_loop")
         for method in (*methods, "compute_loss") if self.logits_free else methods:
@@ -503,11 +507,15 @@ class NTLossForTrainer:
                 "cross_entropy='auto'"
             )
         if on_trl:
+            refuse_tensor_parallelism(
+                _size(trainer, "get_tp_size"),
+                "pass compute_loss_func=loss_fn to the SFTTrainer (the loss from the logits)",
+            )
             self._link = link = self._step_link(trainer)
             link.wrap(trainer)
             chosen = self.cross_entropy
             if chosen == "auto":
-                chosen = "numtok" if args.device.type == "cpu" else "trl"
+                chosen = auto_cross_entropy(args.device, "trl")
             attach_to_trl(trainer, self.vocab, self.spec, self.ntl_weight, link, chosen)
             return trainer
         bypass = self._output_layer_bypass(trainer) if self.logits_free else None
@@ -555,20 +563,7 @@ class NTLossForTrainer:
 
     def _output_layer_bypass(self, trainer: Any) -> OutputLayerBypass:
         """Check that logits-free training is exact for this trainer and its model."""
-        sharded = [
-            name
-            for name, on in (
-                ("DeepSpeed ZeRO-3", _deepspeed_stage(trainer) == 3),
-                ("tensor parallelism", _size(trainer, "get_tp_size") > 1),
-            )
-            if on
-        ]
-        if sharded:
-            raise ValueError(
-                f"logits_free=True computes the loss inside the model's forward from the output "
-                f"layer's weight, where {sharded[0]} keeps it sharded (ZeRO-3 gathers it only "
-                f"within the layer's own call): use logits_free=False with {sharded[0]}"
-            )
+        refuse_tensor_parallelism(_size(trainer, "get_tp_size"), "use logits_free=False")
         model = trainer.model
         check_not_patched(model)
         head = output_layer_of(model)
@@ -593,5 +588,6 @@ class NTLossForTrainer:
         get_output_embeddings = getattr(model, "get_output_embeddings", None)
         head = get_output_embeddings() if callable(get_output_embeddings) else None
         weight = getattr(head, "weight", None)
-        if isinstance(weight, torch.Tensor) and weight.dim() == 2:
-            self._check_vocab_size(weight.new_empty((0, weight.shape[0])))
+        # The full shape, also of a weight that deepspeed.zero.Init partitioned (shape (0,)).
+        if isinstance(weight, torch.Tensor) and len(full_shape(weight)) == 2:
+            self._check_vocab_size(weight.new_empty((0, full_shape(weight)[0])))

@@ -62,6 +62,7 @@ except ImportError as error:  # Axolotl would log an ImportError and train witho
 
 try:
     from numtok.hf import NTLossForTrainer, last_loss_terms, patch_model
+    from numtok.hf._zero3 import full_shape
 except ImportError as error:
     raise RuntimeError(
         f"numtok is installed but its Hugging Face routes do not import "
@@ -238,7 +239,8 @@ class NumtokPlugin(BasePlugin):  # type: ignore[misc]
             "impl": args.ntl_impl,
         }
         if _models_own_loss(cfg) is None:
-            rows = trainer.model.get_output_embeddings().weight.shape[0]
+            # The full size, also of a weight that deepspeed.zero.Init partitioned (shape (0,)).
+            rows = full_shape(trainer.model.get_output_embeddings().weight)[0]
             NTLossForTrainer(
                 tokenizer,
                 vocab_size=rows,
