@@ -345,13 +345,23 @@ def linear_loss_and_row_terms(
     position's terms and the entropy and top-1 of its next-token distribution beside the loss
     (:class:`~numtok._linear_in_forward.RowTerms`: the per-token values a trainer logs), for a
     scalar reduction (``"mean"``, ``"sum"``) with the gradients computed in the forward pass,
-    or without gradients. The entropy costs one more read of each chunk's logits."""
+    or without gradients. The entropy costs one more read of each chunk's logits. float16 with
+    gradients is refused: they would be rounded before the upstream gradient (a GradScaler's
+    2^16) lifts their small entries above float16's 2^-24."""
     hidden, weight, bias, labels = check_linear_inputs(
         hidden, weight, bias, labels, spec.vocab_size
     )
     wanted = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (hidden, weight, bias)
     )
+    if wanted and gradient_waits_for_upstream(hidden.dtype):
+        raise ValueError(
+            f"the terms of each position come from the pass that computes the gradients in the "
+            f"forward pass, before the upstream gradient (a loss scale) is known: in "
+            f"{hidden.dtype} their entries below 2^-24 would be 0 by then; pass float32 or "
+            f"bfloat16 hidden states and weight, or use linear_cross_entropy_with_ntl (whose "
+            f"float16 gradient waits for the upstream gradient)"
+        )
     if wanted and not _gradients_in_forward(hidden, weight, bias, loss_weights, spec):
         raise ValueError(
             "the terms of each position come from the pass that computes the gradients in the "
