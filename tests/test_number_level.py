@@ -229,7 +229,7 @@ def _ones_against_nines(exponents: list[int], dtype: torch.dtype) -> tuple[Any, 
     width = max(len(_power_of_ten(e, 1)) for e in exponents) + 1
     labels, predicted = [], []
     for e in exponents:
-        row, guess = _power_of_ten(e, 1) + [11], _power_of_ten(e, 9) + [11]
+        row, guess = [*_power_of_ten(e, 1), 11], [*_power_of_ten(e, 9), 11]
         labels.append(row + [-100] * (width - len(row)))
         predicted.append(guess + [11] * (width - len(guess)))
     logits = _peaked_logits(torch.tensor(predicted), _DECIMALS.vocab_size).to(dtype)

@@ -138,6 +138,7 @@ def linear_cross_entropy_with_ntl(
     shift: bool = False,
     logit_softcap: float | None = None,
     impl: str = "auto",
+    capturable: bool = False,
 ) -> CEWithNTLOutput:
     """Cross-entropy plus ``ntl_weight`` times the Number Token Loss of the logits
     ``hidden @ weight.T + bias``, without materialising them.
@@ -187,6 +188,9 @@ def linear_cross_entropy_with_ntl(
         logit_softcap: as in :func:`~numtok.cross_entropy_with_ntl`, applied to
             ``hidden @ weight.T + bias``.
         impl: ``"auto"``, ``"torch"`` or ``"triton"``: the backend of the row pass (see above).
+        capturable: as in :func:`~numtok.fused.cross_entropy_with_ntl`: the label and weight
+            checks become device-side asserts, and a tensor ``num_items_in_batch`` must be on
+            the labels' device (the chunked passes have static shapes either way).
 
     Returns:
         :class:`~numtok.fused.CEWithNTLOutput` (``loss``, detached ``ce`` and ``ntl``).
@@ -220,6 +224,7 @@ def linear_cross_entropy_with_ntl(
         reduction=reduction,
         shift=shift,
         logit_softcap=logit_softcap,
+        capturable=capturable,
     )
     weight_of_ntl = check_ntl_weight(ntl_weight)
     backend = check_impl(impl)
@@ -318,15 +323,20 @@ def _check_targets(
     dtype, ids in range) need only the logits' shape and dtype: a zero-stride view stands in for
     the logits that are never built."""
     logits_like = hidden.new_empty(()).expand(*labels.shape, spec.vocab_size)
+    capturable = spec.capturable
     _, labels = check_logits_and_labels(
         logits_like,
         labels,
         vocab_size=spec.vocab_size,
         ignore_index=spec.ignore_index,
         check_values=check_values,
+        on_device=capturable,
     )
-    loss_weights = check_loss_weights(loss_weights, labels.shape, check_values=check_values)
-    return labels, loss_weights, check_num_items(num_items_in_batch)
+    loss_weights = check_loss_weights(
+        loss_weights, labels, check_values=check_values, on_device=capturable
+    )
+    num_items = check_num_items(num_items_in_batch, labels.device if capturable else None)
+    return labels, loss_weights, num_items
 
 
 def linear_loss_and_row_terms(

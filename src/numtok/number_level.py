@@ -140,7 +140,7 @@ def _number_level_loss(
     logits, labels = check_logits_and_labels(
         logits, labels, vocab_size=spec.vocab_size, ignore_index=spec.ignore_index
     )
-    loss_weights = check_loss_weights(loss_weights, labels.shape)
+    loss_weights = check_loss_weights(loss_weights, labels)
     num_items = check_num_items(num_items_in_batch)
     if labels.dim() < 1:
         raise ValueError("labels must have a sequence dimension (..., T), got a scalar")
