@@ -28,7 +28,7 @@
 #                  own copy
 #   then, while the budget lasts (each under the smaller of its limit and the time left; none
 #   started with less than 15 s left): kinds 45 (bench_kinds.py), trainer 60
-#   (bench_trainer_step.py --preset 1b), readout 40 (bench_readout.py), head 45
+#   (bench_trainer_step.py --preset 1b), readout 40 (bench_readout.py), head 70
 #   (bench_number_head.py), trl 55 (bench_trl_step.py).
 #
 # After every step it writes, under $OUT (default benchmarks/results/), <date>-<gpu>.md (the report
@@ -209,7 +209,7 @@ if [[ -n "$QUICK" ]]; then readout=(--digits 2 --rounds 1); else readout=(--digi
 step readout 40 "predict_numbers against generate() (\`bench_readout.py\`)" \
     "$PY" benchmarks/bench_readout.py "${readout[@]}" --whole-sequence-digits 0 \
     --device "$DEVICE" --threads "${THREADS/max/$(nproc)}" --out "$WORK/readout.jsonl"
-step head 45 "The number head beside each cross-entropy (\`bench_number_head.py\`)" \
+step head 70 "The number head beside each cross-entropy (\`bench_number_head.py\`)" \
     "$PY" benchmarks/bench_number_head.py $QUICK "${on_cpu[@]}" --device "$DEVICE" --rounds 3 \
     --threads "${THREADS/max/$(nproc)}" --out "$WORK/head"
 step trl 55 "A TRL SFTTrainer step (\`bench_trl_step.py\`, no memory subprocesses)" \

@@ -49,7 +49,7 @@ UNIT_S: dict[str, tuple[str, float]] = {
     "kinds": ("cases", 2.0),
     "trainer": ("rows", 10.0),
     "readout": ("rows", 8.0),
-    "head": ("rows", 4.0),
+    "head": ("rows", 1.5),
     "trl": ("rows", 10.0),
 }
 #: Installing the wheels of benchmarks/wheels (``make gpu-wheels``: five, pip --no-deps
@@ -73,6 +73,8 @@ FULL_OVER_QUICK = {"loss": 14 / 8}
 #: place and 50 % ignored sharing them; the logits-free chunks in two dtypes) and Liger-Kernel's
 #: cross-entropy; bench_kinds.py's DEL, SMMD and DIST2 rows.
 GPU_ONLY_VARIANTS = {"loss": 28, "kinds": 10}
+#: Work a step does on the GPU alone, once (assumed).
+GPU_ONLY_S = {"head": ("Cut Cross-Entropy's Triton kernels compiled", 20.0)}
 #: What tells bench_loss.py's cases apart in its rows.
 _CASE = ("suite", "tokens", "vocab_size", "hidden_size", "dtype", "reweigh", "ignored_fraction",
          "upstream")  # fmt: skip
@@ -146,6 +148,8 @@ def estimates(work: Path) -> list[Estimate]:
             if name in GPU_ONLY_VARIANTS:
                 more = GPU_ONLY_VARIANTS[name]
                 parts.append((f"{more} variants on the GPU only × {COMPILE_S} s", more * COMPILE_S))
+            if name in GPU_ONLY_S:
+                parts.append(GPU_ONLY_S[name])
         if name == "sanitizer":
             parts.append(("compute-sanitizer's start", SANITIZER_START_S))
         parts.append(("CUDA", CUDA_START_S))
