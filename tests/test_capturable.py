@@ -205,6 +205,28 @@ def test_no_host_synchronisation(entry: str, route: str, request: pytest.Fixture
     assert counts[True] == [], counts[True]
 
 
+@pytest.mark.parametrize("entry", ["number_token_loss", "cross_entropy_with_ntl"])
+def test_masked_logits_at_the_masked_rows_reach_no_gradient(
+    entry: str, request: pytest.FixtureRequest
+) -> None:
+    """Rows that a capturable loss computes and masks out must not leak a non-finite value into
+    the gradient: text rows whose number logits are all -inf (and, with reweigh, whose every
+    logit but one is), beside the default path's values."""
+    request.getfixturevalue("beside_cross_entropy")
+    inputs = make_inputs(torch.device("cpu"))
+    logits = inputs.logits.detach().clone()
+    text = ~torch.isin(inputs.labels, VOCAB.ids) & (inputs.labels != -100)
+    logits[text] = -torch.inf
+    logits[text, inputs.labels[text]] = 0.0  # the label's logit alone is finite
+    inputs = inputs._replace(logits=logits.requires_grad_())
+    settings = {"reweigh": True, "loss_weights": inputs.weights}
+    value, gradients = _value_and_gradients(entry, inputs, capturable=True, **settings)
+    assert bool(value.isfinite().all()) and all(bool(g.isfinite().all()) for g in gradients)
+    torch.testing.assert_close(
+        (value, gradients), _value_and_gradients(entry, inputs, **settings), rtol=1e-12, atol=0
+    )
+
+
 def test_bad_values_are_asserted_on_the_device() -> None:
     """Label ids out of range and negative loss weights fail a device-side assert instead of a
     check that reads back (on CPU ``torch._assert_async`` raises at once, a RuntimeError with
