@@ -1,16 +1,19 @@
 """The checks of ``benchmarks/gpu.sh`` that are not timings: each writes ``BASE.jsonl`` (its rows)
-and ``BASE.md`` (its section of the report) and exits 1 when something it checks fails.
+and ``BASE.md`` (its section of the report), rewritten after every case, and exits 1 when
+something it checks fails.
 
     python benchmarks/gpu_checks.py setup --wheels DIR --site DIR --out BASE  # wheels, versions
     python benchmarks/gpu_checks.py launch --device cuda --out BASE  # (a) every launch, for real
     python benchmarks/gpu_checks.py large --device cuda --out BASE   # (b) 16,384 x 152,064 bf16
     python benchmarks/gpu_checks.py small --device cuda              # (b) under compute-sanitizer
-    python benchmarks/gpu_checks.py sync --device cuda --out BASE    # (c) a training step, no syncs
+    python benchmarks/gpu_checks.py sync --device cuda --out BASE    # (c) a step's synchronisations
     python benchmarks/gpu_checks.py report --work DIR --out BASE     # gpu.sh's report so far
+    python benchmarks/gpu_checks.py estimate --work DIR              # the dry run's estimates
 
 ``setup`` installs the wheels of ``--wheels`` whose distribution is not installed at that version
 (``pip install --no-index --no-deps --target SITE``: the GPU machine has no package index; SITE is
-on gpu.sh's PYTHONPATH) and records the versions, the GPU and what imports.
+on gpu.sh's PYTHONPATH), records the versions, the GPU, what imports (and how long the imports
+take) and ``pip show`` of what the TRL step imports.
 
 ``launch`` runs the calls whose launches ``tests/test_fused_triton.py``'s JIT-faithful compile test
 records (``_public_calls``: every kind and dtype, the reductions, one position, strided logits,
@@ -20,22 +23,8 @@ for this GPU and launches it (a synchronisation after each launch pins a fault t
 loss is compared with ``impl="torch"`` on the same tensors; a call that fails is recorded and the
 torch backend's result stands in for it, so the calls after it still run.
 
-``large``: ``cross_entropy_with_ntl`` (``impl="triton"``, in place, and the default ``"auto"``) at
-16,384 x 152,064 bfloat16 logits (2.49e9 entries: row offsets past 2^31), 1,110 number tokens,
-``reweigh=True``, 5 % ignored labels, an upstream gradient of 0.37, against the float64
-reference (``F.cross_entropy`` + 0.3 ``number_token_loss`` of the float64 logits, 1,024 rows at a
-time): the value, and the gradient's relative error over all rows and over the rows past 2^31.
-
-``sync``: a training step (forward, the loss, backward, gradient clipping, AdamW) of a small random
-Llama per way of computing the loss, the step once under ``set_sync_debug_mode("warn")`` (every
-synchronising call recorded with where it came from) and, for ``impl="triton"``, numtok's loss
-and backward under ``set_sync_debug_mode("error")``.
-
-``report``: from gpu.sh's work folder (``steps.jsonl``, a line per step; each step's ``.md``,
-``.jsonl``, ``.out`` and ``.err``), ``BASE.md`` (the steps' table, the targets of
-``gpu_targets.py``, each step's section), ``BASE.jsonl`` (every step's status and rows, each row
-tagged with its step) and ``BASE-log.txt`` (the end of each step's output); gpu.sh runs it after
-every step. It imports no torch.
+``large`` and ``small``: :mod:`gpu_values`; ``sync``: :mod:`gpu_sync`; ``report`` and
+``estimate``: :mod:`gpu_report` (with :mod:`gpu_budget`).
 
 ``--quick`` (and ``--device cpu``, where the Triton kernels run in Triton's interpreter): small
 shapes, for gpu.sh's dry run.
@@ -44,10 +33,8 @@ shapes, for gpu.sh's dry run.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import importlib.metadata
-import json
 import os
 import re
 import subprocess
@@ -56,39 +43,19 @@ import time
 import traceback
 import warnings
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-TESTS = ROOT / "tests"
-NTL_WEIGHT = 0.3
-FIRST_TEXT_ID = 1210  # ids 100..1209: the 1-3-digit number tokens of bench_kinds.vocabularies
-#: The relative difference of the loss allowed between impl="triton" and impl="torch".
-LAUNCH_TOLERANCE = {"float64": 1e-9, "float32": 1e-5, "bfloat16": 1e-3, "float16": 1e-3}
-
-
-def write(base: Path, rows: list[dict[str, Any]], lines: list[str], echo: bool = True) -> None:
-    base.parent.mkdir(parents=True, exist_ok=True)
-    base.with_suffix(".jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    base.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    if echo:
-        print("\n".join(lines))
-
-
-def synchronize(device: Any) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def short(error: BaseException, limit: int = 400) -> str:
-    text = f"{type(error).__name__}: {error}".strip().replace("\n", " ")
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-# ------------------------------------------------------------------ setup
+from gpu_common import (
+    LAUNCH_TOLERANCE,
+    TESTS,
+    short,
+    synchronize,
+    write,
+    write_so_far,
+)
+from gpu_variants import describe, variant
 
 
 def wheel_distribution(path: Path) -> tuple[str, str]:
@@ -144,16 +111,39 @@ OPTIONAL = [
     ("pytest-xdist", "xdist"),
     ("pytest-timeout", "pytest_timeout"),
     ("hypothesis", "hypothesis"),
+    ("pyarrow", "pyarrow"),
+    ("fsspec", "fsspec"),
 ]
+#: The distributions the TRL step imports (bench_trl_step.py: trl, datasets and what datasets
+#: imports), whose versions and locations ``pip show`` records: a CUDA image's own pyarrow or
+#: fsspec may not be the one datasets was built against.
+TRL_STACK = ["trl", "datasets", "pyarrow", "fsspec", "dill", "multiprocess", "xxhash", "pandas"]
+
+
+def pip_show(distributions: list[str]) -> dict[str, dict[str, str] | None]:
+    """``pip show``'s Name/Version/Location/Requires of each distribution (None: not installed),
+    as the GPU machine's pip sees them, ``PYTHONPATH`` (the wheels' folder) included."""
+    command = [sys.executable, "-m", "pip", "show", "--disable-pip-version-check", *distributions]
+    done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=60)
+    shown: dict[str, dict[str, str] | None] = dict.fromkeys(distributions)
+    for block in done.stdout.split("\n---\n"):
+        fields = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
+        if "Name" in fields:
+            name = re.sub(r"[-_.]+", "-", fields["Name"]).lower()
+            shown[name] = {k: fields.get(k, "") for k in ("Version", "Location", "Requires")}
+    return shown
 
 
 def setup(args: argparse.Namespace) -> int:
     wheels = install_wheels(Path(args.wheels), Path(args.site))
+    began = time.perf_counter()
     import torch
     import triton
     from bench_common import numtok_source
 
     import numtok
+
+    core_seconds = time.perf_counter() - began
 
     device = torch.device(args.device)
     row: dict[str, Any] = {
@@ -175,15 +165,20 @@ def setup(args: argparse.Namespace) -> int:
             "multiprocessors": properties.multi_processor_count,
             "memory_gib": round(properties.total_memory / 2**30, 1),
         }
-    imports = {}
+    imports, import_seconds = {}, {}
     for distribution, module in OPTIONAL:
         version = installed_version(distribution)
+        began = time.perf_counter()
         try:
             importlib.import_module(module)
             imports[distribution] = version or "imported"
         except Exception as error:  # a package missing or broken here: its variants are skipped
             imports[distribution] = f"not importable ({short(error, 160)})"
+        import_seconds[distribution] = round(time.perf_counter() - began, 2)
     row["packages"] = imports
+    # What a step's process spends on imports before its first case (gpu_budget.py's start).
+    row["import_seconds"] = round(core_seconds + import_seconds["transformers"], 2)
+    row["pip_show"] = shown = pip_show(TRL_STACK)
     gpu = row.get("gpu", "no GPU (CPU dry run)")
     lines = [
         f"Python {row['python']} (`{row['executable']}`), torch {row['torch']} (CUDA "
@@ -202,31 +197,19 @@ def setup(args: argparse.Namespace) -> int:
         f"already present {', '.join(wheels['present']) or 'none'}"
         + (f"; **failed to install** {', '.join(wheels['failed'])}" if wheels["failed"] else "")
         + ".",
+        "",
+        f"Imports: torch, triton and numtok {core_seconds:.1f} s, transformers "
+        f"{import_seconds['transformers']:.1f} s.",
+        "",
+        "`pip show` of what the TRL step imports: "
+        + "; ".join(
+            f"{name} " + (f"{s['Version']} in `{s['Location']}`" if s else "**not installed**")
+            for name, s in shown.items()
+        )
+        + ".",
     ]
     write(Path(args.out), [row], lines)
     return 1 if wheels["failed"] else 0
-
-
-# ------------------------------------------------------------------ (a) every launch
-
-
-def _describe(value: Any) -> Any:
-    """A launch argument as the JIT's specialisation sees it: a tensor's dtype and whether its
-    address is divisible by 16, an int's being 1, divisible by 16 or past int32."""
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        aligned = "/16" if value.data_ptr() % 16 == 0 else ""
-        return str(value.dtype).removeprefix("torch.") + aligned
-    if isinstance(value, bool) or value is None:
-        return repr(value)
-    if isinstance(value, int):
-        if value == 1:
-            return "1"
-        return ("i64" if abs(value) >= 2**31 else "i32") + ("/16" if value % 16 == 0 else "")
-    if isinstance(value, float):
-        return "f32"
-    return getattr(value, "name", repr(value))  # tl dtypes, constexprs
 
 
 class _Launches:
@@ -248,11 +231,7 @@ class _Launches:
                 launch = kernel[grid]
 
                 def run(*args: Any, **kwargs: Any) -> Any:
-                    variant = ", ".join(
-                        [_describe(a) for a in args]
-                        + [f"{k}={_describe(v)}" for k, v in sorted(kwargs.items())]
-                    )
-                    row: dict[str, Any] = {"kernel": name, "variant": variant}
+                    row: dict[str, Any] = {"kernel": name, "variant": variant(args, kwargs)}
                     started = time.perf_counter()
                     try:
                         result = launch(*args, **kwargs)
@@ -282,6 +261,7 @@ def launch(args: argparse.Namespace) -> int:
     import torch
 
     device = torch.device(args.device)
+    base = Path(args.out)
     sys.path.insert(0, str(TESTS))
     import test_fused_triton as suite
     from numtok.kernels import triton_rows
@@ -307,7 +287,7 @@ def launch(args: argparse.Namespace) -> int:
                 "dtype": str(first.dtype).removeprefix("torch."),
                 "shape": list(first.shape),
                 "settings": {
-                    key: _describe(value) if isinstance(value, torch.Tensor) else value
+                    key: describe(value) if isinstance(value, torch.Tensor) else value
                     for key, value in kwargs.items()
                     if key != "impl"
                 },
@@ -327,6 +307,11 @@ def launch(args: argparse.Namespace) -> int:
                 row |= {"ok": False, "error": short(error, 1000)}
                 row["launches"] = len(recorded.rows) - before
                 calls.append(row)
+                write_so_far(
+                    base,
+                    [{"record": "call", **c} for c in calls],
+                    [f"{len(calls)} calls so far; the last one **failed**."],
+                )
                 return function(*args, **{**kwargs, "impl": "torch"})
             row["launches"] = len(recorded.rows) - before
             if reference is not None:
@@ -338,6 +323,11 @@ def launch(args: argparse.Namespace) -> int:
             else:
                 row["ok"] = True
             calls.append(row)
+            write_so_far(
+                base,
+                [{"record": "call", **c} for c in calls],
+                [f"{len(calls)} calls so far, {len(recorded.rows)} launches."],
+            )
             return out
 
         return call
@@ -447,591 +437,17 @@ def launch(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-# ------------------------------------------------------------------ (b) the large case
-
-
-def _number_batch(tokens: int, vocab_size: int, ignored: float, device: Any) -> tuple[Any, Any]:
-    """(labels, vocab): 10 % of the labels among the 1,110 number tokens (ids 100..1209), a share
-    ``ignored`` of them -100, the rest text ids."""
-    import torch
-    from bench_kinds import vocabularies
-
-    vocab = vocabularies(vocab_size)["1-3-digit chunks (1,110)"]
-    generator = torch.Generator().manual_seed(1)
-    choice = torch.rand(tokens, generator=generator)
-    numbers = vocab.ids[torch.randint(len(vocab), (tokens,), generator=generator)]
-    text = torch.randint(FIRST_TEXT_ID, vocab_size, (tokens,), generator=generator)
-    labels = torch.where(choice < 0.1, numbers, text)
-    labels = torch.where(choice >= 1 - ignored, torch.full_like(labels, -100), labels)
-    return labels.to(device), vocab
-
-
-def large(args: argparse.Namespace) -> int:
-    import torch
-    import torch.nn.functional as F
-
-    from numtok import number_token_loss
-    from numtok.fused import cross_entropy_with_ntl
-
-    device = torch.device(args.device)
-    tokens, vocab_size = (64, 40_000) if args.quick else (16_384, 152_064)
-    upstream, chunk = 0.37, 1024 if not args.quick else 16
-    started = time.perf_counter()
-    generator = torch.Generator(device).manual_seed(0)
-    logits = torch.randn(
-        tokens, vocab_size, device=device, dtype=torch.bfloat16, generator=generator
-    ).mul_(2)
-    labels, vocab = _number_batch(tokens, vocab_size, 0.05, device)
-    settings = {"ntl_weight": NTL_WEIGHT, "reweigh": True}
-    past = -(-(2**31) // vocab_size)  # the first row whose offset row * V passes 2^31
-    results: dict[str, dict[str, Any]] = {}
-    gradients: dict[str, Any] = {}
-    for name, impl, inplace in [
-        ("triton", "triton", False),
-        ("triton in place", "triton", True),
-        ("auto (F.cross_entropy + number head)", "auto", False),
-    ]:
-        leaf = logits.detach().clone() if inplace else logits.detach()
-        leaf.requires_grad_()
-        began = time.perf_counter()
-        try:
-            out = cross_entropy_with_ntl(
-                leaf, labels, vocab, impl=impl, inplace_backward=inplace, **settings
-            )
-            out.loss.backward(torch.full_like(out.loss, upstream))
-            synchronize(device)
-        except Exception as error:
-            results[name] = {"error": short(error, 1000)}
-            traceback.print_exc()
-            continue
-        results[name] = {"value": float(out.loss.detach()), "seconds": time.perf_counter() - began}
-        gradients[name] = leaf.grad
-        del out, leaf
-    # The float64 reference, 1,024 rows at a time: mean CE over the non-ignored labels plus 0.3 x
-    # the mean NTL over the number-labelled ones (the denominators of the whole batch).
-    targets = float((labels != -100).sum())
-    numbers = float(torch.isin(labels, vocab.ids.to(device)).sum())
-    reference = 0.0
-    sums = {name: {"all": [0.0, 0.0], "past": [0.0, 0.0], "max": [0.0, 0.0]} for name in gradients}
-    for start in range(0, tokens, chunk):
-        rows = slice(start, min(start + chunk, tokens))
-        z = logits[rows].double().requires_grad_()
-        ce = F.cross_entropy(z, labels[rows], reduction="sum")
-        ntl = number_token_loss(z, labels[rows], vocab, reweigh=True, reduction="sum")
-        part = ce / targets + NTL_WEIGHT * ntl / numbers
-        (expected,) = torch.autograd.grad(part * upstream, z)
-        reference += float(part)
-        for name, gradient in gradients.items():
-            difference = gradient[rows].double() - expected
-            for key, first in (("all", 0), ("past", past - start)):
-                if first < rows.stop - start:
-                    low = max(first, 0)
-                    sums[name][key][0] += float(difference[low:].square().sum())
-                    sums[name][key][1] += float(expected[low:].square().sum())
-            sums[name]["max"][0] = max(sums[name]["max"][0], float(difference.abs().max()))
-            sums[name]["max"][1] = max(sums[name]["max"][1], float(expected.abs().max()))
-        del z, expected
-    rows_out, ok = [], bool(gradients) and len(gradients) == len(results)
-    lines = [
-        f"{tokens:,} × {vocab_size:,} bfloat16 logits ({tokens * vocab_size:.3g} entries; rows "
-        f"from {past:,} on start past 2^31), 1,110 number tokens, `reweigh=True`, 5 % ignored "
-        f"labels, upstream gradient {upstream}, against the float64 reference "
-        f"(`F.cross_entropy` + 0.3 `number_token_loss` of the float64 logits, {chunk} rows at a "
-        f"time): value {reference:.6f}.",
-        "",
-        "| impl | value relative error | gradient relative error: all rows / rows past 2^31 "
-        "| largest entry error / largest entry | s (forward + backward, compilation included) |",
-        "|---|---|---|---|---|",
-    ]
-    for name, result in results.items():
-        if "error" in result:
-            lines.append(f"| {name} | **failed**: {result['error']} | | | |")
-            rows_out.append({"variant": name, **result})
-            ok = False
-            continue
-        value_error = abs(result["value"] - reference) / abs(reference)
-        s = sums[name]
-        errors = [
-            (s[key][0] / s[key][1]) ** 0.5 if s[key][1] else float("nan") for key in ("all", "past")
-        ]
-        good = value_error <= 1e-4 and all(e <= 1e-2 for e in errors if e == e)
-        ok &= good
-        lines.append(
-            f"| {name} | {value_error:.1e} | {errors[0]:.1e} / "
-            f"{'(none)' if errors[1] != errors[1] else f'{errors[1]:.1e}'} | "
-            f"{s['max'][0]:.1e} / {s['max'][1]:.1e} | {result['seconds']:.2f} |"
-            + ("" if good else " **off**")
-        )
-        rows_out.append(
-            {
-                "variant": name,
-                "tokens": tokens,
-                "vocab_size": vocab_size,
-                "value": result["value"],
-                "reference": reference,
-                "value_relative_error": value_error,
-                "gradient_relative_error": errors[0],
-                "gradient_relative_error_past_2_31": errors[1],
-                "largest_entry_error": s["max"][0],
-                "largest_entry": s["max"][1],
-                "seconds": result["seconds"],
-                "ok": good,
-            }
-        )
-    lines += [
-        "",
-        "Bounds: value 1e-4, gradient 1e-2 (bfloat16 rounding); "
-        f"**{'passed' if ok else 'FAILED'}** in {time.perf_counter() - started:.1f} s"
-        + (
-            f", peak {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB."
-            if device.type == "cuda"
-            else "."
-        ),
-    ]
-    write(Path(args.out), rows_out, lines)
-    return 0 if ok else 1
-
-
-def small(args: argparse.Namespace) -> int:
-    """A few small calls of every Triton path, for ``compute-sanitizer``: rows on chip (4,096
-    columns) and in blocks (40,000), reweigh, in place, an upstream gradient of 0.5, SMMD and
-    DIST2 over the 1,110 number tokens, float32 and bfloat16, the logits-free loss in chunks;
-    each loss against ``impl="torch"`` on the same tensors. Exits 1 when a call raises or
-    differs; the sanitizer's own verdict is its exit status (``--error-exitcode``)."""
-    import torch
-
-    from numtok.fused import cross_entropy_with_ntl
-    from numtok.linear import linear_cross_entropy_with_ntl
-
-    device = torch.device(args.device)
-    generator = torch.Generator(device).manual_seed(0)
-    rows: list[dict[str, Any]] = []
-
-    def run(
-        name: str, function: Callable[..., Any], inputs: tuple[Any, ...], upstream: float = 1.0,
-        **settings: Any,
-    ) -> None:  # fmt: skip
-        """``function(*inputs, **settings)`` with impl="triton", forward and backward, and its
-        loss against impl="torch" (in place: on a copy of the logits, not in place for torch)."""
-        first = inputs[0]
-        row: dict[str, Any] = {"call": name, "dtype": str(first.dtype).removeprefix("torch.")}
-        inplace = settings.get("inplace_backward", False)
-        try:
-            out = function(
-                first.clone() if inplace else first, *inputs[1:], impl="triton", **settings
-            )
-            out.loss.backward(torch.full_like(out.loss, upstream))
-            synchronize(device)
-            with torch.no_grad():
-                plain = {**settings, "inplace_backward": False} if inplace else settings
-                expected = function(*inputs, impl="torch", **plain).loss.double()
-            value = out.loss.detach().double()
-            difference = float((value - expected).abs().max() / expected.abs().max())
-            row |= {"relative_difference_to_torch": difference}
-            row["ok"] = difference <= LAUNCH_TOLERANCE[row["dtype"]]
-        except Exception as error:
-            row |= {"ok": False, "error": short(error, 600)}
-            traceback.print_exc()
-        rows.append(row)
-
-    tokens = 8 if args.quick else 24  # (quick: the dry run's interpreter, SMMD and DIST2 once)
-    for vocab_size, dtype in [(4096, torch.bfloat16), (40_000, torch.float32)]:
-        labels, vocab = _number_batch(tokens, vocab_size, 0.2, device)
-        logits = torch.randn(tokens, vocab_size, device=device, dtype=dtype, generator=generator)
-        for inplace in (False, True):
-            leaf = logits.clone().requires_grad_()
-            name = f"cross_entropy_with_ntl V={vocab_size} reweigh, upstream 0.5"
-            name += ", inplace_backward" if inplace else ""
-            run(
-                name, cross_entropy_with_ntl, (leaf, labels, vocab), 0.5, reweigh=True,
-                inplace_backward=inplace,
-            )  # fmt: skip
-        for kind in ("smmd", "dist2") if not (args.quick and vocab_size > 4096) else ():
-            leaf = logits.clone().requires_grad_()
-            name = f"cross_entropy_with_ntl V={vocab_size} kind={kind}"
-            run(name, cross_entropy_with_ntl, (leaf, labels, vocab), kind=kind)
-        hidden = torch.randn(tokens, 64, device=device, dtype=dtype, generator=generator)
-        weight = torch.randn(vocab_size, 64, device=device, dtype=dtype, generator=generator)
-        hidden.requires_grad_(), weight.requires_grad_()
-        name = f"linear_cross_entropy_with_ntl V={vocab_size} H=64 chunk_size=8 kind=mse"
-        run(
-            name, linear_cross_entropy_with_ntl, (hidden, weight, labels, vocab), chunk_size=8,
-            kind="mse",
-        )  # fmt: skip
-    ok = all(row["ok"] for row in rows)
-    lines = [
-        f"**{'passed' if ok else 'FAILED'}**: {len(rows)} small calls of the Triton paths on "
-        f"{device} ({tokens} rows; 4,096 columns in bfloat16, on chip, and 40,000 in float32, in "
-        "blocks; reweigh, in place, an upstream gradient of 0.5, SMMD and DIST2 over 1,110 "
-        f"number tokens{' (at 4,096 columns only)' if args.quick else ''}, the logits-free loss "
-        "in chunks of 8 rows), forward and backward, each "
-        'loss against `impl="torch"`.',
-        "",
-        "| call | dtype | relative difference to torch |",
-        "|---|---|---|",
-    ]
-    for row in rows:
-        cell = (
-            f"**failed**: {row['error']}"
-            if "error" in row
-            else f"{row['relative_difference_to_torch']:.1e}" + ("" if row["ok"] else " **off**")
-        )
-        lines.append(f"| {row['call']} | {row['dtype']} | {cell} |")
-    if args.out is not None:
-        write(Path(args.out), rows, lines)
-    else:
-        print("\n".join(lines))
-    return 0 if ok else 1
-
-
-# ------------------------------------------------------------------ (c) no host synchronisation
-
-
-def _site(stack: traceback.StackSummary) -> tuple[str, bool]:
-    """Where a synchronising call came from: the innermost frame outside torch, the warnings
-    machinery and this file (else the innermost torch frame), and whether numtok is on the
-    stack."""
-    package = str(Path(importlib.import_module("numtok").__file__ or "").parent) + os.sep
-    numtok = any(frame.filename.startswith(package) for frame in stack)
-    frames = [
-        frame
-        for frame in reversed(stack)
-        if not frame.filename.endswith(("warnings.py", "contextlib.py"))
-    ]
-    outside = [
-        frame
-        for frame in frames
-        if f"{os.sep}torch{os.sep}" not in frame.filename and frame.filename != __file__
-    ]
-    if not (outside or frames):
-        return "(unknown)", numtok
-    frame = (outside or frames)[0]
-    parts = Path(frame.filename).parts
-    where = "/".join(parts[-2:]) if len(parts) > 1 else frame.filename
-    return f"{where}:{frame.lineno} ({frame.name})", numtok
-
-
-@contextlib.contextmanager
-def sync_warnings(on_cuda: bool) -> Iterator[list[tuple[str, bool]]]:
-    """Under ``set_sync_debug_mode("warn")``, the site of every synchronising call."""
-    import torch
-
-    sites: list[tuple[str, bool]] = []
-    if not on_cuda:
-        yield sites
-        return
-    with warnings.catch_warnings():
-        warnings.simplefilter("always")
-        previous = warnings.showwarning
-
-        def record(message: Any, *rest: Any, **kwargs: Any) -> None:
-            if "synchroniz" in str(message):
-                sites.append(_site(traceback.extract_stack()[:-1]))
-            else:
-                previous(message, *rest, **kwargs)
-
-        warnings.showwarning = record
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            yield sites
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-
-
-def sync(args: argparse.Namespace) -> int:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from numtok import NumberVocab
-    from numtok.fused import cross_entropy_with_ntl
-    from numtok.hf import patch_model
-    from numtok.linear import linear_cross_entropy_with_ntl
-
-    device = torch.device(args.device)
-    on_cuda = device.type == "cuda"
-    # (quick: 64 positions, for the dry run's interpreter, which runs a program per row)
-    vocab_size, batch, sequence = (4096, 2, 32) if args.quick else (32_768, 4, 512)
-    vocab = NumberVocab.from_values({100 + d: str(d) for d in range(10)}, vocab_size=vocab_size)
-    config = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-        tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=None,
-    )  # fmt: skip
-    dtype = torch.bfloat16 if on_cuda else torch.float32
-
-    def model_() -> Any:
-        torch.manual_seed(0)
-        with torch.device(device):
-            return LlamaForCausalLM(config).to(dtype)
-
-    generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(110, vocab_size, (batch, sequence), generator=generator)
-    digits = 100 + torch.randint(10, ids.shape, generator=generator)
-    ids = torch.where(torch.rand(ids.shape, generator=generator) < 0.1, digits, ids).to(device)
-    count = torch.tensor(ids.numel() - ids.shape[0], device=device)  # shifted: one less a row
-
-    def fused(model: Any, impl: str, **extra: Any) -> Any:
-        logits = model(input_ids=ids).logits
-        return cross_entropy_with_ntl(logits, ids, vocab, shift=True, impl=impl, **extra).loss
-
-    def logits_free(model: Any, impl: str, **extra: Any) -> Any:
-        hidden = model.model(input_ids=ids).last_hidden_state
-        weight = model.lm_head.weight
-        out = linear_cross_entropy_with_ntl(
-            hidden, weight, ids, vocab, shift=True, impl=impl, **extra
-        )
-        return out.loss
-
-    def loss_only(model: Any, route: str, num_items: Any) -> Callable[[], Any]:
-        """numtok's loss and its backward alone, on leaves computed before (the strict check)."""
-        with torch.no_grad():
-            hidden = model.model(input_ids=ids).last_hidden_state
-        hidden = hidden.detach().requires_grad_()
-        weight = model.lm_head.weight.detach().clone().requires_grad_()
-        if route == "logits":
-            logits = (hidden @ weight.T).detach().requires_grad_()
-            return lambda: cross_entropy_with_ntl(
-                logits, ids, vocab, shift=True, impl="triton", num_items_in_batch=num_items
-            ).loss.backward()
-        return lambda: linear_cross_entropy_with_ntl(
-            hidden, weight, ids, vocab, shift=True, impl="triton", num_items_in_batch=num_items
-        ).loss.backward()
-
-    model = model_()
-    patched = patch_model(model_(), vocab, ntl_weight=NTL_WEIGHT)
-    routes: dict[str, tuple[Any, Callable[[Any], Any], str | None]] = {
-        'logits, impl="triton"': (model, lambda m: fused(m, "triton"), "logits"),
-        'logits-free, impl="triton"': (model, lambda m: logits_free(m, "triton"), "logits-free"),
-        'logits, impl="triton", num_items_in_batch': (
-            model, lambda m: fused(m, "triton", num_items_in_batch=count), None
-        ),
-        'logits, impl="auto"': (model, lambda m: fused(m, "auto"), None),
-        'logits-free, impl="auto"': (model, lambda m: logits_free(m, "auto"), None),
-        "patch_model (defaults)": (patched, lambda m: m(input_ids=ids, labels=ids).loss, None),
-    }  # fmt: skip
-    optimizers = {id(m): torch.optim.AdamW(m.parameters(), lr=1e-4) for m in (model, patched)}
-
-    def step(m: Any, loss_of: Callable[[Any], Any]) -> Any:
-        loss = loss_of(m)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
-        optimizers[id(m)].step()
-        optimizers[id(m)].zero_grad(set_to_none=True)
-        return loss
-
-    rows, ok = [], True
-    lines = [
-        f"A training step (forward, loss, backward, `clip_grad_norm_`, AdamW) of a random Llama "
-        f"(2 layers, hidden 256, V = {vocab_size:,}, {dtype}, batch {batch} × {sequence}) on "
-        f"{device}, after one warm-up step, under "
-        '`torch.cuda.set_sync_debug_mode("warn")`: the '
-        "synchronising calls and where they come from (one in backward is replayed where "
-        "`backward()` was called, so it is not counted as numtok's: the strict check catches "
-        'it); then numtok\'s loss and backward alone under `"error"` (Triton routes).',
-        "",
-        "| route | loss | syncs in the step | of them in numtok | where | numtok alone under "
-        '"error" | s (two steps) |',
-        "|---|---|---|---|---|---|---|",
-    ]
-    for name, (m, loss_of, strict) in routes.items():
-        row: dict[str, Any] = {"route": name}
-        began = time.perf_counter()
-        try:
-            step(m, loss_of)  # warm-up: constants built, kernels compiled
-            synchronize(device)
-            with sync_warnings(on_cuda) as sites:
-                loss = step(m, loss_of)
-            row["loss"] = float(loss.detach())
-        except Exception as error:
-            row["error"] = short(error, 600)
-            traceback.print_exc()
-            lines.append(f"| {name} | **failed**: {row['error']} | | | | | |")
-            rows.append(row)
-            ok = False
-            write(Path(args.out), rows, [*lines, "", "(still running)"], echo=False)
-            continue
-        row["seconds"] = round(time.perf_counter() - began, 2)
-        row["syncs"] = len(sites)
-        row["numtok_syncs"] = sum(1 for _, in_numtok in sites if in_numtok)
-        row["sites"] = dict(Counter(site for site, _ in sites))
-        strict_cell = "–"
-        if strict is not None and on_cuda:
-            try:
-                for num_items in (None, count):
-                    run = loss_only(m, strict, num_items)
-                    synchronize(device)
-                    torch.cuda.set_sync_debug_mode("error")
-                    try:
-                        run()
-                    finally:
-                        torch.cuda.set_sync_debug_mode("default")
-                row["strict"] = "passed"
-                strict_cell = "passed (num_items_in_batch None and a tensor)"
-            except Exception as error:
-                row["strict"] = short(error, 600)
-                site = _site(traceback.extract_tb(error.__traceback__))[0]
-                strict_cell = f"**raised** at {site}: {row['strict']}"
-                ok = False
-        elif strict is not None:
-            strict_cell = "(CUDA only)"
-        if "triton" in name and row["numtok_syncs"]:
-            ok = False
-        where = "; ".join(f"{site} ×{n}" for site, n in row["sites"].items()) or "–"
-        syncs = row["syncs"] if on_cuda else "(CUDA only)"
-        lines.append(
-            f"| {name} | {row['loss']:.4f} | {syncs} | {row['numtok_syncs']} | {where} | "
-            f"{strict_cell} | {row['seconds']:.1f} |"
-        )
-        rows.append(row)
-        print(f"sync: {name}: {row['seconds']:.1f} s", file=sys.stderr, flush=True)
-        write(Path(args.out), rows, [*lines, "", "(still running)"], echo=False)
-    lines += [
-        "",
-        f"**{'passed' if ok else 'FAILED'}** (no synchronisation from numtok on the Triton "
-        "routes, in the step and alone; the other routes' synchronisations are listed, not "
-        "judged).",
-    ]
-    write(Path(args.out), rows, lines)
-    return 0 if ok else 1
-
-
-# ------------------------------------------------------------------ the report
-
-
-def _read_rows(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        with contextlib.suppress(json.JSONDecodeError):  # a line cut short by a time limit
-            rows.append(json.loads(line))
-    return rows
-
-
-def _tail(path: Path, lines: int) -> list[str]:
-    if not path.is_file():
-        return []
-    return path.read_text(errors="replace").splitlines()[-lines:]
-
-
-#: The outcome of the pytest step, from its closing line.
-PYTEST_COUNTS = re.compile(r"(\d+) (passed|failed|skipped|deselected|errors?|xfailed|xpassed)")
-
-
-def _pytest_row(lines: list[str]) -> dict[str, Any]:
-    for line in reversed(lines):
-        counts = PYTEST_COUNTS.findall(line)
-        if counts and (" in " in line or line.startswith("=")):
-            return {word.rstrip("s") if word == "errors" else word: int(n) for n, word in counts}
-    return {}
-
-
-def _section(work: Path, step: dict[str, Any]) -> list[str]:
-    """A step's part of the report: its heading and status, what it wrote (``<step>.md``), and
-    where it did not complete or its output is the result, the end of its log."""
-    name, status = step["step"], step["status"]
-    took = f"{step['seconds']} s of its {step['limit']} s" if status != "skipped" else ""
-    lines = [f"## {step['title']}: {status}" + (f" ({took})" if took else ""), ""]
-    if step.get("note"):
-        lines += [step["note"], ""]
-    lines += [f"`{step['command']}`", ""] if step.get("command") else []
-    section = work / f"{name}.md"
-    if section.is_file():
-        lines += [section.read_text().rstrip(), ""]
-    out, err = work / f"{name}.out", work / f"{name}.err"
-    if name == "tests":
-        lines += ["```", *_tail(out, 25), "```", ""]
-    if name == "sanitizer":
-        verdict = [line for line in _tail(out, 400) if line.startswith("=========")]
-        if verdict:
-            lines += ["compute-sanitizer:", "", "```", *verdict[-30:], "```", ""]
-    if status not in ("completed", "skipped"):
-        lines += [f"End of the {name} step's log:", "", "```", *_tail(err, 20), "```", ""]
-    return lines
-
-
-def report(args: argparse.Namespace) -> int:
-    """The report of gpu.sh so far, from its work folder: ``BASE.md`` (a table of the steps, the
-    targets, then each step's section), ``BASE.jsonl`` (every step's status and rows, each row
-    with its step) and ``BASE-log.txt`` (the end of each step's output)."""
-    from gpu_targets import linear_targets, logits_targets, trainer_targets
-
-    work = Path(args.work)
-    steps = _read_rows(work / "steps.jsonl")
-    setup_row = next(iter(_read_rows(work / "setup.jsonl")), {})
-    machine = setup_row.get("gpu") or (
-        "CPU (a dry run)" if setup_row.get("device") == "cpu" else "(set-up not run)"
-    )
-    state = (
-        "finished"
-        if args.finished
-        else "still running (the steps below the last one listed have not run yet)"
-    )
-    lines = [
-        f"# numtok on {machine}: `benchmarks/gpu.sh`, "
-        f"{time.strftime('%Y-%m-%dT%H:%MZ', time.gmtime())}",
-        "",
-        f"{args.elapsed} s of its {args.budget}-second budget, {state}. Each step runs under its "
-        "own time limit; a step stopped at its limit keeps what it wrote until then.",
-        "",
-        "| step | status | s | limit s |",
-        "|---|---|---|---|",
-    ]
-    lines += [
-        f"| {s['title']} | {s['status']} | {'–' if s.get('seconds') is None else s['seconds']} "
-        f"| {s.get('limit', '')} |"
-        for s in steps
-    ]
-    loss_rows = _read_rows(work / "loss.jsonl")
-    trainer_rows = _read_rows(work / "trainer.jsonl")
-    try:
-        targets = logits_targets(loss_rows) + linear_targets(loss_rows)
-        targets += trainer_targets(trainer_rows)
-    except Exception as error:
-        targets = [f"| (the targets could not be read: {short(error)}) | | | | |"]
-    lines += ["", "## Targets (`benchmarks/gpu_targets.py`, the timing rows below)", ""]
-    lines += (
-        ["| target | case | measured | bound | holds |", "|---|---|---|---|---|", *targets]
-        if targets
-        else ["(no timing rows yet)"]
-    )
-    lines.append("")
-    rows: list[dict[str, Any]] = []
-    log: list[str] = []
-    for step in steps:
-        name = step["step"]
-        try:
-            lines += _section(work, step)
-        except Exception as error:  # one step's odd files do not cost the rest of the report
-            lines += [f"## {step.get('title', name)}: its section failed: {short(error)}", ""]
-        rows.append({"record": "step", **step})
-        step_rows = _read_rows(work / f"{name}.jsonl")
-        if name == "tests":
-            step_rows = [_pytest_row(_tail(work / "tests.out", 40))]
-        rows += [{"step": name, **row} for row in step_rows if row]
-        log += [f"===== {name}: {step['status']} =====", f"$ {step.get('command', '')}"]
-        for stream in ("out", "err"):
-            log += [f"----- std{stream} (the last {args.log_lines} lines) -----"]
-            log += _tail(work / f"{name}.{stream}", args.log_lines)
-        log.append("")
-    base = Path(args.out)
-    base.parent.mkdir(parents=True, exist_ok=True)
-    base.with_suffix(".md").write_text("\n".join(lines).rstrip() + "\n")
-    base.with_suffix(".jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    base.with_name(base.name + "-log.txt").write_text("\n".join(log) + "\n")
-    return 0
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("check", choices=["setup", "launch", "large", "small", "sync", "report"])
+    checks = ["setup", "launch", "large", "small", "sync", "report", "estimate"]
+    parser.add_argument("check", choices=checks)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--out", help="BASE: writes BASE.jsonl and BASE.md")
     parser.add_argument("--quick", action="store_true", help="small shapes (gpu.sh's dry run)")
     parser.add_argument("--wheels", default="benchmarks/wheels", help="setup: the wheels' folder")
     parser.add_argument("--site", help="setup: where the wheels are installed (on PYTHONPATH)")
     parser.add_argument(
-        "--work", help="report: gpu.sh's work folder (steps.jsonl, each step's files)"
+        "--work", help="report, estimate: gpu.sh's work folder (steps.jsonl, each step's files)"
     )
     parser.add_argument("--elapsed", type=int, default=0, help="report: seconds since gpu.sh began")
     parser.add_argument("--budget", type=int, default=480, help="report: gpu.sh's budget, seconds")
@@ -1042,15 +458,19 @@ def main() -> None:
         os.environ.setdefault("TRITON_INTERPRET", "1")
         # numpy's warnings where a kernel means log(0) = -inf (masked rows), as pyproject's
         warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton.runtime")
-    if args.check != "small" and args.out is None:
+    if args.check not in ("small", "estimate") and args.out is None:
         parser.error(f"{args.check} needs --out")
     if args.check == "setup" and args.site is None:
         parser.error("setup needs --site")
-    if args.check == "report" and args.work is None:
-        parser.error("report needs --work")
-    check = {"setup": setup, "launch": launch, "large": large, "small": small, "sync": sync}
-    check["report"] = report
-    sys.exit(check[args.check](args))
+    if args.check in ("report", "estimate") and args.work is None:
+        parser.error(f"{args.check} needs --work")
+    here = {"setup": setup, "launch": launch}
+    modules = {"large": "gpu_values", "small": "gpu_values", "sync": "gpu_sync"}
+    modules |= {"report": "gpu_report", "estimate": "gpu_report"}
+    check = here.get(args.check) or getattr(
+        importlib.import_module(modules[args.check]), args.check
+    )
+    sys.exit(check(args))
 
 
 if __name__ == "__main__":

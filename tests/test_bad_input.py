@@ -3,6 +3,7 @@ what came, before any computation."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -179,3 +180,83 @@ def test_module_checks_its_inputs_too() -> None:
     module = NumberTokenLoss(VOCAB)
     with pytest.raises(ValueError, match="logits have 17 columns"):
         module(torch.randn(2, 3, 17), LABELS)
+
+
+# ------------------------------------------------------------------ tensors on two devices
+
+META = torch.device("meta")  # tensors with a shape and no memory: nothing can compute on them
+
+
+def _entry_points() -> dict[str, Any]:
+    """Each public loss, called with its tensors (keyword ``moved``: the names of those that
+    are put on the meta device), on the CPU otherwise."""
+    from numtok import (
+        cross_entropy_with_ntl,
+        linear_cross_entropy_with_ntl,
+        linear_number_token_loss,
+        number_level_loss,
+    )
+
+    hidden, weight, bias = torch.randn(2, 3, 4), torch.randn(16, 4), torch.randn(16)
+    weights, lse = torch.ones(2, 3), torch.randn(2, 3)
+    head = {"hidden": hidden, "weight": weight, "bias": bias, "labels": LABELS}
+
+    def call(function: Any, tensors: dict[str, torch.Tensor], moved: set[str]) -> Any:
+        given = {name: t.to(META) if name in moved else t for name, t in tensors.items()}
+        labels, rest = given.pop("labels"), given
+        first = [rest.pop(name) for name in ("logits", "hidden", "weight") if name in rest]
+        return function(*first, labels, VOCAB, **rest)
+
+    return {
+        "number_token_loss": lambda moved: call(
+            number_token_loss,
+            {"logits": LOGITS, "labels": LABELS, "loss_weights": weights},
+            moved,
+        ),
+        "number_level_loss": lambda moved: call(
+            number_level_loss,
+            {"logits": LOGITS, "labels": LABELS, "loss_weights": weights},
+            moved,
+        ),
+        "cross_entropy_with_ntl": lambda moved: call(
+            cross_entropy_with_ntl,
+            {"logits": LOGITS, "labels": LABELS, "loss_weights": weights},
+            moved,
+        ),
+        "linear_cross_entropy_with_ntl": lambda moved: call(
+            linear_cross_entropy_with_ntl, {**head, "loss_weights": weights}, moved
+        ),
+        "linear_number_token_loss": lambda moved: call(
+            linear_number_token_loss, {**head, "lse": lse, "loss_weights": weights}, moved
+        ),
+    }
+
+
+@pytest.mark.parametrize(
+    ("entry", "moved", "message"),
+    [
+        ("number_token_loss", {"labels"}, "logits and labels must be on one device, got logits "
+         "on cpu, labels on meta"),
+        ("number_token_loss", {"loss_weights"}, "labels and loss_weights must be on one device, "
+         "got labels on cpu, loss_weights on meta"),
+        ("number_level_loss", {"logits"}, "logits and labels must be on one device, got logits "
+         "on meta, labels on cpu"),
+        ("cross_entropy_with_ntl", {"labels"}, "logits and labels must be on one device"),
+        ("cross_entropy_with_ntl", {"loss_weights"}, "labels and loss_weights must be on one"),
+        ("linear_cross_entropy_with_ntl", {"weight"}, "hidden, weight, bias and labels must be "
+         "on one device, got hidden on cpu, weight on meta, bias on cpu, labels on cpu"),
+        ("linear_cross_entropy_with_ntl", {"bias"}, "bias on meta"),
+        ("linear_cross_entropy_with_ntl", {"labels"}, "labels on meta"),
+        ("linear_cross_entropy_with_ntl", {"loss_weights"}, "loss_weights on meta"),
+        ("linear_number_token_loss", {"hidden"}, "got hidden on meta, weight on cpu"),
+        ("linear_number_token_loss", {"lse"}, "labels and lse must be on one device, got labels "
+         "on cpu, lse on meta"),
+    ],
+)  # fmt: skip
+def test_tensors_on_two_devices_are_refused(entry: str, moved: set[str], message: str) -> None:
+    """Every loss refuses tensors on two devices with a ValueError naming each one's device,
+    before anything computes (a kernel launches on the labels' device, the lookup tables come
+    for the logits'): a tensor on the meta device stands for the other device, without a
+    second one."""
+    with pytest.raises(ValueError, match=re.escape(message)):
+        _entry_points()[entry](moved)

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from numtok import NumberVocab, number_token_loss
 from numtok._ntl_maths import LossSpec
@@ -515,23 +516,90 @@ def test_entropy_and_top1_take_the_first_of_equal_maxima() -> None:
     torch.testing.assert_close(entropy, -(probs * probs.log()).sum(-1))
 
 
-def test_a_large_upstream_gradient_is_not_rounded_to_the_weights_dtype() -> None:
-    """Backward multiplies the gradients computed in forward by the upstream gradient without
-    rounding that factor to float16 (2^16, a loss scale, would be inf there)."""
+class _Multiplies(TorchDispatchMode):
+    """Records the operands of every ``aten.mul`` that has a one-element tensor among them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.operands: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+    ) -> Any:
+        if func.overloadpacket == torch.ops.aten.mul:
+            left, right = args[:2]
+            if any(isinstance(t, torch.Tensor) and t.numel() == 1 for t in (left, right)):
+                self.operands.append((left, right))
+        return func(*args, **(kwargs or {}))
+
+
+def _bfloat16_losses(device: torch.device) -> dict[str, Any]:
+    """Callables giving the two losses whose gradients are computed in the forward pass, of the
+    same bfloat16 inputs on ``device``, with those inputs."""
+    vocab = make_vocab("digits")
+    hidden, weight, _, labels = make_inputs(
+        "digits", shape=(2, 5), seed=9, dtype=torch.bfloat16, with_bias=False, device=device
+    )
+    tables = vocab.tables(device)
+    return {
+        "linear_cross_entropy_with_ntl": lambda: linear_cross_entropy_with_ntl(
+            hidden, weight, labels, vocab, ntl_weight=WEIGHT, impl="torch"
+        ),
+        "linear_loss_and_row_terms": lambda: linear_loss_and_row_terms(
+            hidden, weight, labels, tables, _SPEC_DIGITS, WEIGHT, None, None
+        )[0],
+        "inputs": (hidden, weight),
+    }
+
+
+@pytest.mark.parametrize("entry", ["linear_cross_entropy_with_ntl", "linear_loss_and_row_terms"])
+def test_the_upstream_gradient_multiplies_in_float32(entry: str) -> None:
+    """Backward multiplies the bfloat16 gradients computed in forward by the float32 upstream
+    gradient in a product whose result type is float32. A 0-dim factor does not promote, and
+    CUDA computes in the result type: ``g * grad_loss`` rounded a loss scale or ``1/accumulation``
+    to bfloat16 there (float16: 2^16 to inf), while the CPU's kernel keeps a 0-dim scalar in
+    float32, so only the product's type shows it here (the values on the device:
+    ``test_an_upstream_gradient_is_applied_in_float32_and_rounded_once``)."""
+    losses = _bfloat16_losses(CPU)
+    out = losses[entry]()
+    upstream = torch.tensor(1.005859375)
+    with _Multiplies() as multiplies:
+        torch.autograd.grad(out.loss, losses["inputs"], upstream)
+    assert len(multiplies.operands) == 2  # the hidden states' and the weight's gradients
+    for left, right in multiplies.operands:
+        assert {left.dtype, right.dtype} == {torch.bfloat16, torch.float32}
+        assert torch.result_type(left, right) == torch.float32
+
+
+def test_an_upstream_gradient_is_applied_in_float32_and_rounded_once(device: torch.device) -> None:
+    """On the device: the gradients for an upstream gradient ``u`` that bfloat16 cannot hold
+    (1 + 3·2^-9, 1.0078125 there) are those for 1 times ``u`` in float32, rounded once to
+    bfloat16, bit for bit. CUDA's ``g * grad_loss`` of a 0-dim CUDA tensor used bfloat16's u."""
+    losses = _bfloat16_losses(device)
+    upstream = torch.tensor(1.005859375, device=device)
+    assert float(upstream.bfloat16()) != float(upstream)
+    for entry in ("linear_cross_entropy_with_ntl", "linear_loss_and_row_terms"):
+        once = torch.autograd.grad(losses[entry]().loss, losses["inputs"])
+        scaled = torch.autograd.grad(losses[entry]().loss, losses["inputs"], upstream)
+        for got, unit in zip(scaled, once, strict=True):
+            assert got.dtype == torch.bfloat16
+            assert torch.equal(got, (unit.float() * upstream).bfloat16()), entry
+
+
+def test_float16_gradients_are_refused_by_the_terms_of_each_position() -> None:
+    """``linear_loss_and_row_terms`` computes the gradients in the forward pass: in float16 their
+    small entries would be 0 before a loss scale arrives, so it refuses float16 with gradients
+    (and computes float16 without, an evaluation)."""
     vocab = make_vocab("digits")
     hidden, weight, _, labels = make_inputs("digits", shape=(2, 5), seed=9, with_bias=False)
     low = [t.detach().half().requires_grad_() for t in (hidden, weight)]
-    out = linear_loss_and_row_terms(
-        low[0], low[1], labels, vocab.tables(), _SPEC_DIGITS, WEIGHT, None, None
-    )[0]
-    (out.loss * 2.0**16).backward()
-    reference = linear_cross_entropy_with_ntl(hidden, weight, labels, vocab, ntl_weight=WEIGHT)
-    expected = torch.autograd.grad(reference.loss * 2.0**16, (hidden, weight))
-    for got, want in zip((low[0].grad, low[1].grad), expected, strict=True):
-        assert got is not None and bool(torch.isfinite(got).all())
-        torch.testing.assert_close(
-            got.double(), want, rtol=2e-2, atol=2e-2 * float(want.abs().max())
-        )
+    arguments = (labels, vocab.tables(), _SPEC_DIGITS, WEIGHT, None, None)
+    with pytest.raises(ValueError, match=r"in torch.float16 their entries below 2\^-24 would be 0"):
+        linear_loss_and_row_terms(*low, *arguments)
+    with torch.no_grad():
+        out, _ = linear_loss_and_row_terms(*low, *arguments)
+        reference = linear_cross_entropy_with_ntl(hidden, weight, labels, vocab, ntl_weight=WEIGHT)
+    torch.testing.assert_close(out.loss.double(), reference.loss, rtol=1e-2, atol=0)
 
 
 _SPEC_DIGITS = LossSpec.build(

@@ -46,7 +46,6 @@ def reference_number_level_loss(
     weights = None if loss_weights is None else loss_weights.reshape(-1).double()
     number_ids = vocab.ids.tolist()
     values = vocab.values.double()
-    eps = torch.finfo(torch.float32 if logits.dtype != torch.float64 else torch.float64).eps
     per_position = torch.zeros(len(rows) * width, dtype=torch.float64)
     kinds = token_kinds(vocab)
     total, weight_sum = torch.zeros((), dtype=torch.float64), 0.0
@@ -60,7 +59,9 @@ def reference_number_level_loss(
             predicted = -predicted if span.negative else predicted
             target = float(span.text)
             if error == "smape":
-                loss = (predicted - target).abs() / (predicted.abs() + abs(target) + eps)
+                # smape's own definition: no constant in the denominator; 0 when both are 0.
+                denominator = predicted.abs() + abs(target)
+                loss = (predicted - target).abs() / denominator if denominator > 0 else 0 * z[0]
             else:
                 slog = lambda x: torch.sign(x) * torch.log1p(x.abs())  # noqa: E731
                 loss = (slog(predicted) - slog(torch.tensor(target, dtype=torch.float64))).abs()
@@ -197,8 +198,7 @@ def test_chunk_tokenizer_targets_are_the_true_numbers(llama3_style_tokenizer: An
     predicted[0, 2] = tokenizer.convert_tokens_to_ids("124")
     logits = _peaked_logits(predicted, vocab.vocab_size)
     loss = number_level_loss(logits, labels, vocab, reduction="none")
-    eps = torch.finfo(torch.float64).eps
-    assert float(loss[0, 2]) == pytest.approx(10 / (1244 + 1234 + eps), rel=1e-12)
+    assert float(loss[0, 2]) == pytest.approx(10 / (1244 + 1234), rel=1e-12)
     assert float(loss[1].sum()) == 0.0
     # The token-level view would see "124" vs "123" (and "4" vs "4"): a small miss; the number
     # is off by 10, and a wrong leading chunk is not free.
@@ -206,7 +206,62 @@ def test_chunk_tokenizer_targets_are_the_true_numbers(llama3_style_tokenizer: An
     far = number_level_loss(
         _peaked_logits(predicted, vocab.vocab_size), labels, vocab, reduction="none"
     )
-    assert float(far[0, 2]) == pytest.approx((9994 - 1234) / (9994 + 1234 + eps), rel=1e-12)
+    assert float(far[0, 2]) == pytest.approx((9994 - 1234) / (9994 + 1234), rel=1e-12)
+
+
+# ------------------------------------------------------------------ scale
+
+#: Digits 0-9 (ids 0-9), a decimal point (10) and a word (11).
+_DECIMALS = NumberVocab.from_values({i: str(i) for i in range(10)}, vocab_size=12,
+                                    decimal_point_ids=[10])  # fmt: skip
+
+
+def _power_of_ten(exponent: int, leading: int) -> list[int]:
+    """The tokens of ``leading · 10**exponent``: ``1000``, or ``0.001`` for a negative one."""
+    if exponent >= 0:
+        return [leading] + [0] * exponent
+    return [0, 10] + [0] * (-exponent - 1) + [leading]
+
+
+def _ones_against_nines(exponents: list[int], dtype: torch.dtype) -> tuple[Any, Any]:
+    """(labels, logits): a row per exponent, the label ``1·10**e`` and logits that predict
+    ``9·10**e`` with certainty (the word 11 after the number, -100 after it)."""
+    width = max(len(_power_of_ten(e, 1)) for e in exponents) + 1
+    labels, predicted = [], []
+    for e in exponents:
+        row, guess = [*_power_of_ten(e, 1), 11], [*_power_of_ten(e, 9), 11]
+        labels.append(row + [-100] * (width - len(row)))
+        predicted.append(guess + [11] * (width - len(guess)))
+    logits = _peaked_logits(torch.tensor(predicted), _DECIMALS.vocab_size).to(dtype)
+    return torch.tensor(labels), logits
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_smape_is_scale_free_from_1e_minus_12_to_1e12(dtype: torch.dtype) -> None:
+    """1 against 9 costs |9 - 1| / (9 + 1) = 0.8 at every power of ten, decimals as integers,
+    against the float64 reference (whose smape has no constant of its own). ntloss's 1.19e-7 in
+    the denominator gave 0.365 for 0.00000001 against 0.00000009 and 0.007 at 1e-10."""
+    exponents = list(range(-12, 13))
+    labels, logits = _ones_against_nines(exponents, dtype)
+    got = number_level_loss(logits, labels, _DECIMALS, reduction="none")
+    expected = reference_number_level_loss(logits.double(), labels, _DECIMALS, reduction="none")
+    rounding = 1e-12 if dtype == torch.float64 else 2.0**-24  # the result's one rounding
+    torch.testing.assert_close(got.double(), expected, rtol=rounding, atol=0.0)
+    per_number = got.double()[:, 0]  # each span's loss sits at its first token
+    torch.testing.assert_close(per_number, torch.full_like(per_number, 0.8), rtol=rounding, atol=0)
+
+
+def test_smape_is_scale_free_at_every_power_of_ten_float64_holds() -> None:
+    """0.8 from 10**-307 to 10**307, as float64 computes |9e - 1e| / (9e + 1e) for each: every
+    power of ten whose number has at most the 308 digits the loss assembles in float64
+    (0.00…01 at 10**-307 has 308 with its leading 0; 10**±308 have 309 and are refused)."""
+    exponents = list(range(-307, 308))
+    labels, logits = _ones_against_nines(exponents, torch.float64)
+    got = number_level_loss(logits, labels, _DECIMALS, reduction="none")[:, 0]
+    expected = [(float(f"9e{e}") - float(f"1e{e}")) / (float(f"9e{e}") + float(f"1e{e}"))
+                for e in exponents]  # fmt: skip
+    torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float64), rtol=1e-12,
+                               atol=0.0)  # fmt: skip
 
 
 # ------------------------------------------------------------------ properties

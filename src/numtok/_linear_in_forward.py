@@ -230,10 +230,23 @@ class _LossWithGradients(torch.autograd.Function):
     def backward(
         ctx: Any, grad_loss: torch.Tensor, *_: torch.Tensor
     ) -> tuple[torch.Tensor | None, ...]:
-        # The upstream gradient stays in its own dtype: a 0-dim factor does not promote the
-        # product, which is computed in float32 and rounded once (2^16 would be inf in float16).
-        scaled = [None if g is None else g * grad_loss for g in ctx.saved_tensors]
+        scaled = [None if g is None else _times_upstream(g, grad_loss) for g in ctx.saved_tensors]
         return (*scaled, None, None, None)
+
+
+def _times_upstream(gradient: torch.Tensor, upstream: torch.Tensor) -> torch.Tensor:
+    """``gradient · upstream`` (a 0-dim float32 or float64 upstream gradient), computed in the
+    upstream's dtype and rounded once to the gradient's, into a fresh buffer (a second backward
+    through the same graph reads the saved gradient again).
+
+    A 0-dim factor does not take part in type promotion: ``bfloat16 (V, H) * float32 ()`` has
+    the result type bfloat16, and CUDA computes a binary op in its result type, so it would
+    round the upstream gradient to bfloat16 first (float16: a loss scale of 2^16 becomes inf)
+    where the CPU's kernel keeps a 0-dim scalar in float32. As a 1-element tensor of as many
+    dimensions as the gradient it promotes the product to its own dtype on every device; ``out=``
+    rounds the result once, without a float32 buffer of the gradient's size."""
+    factor = upstream.reshape([1] * gradient.dim())
+    return torch.mul(gradient, factor, out=torch.empty_like(gradient))
 
 
 def linear_loss_in_forward(

@@ -80,6 +80,17 @@ def refuse_number_level(kind: Kind, entry_point: str, instead: str) -> None:
         )
 
 
+def check_number_level_capturable(capturable: bool) -> None:
+    """``kind="number"`` has no capturable path: how many whole numbers the labels hold (and so
+    the shapes of its computation) is read back from the device."""
+    if check_bool("capturable", capturable):
+        raise ValueError(
+            "capturable=True is not available with kind='number': the number-level loss finds "
+            "the whole numbers in the labels, whose count the host must read back; use a "
+            "token-level kind for CUDA graphs and torch.compile(fullgraph=True)"
+        )
+
+
 def check_number_level_squash(squash_factor: float | None) -> None:
     if squash_factor is not None:
         raise ValueError(
@@ -100,6 +111,10 @@ class LossSpec:
 
     ``logit_softcap`` (the fused and logits-free paths only): the logits ``x`` enter both losses
     as ``c·tanh(x/c)`` (Gemma 2's ``final_logit_softcapping``), None for ``x`` itself.
+    ``capturable``: the computation may neither read anything back from the device nor depend
+    on it for a shape (CUDA graphs, ``torch.compile(fullgraph=True)``): the value checks become
+    device-side asserts and the number positions a mask over every position (see
+    :func:`numtok.cross_entropy_with_ntl`).
     ``settings``: those of a kind of :mod:`numtok.kinds` (None for NTL's kinds);
     ``group_lengths`` the digit length of each scale group, and, for the kinds with place
     weights, the vocabulary's decimal-point and word-start ids.
@@ -127,6 +142,7 @@ class LossSpec:
     group_lengths: tuple[int, ...] = (1,)
     decimal_point_ids: tuple[int, ...] = ()
     word_start_ids: tuple[int, ...] = ()
+    capturable: bool = False
 
     @classmethod
     def build(
@@ -140,6 +156,7 @@ class LossSpec:
         reduction: str,
         shift: bool,
         logit_softcap: float | None = None,
+        capturable: bool = False,
     ) -> LossSpec:
         check_number_vocab(vocab)
         pointwise: PointwiseLoss | None
@@ -210,6 +227,7 @@ class LossSpec:
             group_lengths=tuple(vocab.group_lengths),
             decimal_point_ids=vocab.decimal_point_ids if uses_places(settings) else (),
             word_start_ids=vocab.word_start_ids if uses_places(settings) else (),
+            capturable=check_bool("capturable", capturable),
         )
 
     @property

@@ -32,13 +32,14 @@ class NumberRows(Protocol):
 
     dtype: torch.dtype  # the compute dtype: float64 for float64 inputs, float32 otherwise
 
-    def number_logits(self, rows: torch.Tensor) -> torch.Tensor:
-        """(R, N) the finite number-token logits of the flat positions ``rows`` (R,)."""
+    def number_logits(self, rows: torch.Tensor | None) -> torch.Tensor:
+        """(R, N) the finite number-token logits of the flat positions ``rows`` (R,), of every
+        position for None (R = M)."""
         ...
 
-    def lse(self, rows: torch.Tensor, label_logit: torch.Tensor) -> torch.Tensor:
-        """(R,) the full-vocabulary log-sum-exp at ``rows``; ``label_logit`` (R,) is the
-        logit of each row's label, one of its number logits."""
+    def lse(self, rows: torch.Tensor | None, label_logit: torch.Tensor) -> torch.Tensor:
+        """(R,) the full-vocabulary log-sum-exp at ``rows`` (every position for None);
+        ``label_logit`` (R,) is the logit of each row's label, one of its number logits."""
         ...
 
 
@@ -49,11 +50,13 @@ class LogitsRows:
     def __init__(self, logits: torch.Tensor, ids: torch.Tensor, dtype: torch.dtype) -> None:
         self.logits, self.ids, self.dtype = logits, ids, dtype
 
-    def number_logits(self, rows: torch.Tensor) -> torch.Tensor:
+    def number_logits(self, rows: torch.Tensor | None) -> torch.Tensor:
         return number_logits_at(self.logits, rows, self.ids, self.dtype)
 
-    def lse(self, rows: torch.Tensor, label_logit: torch.Tensor) -> torch.Tensor:
+    def lse(self, rows: torch.Tensor | None, label_logit: torch.Tensor) -> torch.Tensor:
         flat = self.logits.reshape(-1, self.logits.shape[-1])  # (M, V)
+        if rows is None:
+            rows = torch.arange(flat.shape[0], device=flat.device)
         return selected_rows_logsumexp(flat, rows, self.dtype)
 
 
@@ -84,8 +87,9 @@ class HeadRows:
         self.dtype, self.softcap = dtype, softcap
         self.full_lse, self.label_log_probs = lse, label_log_probs
 
-    def number_logits(self, rows: torch.Tensor) -> torch.Tensor:
-        hidden = self.hidden.index_select(0, rows).to(self.dtype)  # (R, H)
+    def number_logits(self, rows: torch.Tensor | None) -> torch.Tensor:
+        hidden = self.hidden if rows is None else self.hidden.index_select(0, rows)
+        hidden = hidden.to(self.dtype)  # (R, H)
         number_rows = self.weight.index_select(0, self.ids).to(self.dtype)  # (N, H)
         if self.bias is None:
             logits = hidden @ number_rows.T  # (R, N)
@@ -96,8 +100,8 @@ class HeadRows:
             logits = self.softcap * torch.tanh(logits / self.softcap)
         return logits.clamp_min(torch.finfo(self.dtype).min)
 
-    def lse(self, rows: torch.Tensor, label_logit: torch.Tensor) -> torch.Tensor:
-        if self.full_lse is not None:
-            return self.full_lse.index_select(0, rows).to(self.dtype)
-        assert self.label_log_probs is not None, "checked by the caller: lse or label_log_probs"
-        return label_logit - self.label_log_probs.index_select(0, rows).to(self.dtype)
+    def lse(self, rows: torch.Tensor | None, label_logit: torch.Tensor) -> torch.Tensor:
+        given = self.full_lse if self.full_lse is not None else self.label_log_probs
+        assert given is not None, "checked by the caller: lse or label_log_probs"
+        at_rows = (given if rows is None else given.index_select(0, rows)).to(self.dtype)
+        return at_rows if self.full_lse is not None else label_logit - at_rows

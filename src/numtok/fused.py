@@ -50,7 +50,7 @@ from numtok._ntl_maths import (
 from numtok._number_logits import compute_dtype
 from numtok._number_rows import token_level_loss
 from numtok._number_sources import LogitsRows
-from numtok._reduction import reduce_losses
+from numtok._reduction import divided_by_count, reduce_losses
 from numtok._shift import shift_labels
 from numtok._validation import (
     check_bool,
@@ -244,7 +244,7 @@ def reduction_scales(
     if spec.reduction != "mean":
         return ReductionScales(ce=one, ntl=one)
     if num_items is not None:
-        scale = one / torch.as_tensor(num_items, dtype=one.dtype, device=one.device)
+        scale = divided_by_count(one, num_items)
         return ReductionScales(ce=scale, ntl=scale)
     tiny = torch.finfo(one.dtype).tiny
     return ReductionScales(
@@ -530,15 +530,19 @@ def cross_entropy_with_ntl_from_tables(
     )
     # The Triton path checks label ids and weights on the GPU (no read-back to the host).
     check_values = backend == "torch" or logits.device.type != "cuda"
+    capturable = spec.capturable
     logits, labels = check_logits_and_labels(
         logits,
         labels,
         vocab_size=spec.vocab_size,
         ignore_index=spec.ignore_index,
         check_values=check_values,
+        on_device=capturable,
     )
-    loss_weights = check_loss_weights(loss_weights, labels.shape, check_values=check_values)
-    num_items = check_num_items(num_items_in_batch)
+    loss_weights = check_loss_weights(
+        loss_weights, labels, check_values=check_values, on_device=capturable
+    )
+    num_items = check_num_items(num_items_in_batch, labels.device if capturable else None)
     needs_grad = torch.is_grad_enabled() and logits.requires_grad
     if inplace_backward and needs_grad:
         _check_inplace(logits, spec.vocab_size, weights_need_grad)
@@ -596,11 +600,13 @@ def _cross_entropy_beside_the_number_head(
     (:func:`~numtok.kernels.dispatch.unfused_by_default`). The same values as the fused passes;
     autograd's memory (the cross-entropy's (M, V) gradient buffers, and a capped copy of the
     logits with a soft cap)."""
+    capturable = spec.capturable
     logits, labels = check_logits_and_labels(
-        logits, labels, vocab_size=spec.vocab_size, ignore_index=spec.ignore_index
-    )
-    loss_weights = check_loss_weights(loss_weights, labels.shape)
-    num_items = check_num_items(num_items_in_batch)
+        logits, labels, vocab_size=spec.vocab_size, ignore_index=spec.ignore_index,
+        on_device=capturable,
+    )  # fmt: skip
+    loss_weights = check_loss_weights(loss_weights, labels, on_device=capturable)
+    num_items = check_num_items(num_items_in_batch, labels.device if capturable else None)
     if spec.shift:
         labels, loss_weights = shift_labels(labels, loss_weights, spec.ignore_index)
     dtype = compute_dtype(logits)
@@ -641,6 +647,7 @@ def cross_entropy_with_ntl(
     inplace_backward: bool = False,
     logit_softcap: float | None = None,
     impl: str = "auto",
+    capturable: bool = False,
 ) -> CEWithNTLOutput:
     """Cross-entropy plus ``ntl_weight`` times the Number Token Loss, fused.
 
@@ -668,10 +675,11 @@ def cross_entropy_with_ntl(
     gradient known, rounded once, into a fresh buffer or with ``inplace_backward`` into the
     logits. Under ``torch.compile``, and when
     ``loss_weights`` require grad, the loss runs as two opaque custom ops instead, the statistics
-    in forward and the gradient in backward (one more read of the logits). The computation
-    itself never synchronises with the host; the argument checks do, once each: the label range
-    check (and, when given, the check that ``loss_weights >= 0``) reads one boolean back from the
-    device.
+    in forward and the gradient in backward (one more read of the logits). The row passes
+    never synchronise with the host; the argument checks do, once each: the label range check
+    (and, when given, the check that ``loss_weights >= 0``) reads one boolean back from the
+    device, and NTL beside ``F.cross_entropy`` (the default off the CPU) reads the count of
+    number positions back; with ``capturable=True`` none of them does.
 
     Backends (``impl``): ``"auto"`` (default) runs the torch row passes described above on CPU,
     and on every other device ``F.cross_entropy`` of the logits with NTL read from their number
@@ -720,6 +728,17 @@ def cross_entropy_with_ntl(
             gradient, without building the capped logits; None (default) for the logits as they
             are.
         impl: ``"auto"``, ``"torch"`` or ``"triton"``: the backend (see above).
+        capturable: compute without reading anything back from the device, in shapes that do
+            not depend on the labels' values: for CUDA graphs (``torch.cuda.graph``,
+            ``torch.compile(mode="reduce-overhead")``) and ``torch.compile(fullgraph=True)``.
+            The label and weight checks become device-side asserts (on a GPU an error surfaces
+            at a later synchronisation, as a device-side assert), NTL beside ``F.cross_entropy``
+            (the default off the CPU) reads every position's number-token logits and masks the
+            others instead of gathering the number positions (whose count is read back), and
+            a tensor ``num_items_in_batch`` must be on the labels' device (an int is fine). The
+            same values. Off by default: it has not run on a GPU yet (``benchmarks/gpu.sh``
+            counts each path's synchronisations). ``impl="triton"`` on CUDA reads nothing back
+            either way.
 
     Returns:
         :class:`CEWithNTLOutput` with ``loss`` (differentiable) and the detached ``ce`` and
@@ -754,6 +773,7 @@ def cross_entropy_with_ntl(
         reduction=reduction,
         shift=shift,
         logit_softcap=logit_softcap,
+        capturable=capturable,
     )
     weight = check_ntl_weight(ntl_weight)
     inplace = check_bool("inplace_backward", inplace_backward)

@@ -138,6 +138,7 @@ def linear_cross_entropy_with_ntl(
     shift: bool = False,
     logit_softcap: float | None = None,
     impl: str = "auto",
+    capturable: bool = False,
 ) -> CEWithNTLOutput:
     """Cross-entropy plus ``ntl_weight`` times the Number Token Loss of the logits
     ``hidden @ weight.T + bias``, without materialising them.
@@ -187,6 +188,9 @@ def linear_cross_entropy_with_ntl(
         logit_softcap: as in :func:`~numtok.cross_entropy_with_ntl`, applied to
             ``hidden @ weight.T + bias``.
         impl: ``"auto"``, ``"torch"`` or ``"triton"``: the backend of the row pass (see above).
+        capturable: as in :func:`~numtok.fused.cross_entropy_with_ntl`: the label and weight
+            checks become device-side asserts, and a tensor ``num_items_in_batch`` must be on
+            the labels' device (the chunked passes have static shapes either way).
 
     Returns:
         :class:`~numtok.fused.CEWithNTLOutput` (``loss``, detached ``ce`` and ``ntl``).
@@ -220,6 +224,7 @@ def linear_cross_entropy_with_ntl(
         reduction=reduction,
         shift=shift,
         logit_softcap=logit_softcap,
+        capturable=capturable,
     )
     weight_of_ntl = check_ntl_weight(ntl_weight)
     backend = check_impl(impl)
@@ -318,15 +323,20 @@ def _check_targets(
     dtype, ids in range) need only the logits' shape and dtype: a zero-stride view stands in for
     the logits that are never built."""
     logits_like = hidden.new_empty(()).expand(*labels.shape, spec.vocab_size)
+    capturable = spec.capturable
     _, labels = check_logits_and_labels(
         logits_like,
         labels,
         vocab_size=spec.vocab_size,
         ignore_index=spec.ignore_index,
         check_values=check_values,
+        on_device=capturable,
     )
-    loss_weights = check_loss_weights(loss_weights, labels.shape, check_values=check_values)
-    return labels, loss_weights, check_num_items(num_items_in_batch)
+    loss_weights = check_loss_weights(
+        loss_weights, labels, check_values=check_values, on_device=capturable
+    )
+    num_items = check_num_items(num_items_in_batch, labels.device if capturable else None)
+    return labels, loss_weights, num_items
 
 
 def linear_loss_and_row_terms(
@@ -345,13 +355,23 @@ def linear_loss_and_row_terms(
     position's terms and the entropy and top-1 of its next-token distribution beside the loss
     (:class:`~numtok._linear_in_forward.RowTerms`: the per-token values a trainer logs), for a
     scalar reduction (``"mean"``, ``"sum"``) with the gradients computed in the forward pass,
-    or without gradients. The entropy costs one more read of each chunk's logits."""
+    or without gradients. The entropy costs one more read of each chunk's logits. float16 with
+    gradients is refused: they would be rounded before the upstream gradient (a GradScaler's
+    2^16) lifts their small entries above float16's 2^-24."""
     hidden, weight, bias, labels = check_linear_inputs(
         hidden, weight, bias, labels, spec.vocab_size
     )
     wanted = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (hidden, weight, bias)
     )
+    if wanted and gradient_waits_for_upstream(hidden.dtype):
+        raise ValueError(
+            f"the terms of each position come from the pass that computes the gradients in the "
+            f"forward pass, before the upstream gradient (a loss scale) is known: in "
+            f"{hidden.dtype} their entries below 2^-24 would be 0 by then; pass float32 or "
+            f"bfloat16 hidden states and weight, or use linear_cross_entropy_with_ntl (whose "
+            f"float16 gradient waits for the upstream gradient)"
+        )
     if wanted and not _gradients_in_forward(hidden, weight, bias, loss_weights, spec):
         raise ValueError(
             "the terms of each position come from the pass that computes the gradients in the "

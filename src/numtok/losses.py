@@ -34,7 +34,13 @@ from __future__ import annotations
 
 import torch
 
-from numtok._ntl_maths import NUMBER_LEVEL, Kind, LossSpec, check_number_level_squash
+from numtok._ntl_maths import (
+    NUMBER_LEVEL,
+    Kind,
+    LossSpec,
+    check_number_level_capturable,
+    check_number_level_squash,
+)
 from numtok._number_logits import compute_dtype
 from numtok._number_rows import token_level_loss
 from numtok._number_sources import LogitsRows
@@ -61,11 +67,13 @@ def number_token_loss_from_tables(
     """:func:`number_token_loss` with its settings already validated (``spec``) and the
     vocabulary's lookup tables already on the logits' device: what a module that holds the tables
     as buffers calls (:class:`~numtok.NumberTokenLoss`). Checks the tensors."""
+    capturable = spec.capturable
     logits, labels = check_logits_and_labels(
-        logits, labels, vocab_size=spec.vocab_size, ignore_index=spec.ignore_index
-    )
-    loss_weights = check_loss_weights(loss_weights, labels.shape)
-    num_items = check_num_items(num_items_in_batch)
+        logits, labels, vocab_size=spec.vocab_size, ignore_index=spec.ignore_index,
+        on_device=capturable,
+    )  # fmt: skip
+    loss_weights = check_loss_weights(loss_weights, labels, on_device=capturable)
+    num_items = check_num_items(num_items_in_batch, labels.device if capturable else None)
     if spec.shift:
         labels, loss_weights = shift_labels(labels, loss_weights, spec.ignore_index)
     source = LogitsRows(logits, tables.ids, compute_dtype(logits))
@@ -85,6 +93,7 @@ def number_token_loss(
     reduction: str = "mean",
     num_items_in_batch: torch.Tensor | int | None = None,
     shift: bool = False,
+    capturable: bool = False,
 ) -> torch.Tensor:
     """Number Token Loss; add it to cross-entropy: ``loss = ce + 0.3 * ntl``.
 
@@ -122,6 +131,14 @@ def number_token_loss(
         shift: compare ``logits[..., t, :]`` with ``labels[..., t + 1]`` (causal LMs). The labels
             are shifted, not the logits: with ``"none"`` the result keeps the labels' shape and
             its last position is 0.
+        capturable: compute without reading anything back from the device and in shapes that
+            do not depend on the labels' values, for CUDA graphs and
+            ``torch.compile(fullgraph=True)``: the label and weight checks become device-side
+            asserts (on a GPU an error surfaces later, as a device-side assert), every
+            position's number-token logits are read and the non-number ones masked (instead of
+            gathering the number positions, whose count is read back), and a tensor
+            ``num_items_in_batch`` must be on the labels' device. The same values; not with
+            ``kind="number"``. Off by default: it has not run on a GPU yet.
 
     Returns:
         A float32 scalar (float64 for float64 logits), or the labels' shape for ``"none"``. A batch
@@ -137,6 +154,7 @@ def number_token_loss(
     """
     if isinstance(kind, str) and kind == NUMBER_LEVEL:
         check_number_level_squash(squash_factor)
+        check_number_level_capturable(capturable)
         return number_level_loss(
             logits,
             labels,
@@ -156,6 +174,7 @@ def number_token_loss(
         ignore_index=ignore_index,
         reduction=reduction,
         shift=shift,
+        capturable=capturable,
     )
     device = logits.device if isinstance(logits, torch.Tensor) else None
     return number_token_loss_from_tables(

@@ -5,7 +5,13 @@ from __future__ import annotations
 import torch
 
 from numtok._buffers import VocabBuffers
-from numtok._ntl_maths import NUMBER_LEVEL, Kind, LossSpec, check_number_level_squash
+from numtok._ntl_maths import (
+    NUMBER_LEVEL,
+    Kind,
+    LossSpec,
+    check_number_level_capturable,
+    check_number_level_squash,
+)
 from numtok._validation import check_ntl_weight
 from numtok.fused import CEWithNTLOutput, cross_entropy_with_ntl_from_tables
 from numtok.kernels.dispatch import check_impl
@@ -30,7 +36,8 @@ class NumberTokenLoss(VocabBuffers):
     to log), so that a training loop holds one module for the whole loss.
 
     ``impl`` (``"auto"``, ``"torch"`` or ``"triton"``) chooses the backend of that fused pass, as
-    in :func:`numtok.cross_entropy_with_ntl`.
+    in :func:`numtok.cross_entropy_with_ntl`; ``capturable=True`` computes without reading
+    anything back from the device, as in :func:`numtok.number_token_loss`.
 
     With ``kind="number"`` it holds and calls a
     :class:`~numtok.number_level.NumberLevelLoss` as ``self.number_level``.
@@ -48,6 +55,7 @@ class NumberTokenLoss(VocabBuffers):
         shift: bool = False,
         ntl_weight: float | None = None,
         impl: str = "auto",
+        capturable: bool = False,
     ) -> None:
         super().__init__()
         self.ntl_weight = None if ntl_weight is None else check_ntl_weight(ntl_weight)
@@ -65,6 +73,7 @@ class NumberTokenLoss(VocabBuffers):
                     "kind='number'; add F.cross_entropy to the module's output instead"
                 )
             check_number_level_squash(squash_factor)
+            check_number_level_capturable(capturable)
             self.number_level = NumberLevelLoss(
                 vocab,
                 reweigh=reweigh,
@@ -81,6 +90,7 @@ class NumberTokenLoss(VocabBuffers):
             ignore_index=ignore_index,
             reduction=reduction,
             shift=shift,
+            capturable=capturable,
         )
         self.register_tables(vocab)
 
@@ -121,4 +131,5 @@ class NumberTokenLoss(VocabBuffers):
             f"number_tokens={self.ids.numel()}, vocab_size={spec.vocab_size}"
             + ("" if self.ntl_weight is None else f", ntl_weight={self.ntl_weight}")
             + ("" if self.impl == "auto" else f", impl={self.impl!r}")
+            + (", capturable=True" if spec.capturable else "")
         )

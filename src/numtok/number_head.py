@@ -28,7 +28,13 @@ from dataclasses import dataclass
 import torch
 
 from numtok._buffers import VocabBuffers
-from numtok._ntl_maths import NUMBER_LEVEL, Kind, LossSpec, check_number_level_squash
+from numtok._ntl_maths import (
+    NUMBER_LEVEL,
+    Kind,
+    LossSpec,
+    check_number_level_capturable,
+    check_number_level_squash,
+)
 from numtok._number_logits import compute_dtype
 from numtok._number_rows import token_level_loss
 from numtok._number_sources import HeadRows
@@ -69,10 +75,12 @@ class NumberHeadSpec:
         reduction: str,
         shift: bool,
         logit_softcap: float | None,
+        capturable: bool = False,
     ) -> NumberHeadSpec:
         softcap = check_logit_softcap(logit_softcap)
         if isinstance(kind, str) and kind == NUMBER_LEVEL:
             check_number_level_squash(squash_factor)
+            check_number_level_capturable(capturable)
             number = NumberLevelSpec.build(
                 vocab,
                 error="smape",
@@ -92,6 +100,7 @@ class NumberHeadSpec:
             reduction=reduction,
             shift=shift,
             logit_softcap=softcap,
+            capturable=capturable,
         )
         return cls(token=token, number=None, logit_softcap=softcap)
 
@@ -125,16 +134,18 @@ def number_head_loss(
     vocabulary's tables on the hidden states' device: what the module and the training routes
     call. Checks the tensors."""
     settings = spec.settings
+    capturable = spec.token is not None and spec.token.capturable
     hidden, weight, bias, labels = check_linear_inputs(
         hidden, weight, bias, labels, settings.vocab_size
     )
     labels = check_token_ids(
-        "labels", labels, vocab_size=settings.vocab_size, ignore_index=settings.ignore_index
-    )
-    loss_weights = check_loss_weights(loss_weights, labels.shape)
-    num_items = check_num_items(num_items_in_batch)
-    lse = check_position_values("lse", lse, labels.shape)
-    label_log_probs = check_position_values("label_log_probs", label_log_probs, labels.shape)
+        "labels", labels, vocab_size=settings.vocab_size, ignore_index=settings.ignore_index,
+        on_device=capturable,
+    )  # fmt: skip
+    loss_weights = check_loss_weights(loss_weights, labels, on_device=capturable)
+    num_items = check_num_items(num_items_in_batch, labels.device if capturable else None)
+    lse = check_position_values("lse", lse, labels)
+    label_log_probs = check_position_values("label_log_probs", label_log_probs, labels)
     if lse is not None and label_log_probs is not None:
         raise ValueError(
             "pass one of lse and label_log_probs (each gives the log-sum-exp), not both"
@@ -191,6 +202,7 @@ def linear_number_token_loss(
     num_items_in_batch: torch.Tensor | int | None = None,
     shift: bool = False,
     logit_softcap: float | None = None,
+    capturable: bool = False,
 ) -> torch.Tensor:
     """The Number Token Loss of the logits ``softcap(hidden @ weight.T + bias)`` from the number
     rows of the output layer alone; add it to any cross-entropy: ``loss = ce + 0.3 * ntl``.
@@ -201,7 +213,9 @@ def linear_number_token_loss(
     for ``reweigh`` the log-sum-exp ``lse = logsumexp(x, -1)`` handed in. Only the positions
     whose label is a number token are read: their hidden states, the N number rows of ``weight``
     and ``bias``, and their ``lse`` (or ``label_log_probs``); the (M, V) logits never exist.
-    Finding those positions reads their count back from the device (one synchronisation).
+    Finding those positions reads their count back from the device (one synchronisation), and
+    the label and weight checks read one boolean each; ``capturable=True`` reads nothing back
+    (every position's number logits, masked; see :func:`numtok.cross_entropy_with_ntl`).
 
     Args:
         hidden: (..., H) the hidden states the output layer reads (float32, bfloat16, float16
@@ -235,6 +249,7 @@ def linear_number_token_loss(
             ``labels[..., t + 1]``).
         logit_softcap: ``c > 0`` when the model's logits are ``c·tanh(x/c)`` (Gemma 2's
             ``final_logit_softcapping``); None (default) for none.
+        capturable: as in :func:`numtok.number_token_loss` (not with ``kind="number"``).
 
     Returns:
         A float32 scalar (float64 for float64 inputs), or the labels' shape for
@@ -265,6 +280,7 @@ def linear_number_token_loss(
         reduction=reduction,
         shift=shift,
         logit_softcap=logit_softcap,
+        capturable=capturable,
     )
     device = hidden.device if isinstance(hidden, torch.Tensor) else None
     return number_head_loss(
@@ -312,6 +328,7 @@ class LinearNumberTokenLoss(VocabBuffers):
         reduction: str = "mean",
         shift: bool = False,
         logit_softcap: float | None = None,
+        capturable: bool = False,
     ) -> None:
         super().__init__()
         self.vocab = vocab
@@ -324,6 +341,7 @@ class LinearNumberTokenLoss(VocabBuffers):
             reduction=reduction,
             shift=shift,
             logit_softcap=logit_softcap,
+            capturable=capturable,
         )
         self.register_tables(vocab)
 

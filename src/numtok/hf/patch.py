@@ -154,6 +154,7 @@ def patch_model(
     logits_free: bool = True,
     cross_entropy: str = "auto",
     impl: str = "auto",
+    capturable: bool = False,
 ) -> Any:
     """Make ``model(..., labels=labels)`` return ``outputs.loss = CE + ntl_weight · NTL``.
 
@@ -198,6 +199,8 @@ def patch_model(
             (:func:`numtok.hf._hidden.check_head_reads_hidden`); ``reweigh`` is refused (the
             model's loss does not hand out its log-sum-exp).
         impl: the backend of the row passes, as in :func:`numtok.cross_entropy_with_ntl`.
+        capturable: numtok's part of the loss reads nothing back from the device, as in
+            :func:`numtok.cross_entropy_with_ntl` (the model's own code may still).
 
     Raises:
         ValueError: the model is not a causal LM (no output layer, an encoder-decoder) or is
@@ -230,6 +233,7 @@ def patch_model(
         ignore_index=-100,
         reduction="mean",
         shift=True,
+        capturable=capturable,
     )
     weight = check_ntl_weight(ntl_weight)
     backend = check_impl(impl)

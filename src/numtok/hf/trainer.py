@@ -236,6 +236,9 @@ class NTLossForTrainer:
             GPUs, where TRL's has run and numtok's has not been measured. Both compute no logits
             (``logits_free`` has no effect there) and run the model once per micro-batch. Other
             trainers take only ``"auto"``.
+        capturable: the loss reads nothing back from the device, as in
+            :func:`numtok.cross_entropy_with_ntl` (for ``compile``: one graph; the Trainer
+            itself still synchronises, to log).
 
     Raises:
         ModuleNotFoundError: transformers or accelerate is not installed; the message says
@@ -263,6 +266,7 @@ class NTLossForTrainer:
         logits_free: bool = False,
         impl: str = "auto",
         cross_entropy: str = "auto",
+        capturable: bool = False,
     ) -> None:
         require_extra("hf", "NTLossForTrainer (the Hugging Face Trainer adapter)")
         if isinstance(vocab_or_tokenizer, NumberVocab):
@@ -283,6 +287,7 @@ class NTLossForTrainer:
             ignore_index=ignore_index,
             reduction="mean",
             shift=shift,
+            capturable=capturable,
         )
         self.ntl_weight = check_ntl_weight(ntl_weight)
         if compile is not None:
