@@ -5,6 +5,7 @@ The site itself is built by ``make docs`` (``mkdocs build --strict``), which CI 
 need no MkDocs."""
 
 import importlib
+import json
 import re
 from pathlib import Path
 
@@ -73,3 +74,19 @@ def test_every_included_readme_section_is_marked() -> None:
         start = readme.find(f"<!-- --8<-- [start:{section}] -->")
         end = readme.find(f"<!-- --8<-- [end:{section}] -->")
         assert 0 <= start < end, f"README.md lacks the markers of section {section!r}"
+
+
+def test_committed_rows_are_strict_json() -> None:
+    """Every results file in docs/ and benchmarks/results/ parses as strict JSON: an undefined
+    value is ``null``, never the bare ``NaN`` or ``Infinity`` that only Python reads."""
+
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{path.relative_to(ROOT)} holds {constant}")
+
+    paths = [*DOCS.glob("*.json"), *(ROOT / "benchmarks" / "results").glob("*.json")]
+    for path in paths:
+        json.loads(path.read_text(), parse_constant=refuse)
+    for path in (ROOT / "benchmarks" / "results").glob("*.jsonl"):
+        for line in path.read_text().splitlines():
+            if line.strip():
+                json.loads(line, parse_constant=refuse)

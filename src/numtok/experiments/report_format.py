@@ -71,11 +71,14 @@ def run_header(
 
 
 def json_safe(value: Any) -> Any:
-    """NaN and infinities become null: results.json stays standard JSON."""
+    """NaN and infinities become null, tuples and numpy arrays lists, numpy scalars Python
+    numbers: results.json stays standard JSON (``json.dumps(allow_nan=False)`` accepts it)."""
+    if hasattr(value, "tolist"):  # a numpy array or scalar
+        value = value.tolist()
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
+        return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [json_safe(v) for v in value]
     return value

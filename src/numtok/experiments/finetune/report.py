@@ -38,27 +38,12 @@ from numtok.experiments.item_metrics import (
     answer_values,
     item_metrics,
 )
+from numtok.experiments.report_format import json_safe
 
-__all__ = ["json_safe", "write_report"]
+__all__ = ["write_report"]
 
 #: The metrics of the tables (``parsed_share`` is in results.json).
 SHOWN_METRICS = tuple(m for m in ITEM_METRICS if m != "parsed_share")
-
-
-def json_safe(value: Any) -> Any:
-    """``value`` with every non-finite float (NaN, ±inf) replaced by None, tuples as lists, and
-    numpy scalars as Python numbers: what ``json.dumps(allow_nan=False)`` accepts."""
-    if isinstance(value, dict):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_safe(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return json_safe(value.tolist())
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
 
 
 def _answers(
