@@ -280,3 +280,12 @@ def test_compute_metrics_bad_input(digit_tokenizer: Any) -> None:
 def test_metrics_module_does_not_import_transformers() -> None:
     code = "import sys, numtok.metrics; assert 'transformers' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_constant_answer_has_no_correlation_even_when_its_mean_rounds() -> None:
+    """1.6133873515772308 repeated has a mean that differs from it in the last place: its
+    deviations are ~1e-16, not 0, and Pearson's r came out 3.6e-17 instead of undefined."""
+    constant = [1.6133873515772308] * 1000
+    scores = [float(i % 12) for i in range(1000)]
+    assert math.isnan(numeric_metrics(constant, scores).pearson)
+    assert math.isnan(numeric_metrics(scores, [5.0] * 1000).pearson)

@@ -102,7 +102,9 @@ def _ranks(values: Sequence[float]) -> list[float]:
 def _pearson(x: Sequence[float], y: Sequence[float]) -> float:
     """``Σ (x-x̄)(y-ȳ) / sqrt(Σ (x-x̄)² Σ (y-ȳ)²)``; ``nan`` for fewer than two pairs or a
     constant side."""
-    if len(x) < 2:
+    # A constant side has no correlation; testing the values themselves, not their deviations
+    # from a mean rounded in the last place, keeps it undefined (not ~1e-17).
+    if len(x) < 2 or min(x) == max(x) or min(y) == max(y):
         return math.nan
     mean_x, mean_y = _mean(x), _mean(y)
     dx = [a - mean_x for a in x]
