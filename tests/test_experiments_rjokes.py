@@ -244,6 +244,19 @@ def test_regression_metrics() -> None:
     assert constants["median"]["rmse"] == pytest.approx(math.sqrt((0.25 + 2.25) / 2))
 
 
+def test_a_mean_over_fewer_seeds_says_so() -> None:
+    """Pearson's r of a constant answer is undefined: a mean or a paired difference over the
+    seeds where it is defined says how many of the run's seeds that is."""
+    from numtok.experiments.rjokes.report import _difference, _mean_std
+    from numtok.experiments.stats import paired_comparison, summarise
+
+    assert _mean_std(summarise([None, 0.033, -0.002])) == "0.015 ± 0.025 (2 of 3 seeds)"
+    assert _mean_std(summarise([0.01, 0.033, -0.002])).endswith("± 0.018")
+    paired = paired_comparison([None, 0.033, -0.002], [0.003, 0.073, 0.043])
+    assert "(2 of 3 seeds)" in _difference(paired)
+    assert "seeds)" not in _difference(paired_comparison([0.1, 0.2, 0.4], [0.0, 0.1, 0.2]))
+
+
 @pytest.fixture(scope="module")
 def smoke_run(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     run_dir = tmp_path_factory.mktemp("run")

@@ -20,7 +20,7 @@ from typing import Any
 from numtok.experiments.config import ExperimentConfig
 from numtok.experiments.objectives import ARM_LABELS
 from numtok.experiments.report_format import ARM_COLOURS, json_safe, run_header, table
-from numtok.experiments.stats import paired_comparison, summarise
+from numtok.experiments.stats import finite, paired_comparison, seeds_note, summarise
 from numtok.experiments.tokenizer import CharTokenizer
 
 __all__ = ["METRICS", "format_table", "write_report"]
@@ -139,8 +139,12 @@ def _format_value(metric: str, value: float | None) -> str:
 
 
 def _mean_std(metric: str, entry: dict[str, Any]) -> str:
+    """``mean ± std``, and ``(2 of 3 seeds)`` where the metric is undefined on some seeds."""
     text = _format_value(metric, entry["mean"])
-    return text if entry["std"] is None else f"{text} ± {_format_value(metric, entry['std'])}"
+    if entry["std"] is not None:
+        text += f" ± {_format_value(metric, entry['std'])}"
+    values = entry.get("values") or []
+    return text + seeds_note(len(finite(values)), len(values))
 
 
 def _signed(metric: str, value: float | None) -> str:

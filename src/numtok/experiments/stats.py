@@ -14,7 +14,14 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["finite", "paired_comparison", "paired_test", "summarise", "t_critical"]
+__all__ = [
+    "finite",
+    "paired_comparison",
+    "paired_test",
+    "seeds_note",
+    "summarise",
+    "t_critical",
+]
 
 # Two-sided 95 % critical values of Student's t for 1..30 degrees of freedom; 30's is used
 # beyond (slightly conservative).
@@ -44,6 +51,12 @@ def summarise(values: Sequence[float | None]) -> dict[str, Any]:
     }
 
 
+def seeds_note(kept: int, seeds: int) -> str:
+    """`` (2 of 3 seeds)`` when a mean or a difference is over fewer seeds than the run has (a
+    metric undefined on some seeds: Pearson's r of a constant answer), else ``""``."""
+    return f" ({kept} of {seeds} seeds)" if 0 < kept < seeds else ""
+
+
 def paired_test(differences: Sequence[float]) -> tuple[float | None, bool | None]:
     """(t statistic, exceeds the seed spread) for per-seed differences; (None, None) when fewer
     than two seeds leave the spread unknown."""
@@ -61,8 +74,9 @@ def paired_comparison(
     values: Sequence[float | None], baseline: Sequence[float | None]
 ) -> dict[str, Any]:
     """Seed-by-seed differences ``values − baseline`` (seeds where both are finite): their
-    summary, the paired t statistic, whether it exceeds the seed spread, and the 95 % interval
-    ``[low, high]`` of the mean difference (None with fewer than two seeds)."""
+    summary, the paired t statistic, whether it exceeds the seed spread, the 95 % interval
+    ``[low, high]`` of the mean difference (None with fewer than two seeds), and ``seeds``, the
+    number of seeds compared (the differences are over ``len(values)`` of them)."""
     differences = [
         a - b
         for a, b in zip(values, baseline, strict=True)
@@ -74,4 +88,4 @@ def paired_comparison(
     if summary["std"] is not None:
         half = t_critical(len(differences) - 1) * summary["std"] / math.sqrt(len(differences))
         low, high = summary["mean"] - half, summary["mean"] + half
-    return {**summary, "t": t, "exceeds": exceeds, "low": low, "high": high}
+    return {**summary, "t": t, "exceeds": exceeds, "low": low, "high": high, "seeds": len(values)}

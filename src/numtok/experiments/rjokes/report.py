@@ -40,7 +40,7 @@ from numtok.experiments.rjokes.evaluate import (
     regression_metrics,
 )
 from numtok.experiments.run_folder import arm_directory
-from numtok.experiments.stats import paired_comparison, summarise
+from numtok.experiments.stats import finite, paired_comparison, seeds_note, summarise
 
 __all__ = ["LABELS", "PUBLISHED", "constant_predictions", "summary_table", "write_report"]
 
@@ -214,8 +214,12 @@ def _number(value: float | None) -> str:
 
 
 def _mean_std(entry: dict[str, Any]) -> str:
+    """``mean ± std``, and ``(2 of 3 seeds)`` where the metric is undefined on some seeds."""
     text = _number(entry["mean"])
-    return text if entry["std"] is None else f"{text} ± {_number(entry['std'])}"
+    if entry["std"] is not None:
+        text += f" ± {_number(entry['std'])}"
+    values = entry.get("values") or []
+    return text + seeds_note(len(finite(values)), len(values))
 
 
 def _difference(entry: dict[str, Any]) -> str:
@@ -227,6 +231,7 @@ def _difference(entry: dict[str, Any]) -> str:
     text = f"{entry['mean']:+.3f}"
     if entry["low"] is not None:
         text += f" [{entry['low']:+.3f}, {entry['high']:+.3f}]"
+    text += seeds_note(len(entry.get("values") or []), entry.get("seeds", 0))
     boot = entry.get("bootstrap")
     if boot is not None:
         interval = "n/a" if boot["low"] is None else f"{boot['low']:+.3f}, {boot['high']:+.3f}"
