@@ -296,11 +296,6 @@ def test_no_python_block_needs_a_name_it_is_not_given() -> None:
     )
 
 
-#: Pages whose rewrite (issue 40) will give their fixture blocks the comment; a page leaves the
-#: list once its blocks pass (test_the_pending_pages_still_hide_names says when).
-HIDDEN_NAMES_PENDING = {"README.md"}
-
-
 def _leading_comment(source: str) -> str:
     """The comment lines a block begins with (blank lines skipped)."""
     lines = []
@@ -345,22 +340,12 @@ def _read_before_bound(tree: ast.Module) -> set[str]:
 
 
 def test_a_printed_example_names_what_a_fixture_gives_it() -> None:
-    problems = [
-        problem
-        for page in doc_files()
-        if page.relative_to(ROOT).as_posix() not in HIDDEN_NAMES_PENDING
-        for problem in _hidden_names(page)
-    ]
+    problems = [problem for page in doc_files() for problem in _hidden_names(page)]
     assert not problems, (
         "Python blocks read names that a fixture gives them without saying so: define them in "
         "the block, or name each in a comment on its first lines (where the reader gets it):\n"
         + "\n".join(problems)
     )
-
-
-def test_the_pending_pages_still_hide_names() -> None:
-    done = sorted(page for page in HIDDEN_NAMES_PENDING if not _hidden_names(ROOT / page))
-    assert not done, f"these pages name what their fixtures give: take them off the list: {done}"
 
 
 def _names(tree: ast.AST) -> tuple[set[str], set[str]]:
