@@ -55,24 +55,14 @@ REPORT_PAGES = {
     "docs/number-losses-arithmetic-report.md": "numtok repro --preset add_or_sub-losses",
     "docs/number-losses-test-report.md": "numtok repro --preset rjokes-losses",
     "docs/rjokes-test-report.md": "numtok demo --data-dir DATA",
+    "docs/compare-arithmetic-fresh.md": "numtok compare --preset smollm2-arithmetic-fresh",
 }
 
 #: Pages whose rewrite is under way (issue 40: the README, the landing page and the results
 #: pages of `numtok compare`, SmolLM2 and rJokes), with the figures each still had without their
 #: file when it was listed. Take a page off once it passes: a listed page that passes fails
 #: test_the_pending_list_holds_only_failing_pages.
-PENDING = {
-    "README.md",  # 7
-    "docs/compare-arithmetic-fresh.md",  # 4
-    "docs/compare.md",  # 5
-    "docs/index.md",  # 3
-    "docs/rjokes.md",  # 7
-    "docs/should-i-use-ntl.md",  # 2
-    "docs/smollm2-arithmetic-test.md",  # 3
-    "docs/smollm2-rjokes-test.md",  # 4
-    "docs/smollm2-rjokes-validation.md",  # 1
-    "docs/smollm2.md",  # 29
-}
+PENDING: set[str] = set()
 
 #: The words that mark a sentence's figures as having no committed rows.
 MARKERS = ("one-off", "estimate", "estimated", "unmeasured")
