@@ -355,7 +355,8 @@ def test_module_state_dict_round_trip() -> None:
     torch.testing.assert_close(source(logits, labels), target(logits, labels))
 
 
-@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+# inductor compiles C++ for the CPU (about 40 s on 2 cores): slow, in `make test-slow`.
+@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
 def test_module_under_torch_compile(backend: str) -> None:
     torch._dynamo.reset()
     vocab = make_vocab("chunks")

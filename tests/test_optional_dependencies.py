@@ -8,6 +8,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 # The modules the extras of pyproject.toml (hf, demo) and the dev tools bring, except torch's own
 # dependencies (sympy): hidden, they cannot be imported, as in an environment of torch alone.
 OPTIONAL = [
@@ -96,6 +98,7 @@ def test_importing_numtok_imports_no_optional_dependency() -> None:
     assert result.stdout.strip() == "[]"  # whatever torch itself imports is not numtok's doing
 
 
+@pytest.mark.slow  # a fresh interpreter that imports transformers and trains: about 10 s
 def test_the_hugging_face_routes_train_without_deepspeed() -> None:
     """The ZeRO-3 gathering (numtok.hf._zero3) imports deepspeed only for a ZeRO-3 parameter."""
     code = f"""
