@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from numtok.experiments.finetune.analysis import learnability_gate
+from numtok.experiments.finetune.report import _gate_lines
 from numtok.experiments.finetune.jsonl import DataError, read_records, read_user_data
 from numtok.experiments.finetune.preregistration import (
     check_preregistration,
@@ -241,6 +242,9 @@ def test_the_gate_passes_only_beyond_the_standard_error() -> None:
     failed = learnability_gate({"ce": {"greedy": marginal}}, constants, references, 2, "mae")
     assert not failed["passed"] and failed["constant"] == "median"
     assert failed["best"]["improvement"] == pytest.approx(0.0)
+    (sentence,) = [line for line in _gate_lines(failed) if line.startswith("**Failed")]
+    assert "answering the training median (5) to every example" in sentence, sentence
+    assert "(closest: ce (greedy), +0.000 ± 0.000)." in sentence, sentence
     passed = learnability_gate(
         {"ce": {"greedy": marginal}, "was": {"greedy": learnt}}, constants, references, 2, "mae"
     )

@@ -75,7 +75,10 @@ def _number(value: float | None, digits: int = 3) -> str:
 
 
 def _signed(value: float | None) -> str:
-    return "n/a" if value is None or not math.isfinite(value) else f"{value:+.3f}"
+    """``+0.016``; a value that rounds to zero is ``+0.000``, never ``-0.000``."""
+    if value is None or not math.isfinite(value):
+        return "n/a"
+    return f"{round(value, 3) or 0.0:+.3f}"
 
 
 def _interval(low: float | None, high: float | None) -> str:
@@ -150,7 +153,7 @@ def _gate_lines(gate: dict[str, Any]) -> list[str]:
             f"on any loss.** No trained arm beats the best constant, {constant}, by more than "
             "the standard error of the difference"
             + (
-                f" (closest: {best['arm']} {best['readout']}, {_signed(best['improvement'])} "
+                f" (closest: {best['arm']} ({best['readout']}), {_signed(best['improvement'])} "
                 f"± {_number(best['se'])})."
                 if best
                 else "."
