@@ -56,6 +56,7 @@ REPORT_PAGES = {
     "docs/number-losses-test-report.md": "numtok repro --preset rjokes-losses",
     "docs/rjokes-test-report.md": "numtok demo --data-dir DATA",
     "docs/compare-arithmetic-fresh.md": "numtok compare --preset smollm2-arithmetic-fresh",
+    "docs/smollm2-rjokes-gate.md": "numtok compare --preset smollm2-rjokes",
 }
 
 #: Pages whose rewrite is under way (issue 40: the README, the landing page and the results

@@ -59,16 +59,17 @@ _SMOLLM2: dict[str, Any] = {
     "learning_rate": 1e-3,
     "warmup_steps": 6,
 }
-#: rJokes, redesigned so that the run can learn (docs/smollm2.md, "rJokes: a budget that
-#: learns"): the joke cut at 64 tokens, not 32 (18 % of the jokes are still cut, against 33 %),
-#: 120 steps instead of 16. A validation probe (seed 0, 300 jokes) found it the first budget where
-#: an arm beats the best constant answer by more than its standard error: CE's expected readout,
-#: RMSE 0.022 below the training mean's (bootstrap SE 0.009). The endpoint is RMSE of the
+#: rJokes, redesigned so that the run can learn (docs/smollm2.md, "rJokes, the redesign"): the
+#: joke cut at 64 tokens, not 32 (18 % of the jokes are still cut, against 33 %), 120 steps
+#: instead of 16. A probe (seed 0, 300 jokes, no rows) found it the first budget where an arm
+#: beat the best constant answer by more than its standard error; on the preset's own 200
+#: validation jokes it does not: the learnability gate fails (docs/smollm2-rjokes-gate.md), and
+#: the task is left for smollm2-rjokes-long on a GPU. The endpoint is RMSE of the
 #: ``expected`` readout, the mean of the model's distribution over the scores (what squared error
 #: rewards), not the greedy answer, which for an arm that learnt little is its loss's point
 #: estimate of the scores' marginal (CE's the mode, NTL-WAS's the median). λ = 3 for NTL-WAS is the
 #: earlier validation sweep's (16 steps, docs/smollm2-rjokes-validation.md), not re-chosen here.
-#: Over the hour on 2 cores (about 2.5-3.5 h): the GPU is its place, and smollm2-rjokes-long.
+#: Over the hour on 2 cores (an estimated 3-4.5 h): the GPU is its place, and smollm2-rjokes-long.
 _SMOLLM2_RJOKES: dict[str, Any] = {
     "task": "rjokes",
     "arms": ("ce", "was", "head"),
