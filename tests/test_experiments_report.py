@@ -18,10 +18,19 @@ from numtok.experiments.config import ExperimentConfig
 from numtok.experiments.data import TASKS, generate, read_cache
 from numtok.experiments.presets import PRESETS
 from numtok.experiments.report import METRICS, format_table, write_report
+from numtok.experiments.report_format import signed
 from numtok.experiments.runner import run_experiment
 from numtok.experiments.stats import paired_test
 
 SMOKE = PRESETS["smoke"].config
+
+
+def test_signed_differences_carry_a_sign_and_no_negative_zero() -> None:
+    assert [signed(v) for v in (0.0155, -0.0006, 2.0, -1e-17, -0.0004, 0.0)] == [
+        "+0.015", "-0.001", "+2.000", "+0.000", "+0.000", "+0.000",
+    ]  # fmt: skip
+    assert signed(1.23456, 4) == "+1.2346" and signed(-0.00004, 4) == "+0.0000"
+    assert signed(None) == signed(math.nan) == signed(-math.inf) == "n/a"
 
 
 def test_paired_test_matches_the_t_statistic() -> None:

@@ -16,7 +16,7 @@ import numtok
 from numtok.experiments.config import TrainingConfig
 from numtok.experiments.model import Transformer
 
-__all__ = ["ARM_COLOURS", "hardware", "json_safe", "run_header", "table"]
+__all__ = ["ARM_COLOURS", "hardware", "json_safe", "run_header", "signed", "table"]
 
 #: One matplotlib colour per arm, the same in every task's plots.
 ARM_COLOURS = {
@@ -82,6 +82,14 @@ def json_safe(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [json_safe(v) for v in value]
     return value
+
+
+def signed(value: float | None, digits: int = 3) -> str:
+    """``+0.016`` (``digits`` decimals, always a sign); ``n/a`` for None or a non-finite value. A
+    value that rounds to zero is ``+0.000``, never ``-0.000``."""
+    if value is None or not math.isfinite(value):
+        return "n/a"
+    return f"{round(value, digits) or 0.0:+.{digits}f}"
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[str]], *, markdown: bool) -> str:

@@ -16,6 +16,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from numtok.experiments.report_format import signed
+
 if TYPE_CHECKING:  # the command line builds its parser without the harness's dependencies
     from numtok.experiments.finetune.config import FinetuneConfig
 
@@ -187,10 +189,6 @@ def compare_config(args: argparse.Namespace, base: FinetuneConfig | None) -> Fin
     return base.with_overrides(**settings)
 
 
-def _signed(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:+.4f}"
-
-
 def summary_lines(results: dict[str, Any], config: FinetuneConfig) -> list[str]:
     """What the command prints at the end: the gate and the primary endpoint of every arm."""
     gate = results["gate"]
@@ -216,9 +214,9 @@ def summary_lines(results: dict[str, Any], config: FinetuneConfig) -> list[str]:
         ):
             seed, boot = entry["seed"], entry["bootstrap"]
             lines.append(
-                f"  {entry['arm']}: {_signed(entry['mean'])}, seed t "
-                f"[{_signed(seed['low'])}, {_signed(seed['high'])}], bootstrap "
-                f"[{_signed(boot['low'])}, {_signed(boot['high'])}]: "
+                f"  {entry['arm']}: {signed(entry['mean'], 4)}, seed t "
+                f"[{signed(seed['low'], 4)}, {signed(seed['high'], 4)}], bootstrap "
+                f"[{signed(boot['low'], 4)}, {signed(boot['high'], 4)}]: "
                 f"{entry['verdict'] or 'no verdict'}"
             )
     return lines

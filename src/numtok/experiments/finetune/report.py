@@ -38,7 +38,7 @@ from numtok.experiments.item_metrics import (
     answer_values,
     item_metrics,
 )
-from numtok.experiments.report_format import json_safe
+from numtok.experiments.report_format import json_safe, signed
 
 __all__ = ["write_report"]
 
@@ -74,22 +74,15 @@ def _number(value: float | None, digits: int = 3) -> str:
     return "n/a" if value is None or not math.isfinite(value) else f"{value:.{digits}f}"
 
 
-def _signed(value: float | None) -> str:
-    """``+0.016``; a value that rounds to zero is ``+0.000``, never ``-0.000``."""
-    if value is None or not math.isfinite(value):
-        return "n/a"
-    return f"{round(value, 3) or 0.0:+.3f}"
-
-
 def _interval(low: float | None, high: float | None) -> str:
-    return "n/a" if low is None or high is None else f"[{_signed(low)}, {_signed(high)}]"
+    return "n/a" if low is None or high is None else f"[{signed(low)}, {signed(high)}]"
 
 
 def _difference_cells(entry: dict[str, Any]) -> list[str]:
     boot = entry["bootstrap"]
     verdict = entry["verdict"] or "–"
     return [
-        _signed(entry["mean"]),
+        signed(entry["mean"]),
         _interval(entry["seed"]["low"], entry["seed"]["high"]),
         _interval(boot["low"], boot["high"]),
         _number(boot["mde"]),
@@ -153,7 +146,7 @@ def _gate_lines(gate: dict[str, Any]) -> list[str]:
             f"on any loss.** No trained arm beats the best constant, {constant}, by more than "
             "the standard error of the difference"
             + (
-                f" (closest: {best['arm']} ({best['readout']}), {_signed(best['improvement'])} "
+                f" (closest: {best['arm']} ({best['readout']}), {signed(best['improvement'])} "
                 f"± {_number(best['se'])})."
                 if best
                 else "."
@@ -163,7 +156,7 @@ def _gate_lines(gate: dict[str, Any]) -> list[str]:
               "|---|---|---|---|---|"]  # fmt: skip
     for entry in gate["arms"]:
         lines.append(
-            f"| {entry['arm']} | {entry['readout']} | {_signed(entry['improvement'])} | "
+            f"| {entry['arm']} | {entry['readout']} | {signed(entry['improvement'])} | "
             f"{_number(entry['se'])} | {'yes' if entry['passes'] else 'no'} |"
         )
     return lines

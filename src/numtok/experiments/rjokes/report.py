@@ -31,7 +31,7 @@ from numtok.experiments.bootstrap import seed_item_difference
 from numtok.experiments.finetune.analysis import learnability_gate, resamples_of, verdict
 from numtok.experiments.item_metrics import answer_values
 from numtok.experiments.objectives import ARM_LABELS
-from numtok.experiments.report_format import ARM_COLOURS, json_safe, run_header, table
+from numtok.experiments.report_format import ARM_COLOURS, json_safe, run_header, signed, table
 from numtok.experiments.rjokes.config import RJokesConfig
 from numtok.experiments.rjokes.evaluate import (
     REGRESSION_METRICS,
@@ -228,13 +228,15 @@ def _difference(entry: dict[str, Any]) -> str:
     seed spread, **better**/**worse** when both intervals exclude 0 and the run learnt."""
     if entry["mean"] is None:
         return "n/a"
-    text = f"{entry['mean']:+.3f}"
+    text = signed(entry["mean"])
     if entry["low"] is not None:
-        text += f" [{entry['low']:+.3f}, {entry['high']:+.3f}]"
+        text += f" [{signed(entry['low'])}, {signed(entry['high'])}]"
     text += seeds_note(len(entry.get("values") or []), entry.get("seeds", 0))
     boot = entry.get("bootstrap")
     if boot is not None:
-        interval = "n/a" if boot["low"] is None else f"{boot['low']:+.3f}, {boot['high']:+.3f}"
+        interval = (
+            "n/a" if boot["low"] is None else f"{signed(boot['low'])}, {signed(boot['high'])}"
+        )
         text += f" {{{interval}}}"
     if entry.get("verdict"):
         return text + f" **{entry['verdict']}**"
@@ -312,7 +314,7 @@ def verdict_lines(results: dict[str, Any]) -> list[str]:
         if comparison["kind"] == "readout_vs_greedy":
             continue
         parts = [
-            f"{REGRESSION_METRICS[m][0]} {entry['mean']:+.3f} ({_judgement(entry, m)})"
+            f"{REGRESSION_METRICS[m][0]} {signed(entry['mean'])} ({_judgement(entry, m)})"
             for m in ("rmse", "mae", "pearson")
             if (entry := comparison[m])["mean"] is not None
         ]
