@@ -16,8 +16,6 @@ from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from numtok.experiments.report_format import signed
-
 if TYPE_CHECKING:  # the command line builds its parser without the harness's dependencies
     from numtok.experiments.finetune.config import FinetuneConfig
 
@@ -191,6 +189,8 @@ def compare_config(args: argparse.Namespace, base: FinetuneConfig | None) -> Fin
 
 def summary_lines(results: dict[str, Any], config: FinetuneConfig) -> list[str]:
     """What the command prints at the end: the gate and the primary endpoint of every arm."""
+    from numtok.experiments.report_format import signed
+
     gate = results["gate"]
     split = config.evaluation_splits[0]
     if split not in results["answers"]:
