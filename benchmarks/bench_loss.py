@@ -51,9 +51,9 @@ from bench_common import (
 from torch.autograd.function import once_differentiable
 
 from numtok import NumberVocab, number_token_loss
-from numtok.fused import cross_entropy_with_ntl
-from numtok.kernels.torch_rows import statistics_and_gradient
-from numtok.linear import linear_cross_entropy_with_ntl
+from numtok.losses.fused import cross_entropy_with_ntl
+from numtok.losses.linear import linear_cross_entropy_with_ntl
+from numtok.ops.kernels.torch_rows import statistics_and_gradient
 
 RESULTS = Path(__file__).resolve().parent / "results"
 NTL_WEIGHT = 0.3
@@ -257,7 +257,7 @@ def _fused_in_blocks(case: Case, logits: torch.Tensor, labels: torch.Tensor) -> 
     """The Triton kernels with rows of at most 16,384 columns on chip (the default is 32,768):
     half the registers a program, two programs an SM, and rows above that read twice (private
     knob, benchmark only: the block size was chosen without a GPU at hand)."""
-    from numtok.kernels import triton_loss
+    from numtok.ops.kernels import triton_loss
 
     widest = triton_loss._MAX_BLOCK_V
     triton_loss._MAX_BLOCK_V = 1 << 14

@@ -43,9 +43,9 @@ import torch
 from bench_common import provenance, quantiles
 
 from numtok import NumberVocab
-from numtok._causal_lm_scorers import WholeSequenceScorer
-from numtok.decoding import predict_numbers
-from numtok.readout import number_distribution
+from numtok.readout.decoding import predict_numbers
+from numtok.readout.distribution import number_distribution
+from numtok.readout.scorers import WholeSequenceScorer
 
 RESULTS = Path(__file__).resolve().parent / "results"
 #: (digits, prompts, new tokens of the greedy generate()).

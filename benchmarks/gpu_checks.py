@@ -264,7 +264,7 @@ def launch(args: argparse.Namespace) -> int:
     base = Path(args.out)
     sys.path.insert(0, str(TESTS))
     import test_fused_triton as suite
-    from numtok.kernels import triton_rows
+    from numtok.ops.kernels import triton_rows
 
     recorded = _Launches(device)
     kernels = {name: getattr(triton_rows, name) for name in suite._KERNELS}

@@ -26,7 +26,7 @@ def large(args: argparse.Namespace) -> int:
     import torch.nn.functional as F
 
     from numtok import number_token_loss
-    from numtok.fused import cross_entropy_with_ntl
+    from numtok.losses.fused import cross_entropy_with_ntl
 
     device = torch.device(args.device)
     tokens, vocab_size = (64, 40_000) if args.quick else (16_384, 152_064)
@@ -171,8 +171,8 @@ def small(args: argparse.Namespace) -> int:
     (``--error-exitcode``)."""
     import torch
 
-    from numtok.fused import cross_entropy_with_ntl
-    from numtok.linear import linear_cross_entropy_with_ntl
+    from numtok.losses.fused import cross_entropy_with_ntl
+    from numtok.losses.linear import linear_cross_entropy_with_ntl
 
     device = torch.device(args.device)
     generator = torch.Generator(device).manual_seed(0)

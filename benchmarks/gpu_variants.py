@@ -11,7 +11,7 @@ launches with the same string share one binary.
 :func:`record_on_import` with ``$GPU_SH_VARIANTS``: every process of a step (pytest's xdist
 workers too) appends each launch's kernel and variant to that file, one JSON line each, and the
 report counts the variants no earlier step compiled (:mod:`gpu_budget`). Recording only wraps the
-kernels of ``numtok.kernels.triton_rows``; it changes nothing they compute.
+kernels of ``numtok.ops.kernels.triton_rows``; it changes nothing they compute.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-#: The kernels of numtok.kernels.triton_rows.
+#: The kernels of numtok.ops.kernels.triton_rows.
 KERNELS = ("prepare_rows", "ce_ntl_rows", "sum_terms", "scale_rows")
-MODULE = "numtok.kernels.triton_rows"
+MODULE = "numtok.ops.kernels.triton_rows"
 
 
 def describe(value: Any) -> Any:

@@ -3,10 +3,10 @@
 Data: JSONL files, one ``{"prompt": ..., "answer": ...}`` object per line. The loss is on the
 answer (and the end-of-sequence token) only; with a chat model the prompt is wrapped in its chat
 template. Before and after training the model answers the evaluation prompts greedily, and the
-last number of each answer is scored with :func:`numtok.metrics.numeric_metrics` (exact accuracy,
-MAE, R², ...). Training logs show ``loss``, ``ce`` and ``ntl``; evaluation adds ``eval_ce`` and
-``eval_ntl``. The model, its tokenizer and ``results.json`` (settings, metrics, log history) are
-saved under ``--output``.
+last number of each answer is scored with :func:`numtok.readout.metrics.numeric_metrics` (exact
+accuracy, MAE, R², ...). Training logs show ``loss``, ``ce`` and ``ntl``; evaluation adds
+``eval_ce`` and ``eval_ntl``. The model, its tokenizer and ``results.json`` (settings, metrics, log
+history) are saved under ``--output``.
 
     python examples/finetune_causal_lm.py --model path/to/model --train train.jsonl \\
         --eval eval.jsonl --output runs/ntl --ntl-weight 0.3
@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
 
 from numtok.hf import NTLossForTrainer
-from numtok.metrics import numeric_metrics
+from numtok.readout.metrics import numeric_metrics
 
 Example = tuple[str, str]
 

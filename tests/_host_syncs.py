@@ -47,7 +47,7 @@ _NUMTOK = str(Path(__import__("numtok").__file__).parent)
 #: numtok's functions whose reads stay on the host on a GPU too, (file, function): the settings'
 #: checks read the vocabulary's own tables, which live on the CPU (``LossSpec.build``), and the
 #: torch row passes skip a pass for an upstream gradient of 1 only when it is a CPU tensor.
-HOST_ONLY = {("_ntl_maths.py", "build"), ("torch_rows.py", "scale_rows_in_place")}
+HOST_ONLY = {("maths/ntl.py", "build"), ("ops/kernels/torch_rows.py", "scale_rows_in_place")}
 
 
 class Site(NamedTuple):
@@ -95,10 +95,12 @@ def _syncs(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
 
 
 def _where() -> tuple[str, int | None, str, bool]:
-    """``(file name, line, function, in numtok)`` of the innermost numtok frame of the stack,
-    else of the innermost frame outside torch and this file."""
+    """``(file, line, function, in numtok)`` of the innermost numtok frame of the stack (its path
+    inside the package), else of the innermost frame outside torch and this file (its name)."""
     frames = [f for f in traceback.extract_stack() if f.filename != __file__]
     ours = [f for f in frames if f.filename.startswith(_NUMTOK)]
     outside = [f for f in frames if "/torch/" not in f.filename]
     frame = (ours or outside or frames)[-1]
-    return Path(frame.filename).name, frame.lineno, frame.name, bool(ours)
+    file = Path(frame.filename)
+    name = file.relative_to(_NUMTOK).as_posix() if ours else file.name
+    return name, frame.lineno, frame.name, bool(ours)

@@ -2,7 +2,7 @@
 
 Input (stdin): JSON ``{"targets": [90, 80], "launches": [...], "ttir": bool}``, each launch as
 ``test_fused_triton.py``'s recorder writes it: the name of a kernel of
-:mod:`numtok.kernels.triton_rows`, its positional arguments (a tensor as its dtype and
+:mod:`numtok.ops.kernels.triton_rows`, its positional arguments (a tensor as its dtype and
 ``data_ptr``, a Python scalar as itself) and its keyword arguments (the constexprs, ``tl``
 dtypes as ``{"tl": name}``, and ``num_warps``).
 
@@ -41,7 +41,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, make_backend
 from triton.runtime.jit import compute_cache_key, create_function_from_signature
 
-from numtok.kernels import triton_rows
+from numtok.ops.kernels import triton_rows
 
 
 class _TensorStandIn:

@@ -73,8 +73,8 @@ def main() -> None:
     from vllm import LLM
 
     from numtok import NumberVocab
-    from numtok.decoding import predict_numbers as hf_predict_numbers
     from numtok.integrations.vllm import VLLMScorer, predict_numbers
+    from numtok.readout.decoding import predict_numbers as hf_predict_numbers
 
     llm = LLM(
         model=str(folder),

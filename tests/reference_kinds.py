@@ -1,5 +1,5 @@
-"""Plain float64 references for DEL, SMMD and DIST2 (numtok.kinds), written from their
-definitions (``shared/number-losses.md`` and the generalisation stated in numtok.kinds) with
+"""Plain float64 references for DEL, SMMD and DIST2 (numtok.maths.kinds), written from their
+definitions (``shared/number-losses.md`` and the generalisation stated in numtok.maths.kinds) with
 Python loops over positions and tokens, independent of the library's vectorised code."""
 
 from __future__ import annotations

@@ -125,8 +125,8 @@ def test_bad_tensors(
             {"kind": "wasserstein"},
             ValueError,
             r"kind must be one of \('was', 'mse', 'mae', 'huber', 'del', 'smmd', 'dist2', "
-            r"'number'\), a settings object of numtok.kinds \(DEL, SMMD, DIST2\) or a callable, "
-            r"got 'wasserstein'",
+            r"'number'\), a settings object of numtok.maths.kinds \(DEL, SMMD, DIST2\) or a "
+            r"callable, got 'wasserstein'",
         ),
         (
             {"reduction": "avg"},

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 import pytest
 import torch
 
-import numtok.fused
+import numtok.losses.fused
 from _host_syncs import HostSyncs
 from numtok import (
     CEWithNTLOutput,
@@ -110,7 +110,9 @@ def _loss_of(out: Any) -> torch.Tensor:
 def beside_cross_entropy(monkeypatch: pytest.MonkeyPatch) -> None:
     """``impl="auto"`` takes the route it takes off the CPU (CUDA's default): F.cross_entropy with
     NTL beside it, read from the logits' number columns."""
-    monkeypatch.setattr(numtok.fused, "unfused_by_default", lambda impl, device: impl == "auto")
+    monkeypatch.setattr(
+        numtok.losses.fused, "unfused_by_default", lambda impl, device: impl == "auto"
+    )
 
 
 def _settings(inputs: Inputs, name: str) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""numtok.decoding: expected values per position (against a loop reference and ntloss's
+"""numtok.readout.decoding: expected values per position (against a loop reference and ntloss's
 predict_numbers) and per whole number in a generated sequence."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from numtok import NumberVocab
-from numtok.decoding import ExpectedNumbers, expected_numbers, expected_span_values
-from numtok.spans import find_number_spans
+from numtok.numbers.spans import find_number_spans
+from numtok.readout.decoding import ExpectedNumbers, expected_numbers, expected_span_values
 
 torch.set_num_threads(1)
 

@@ -24,7 +24,7 @@ from numtok import (
     make_compute_metrics,
     number_token_loss,
 )
-from numtok._extras import EXTRAS, require_extra
+from numtok._common.extras import EXTRAS, require_extra
 from numtok.hf import NTLossForTrainer, patch_model, unpatch_model
 
 from _hf_tiny import build_model, build_tokenizer

@@ -44,7 +44,7 @@ from numtok.experiments.rjokes.train import (
     train_arm,
 )
 from numtok.experiments.tokenizer import WordTokenizer
-from numtok.readout import number_distribution
+from numtok.readout.distribution import number_distribution
 
 SMOKE: RJokesConfig = PRESETS["rjokes-smoke"].config  # type: ignore[assignment]
 WORDS = [

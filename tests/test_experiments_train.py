@@ -30,7 +30,7 @@ from numtok.experiments.run_folder import arm_directory
 from numtok.experiments.runner import run_experiment
 from numtok.experiments.tokenizer import CharTokenizer
 from numtok.experiments.train import build_arm, train_arm, train_step
-from numtok.label_smoothing import gaussian_label_smoothing_ce
+from numtok.losses.smoothing import gaussian_label_smoothing_ce
 
 SMOKE = PRESETS["smoke"].config
 

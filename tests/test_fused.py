@@ -12,9 +12,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from numtok import NumberTokenLoss, NumberVocab, fused, number_token_loss
-from numtok.fused import CEWithNTLOutput, cross_entropy_with_ntl
-from numtok.kernels import torch_rows
+from numtok import NumberTokenLoss, NumberVocab, number_token_loss
+from numtok.losses import fused
+from numtok.losses.fused import CEWithNTLOutput, cross_entropy_with_ntl
+from numtok.ops.kernels import torch_rows
 
 from cases import REFERENCE_CASES, VOCABS, make_batch, make_vocab
 

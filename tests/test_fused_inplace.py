@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-from numtok.fused import cross_entropy_with_ntl
-from numtok.kernels.gradient_in_forward import gradient_in_backward
+from numtok.losses.fused import cross_entropy_with_ntl
+from numtok.ops.kernels.gradient_in_forward import gradient_in_backward
 
 from cases import make_batch, make_vocab
 from test_fused import reference

@@ -25,11 +25,11 @@ import triton.language as tl
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map
 
-import numtok.kernels
+import numtok.ops.kernels
 from numtok import NumberTokenLoss, NumberVocab
-from numtok.fused import cross_entropy_with_ntl
-from numtok.kernels import dispatch, triton_loss, triton_rows
-from numtok.linear import linear_cross_entropy_with_ntl
+from numtok.losses.fused import cross_entropy_with_ntl
+from numtok.losses.linear import linear_cross_entropy_with_ntl
+from numtok.ops.kernels import dispatch, triton_loss, triton_rows
 
 from cases import REFERENCE_CASES, make_batch, make_vocab
 from test_fused import (
@@ -462,8 +462,8 @@ def test_numtok_impl_triton_falls_back_where_triton_does_not_import(
     ``impl="triton"`` raises an error that says why."""
     monkeypatch.setitem(sys.modules, "triton", None)
     for module in ("triton_loss", "triton_rows"):
-        monkeypatch.delitem(sys.modules, f"numtok.kernels.{module}")
-        monkeypatch.delattr(numtok.kernels, module)
+        monkeypatch.delitem(sys.modules, f"numtok.ops.kernels.{module}")
+        monkeypatch.delattr(numtok.ops.kernels, module)
     vocab = make_vocab("digits")
     logits, labels = make_batch("digits", seed=23)
     expected = cross_entropy_with_ntl(logits, labels, vocab, impl="torch").loss
@@ -830,7 +830,7 @@ def _public_calls() -> None:
         names = ("digits", "chunks")[:: 1 if index % 2 else -1]
         calls = (_LOW_PRECISION_CALLS[index % 4], _FLOAT64_CALLS[index % 2])
         for name, (dtype, upstream, settings, ignore_index) in zip(names, calls, strict=True):
-            # Squashing is WAS's alone, reweighing NTL's kinds' (not numtok.kinds').
+            # Squashing is WAS's alone, reweighing NTL's kinds' (not numtok.maths.kinds').
             unused = {"reweigh"} if kind in ("del", "smmd", "dist2") else set()
             unused |= set() if kind == "was" else {"squash_factor"}
             chosen = {k: v for k, v in settings.items() if k not in unused}

@@ -1,4 +1,4 @@
-"""DEL, SMMD and DIST2 (numtok.kinds) against their float64 references (reference_kinds.py):
+"""DEL, SMMD and DIST2 (numtok.maths.kinds) against their float64 references (reference_kinds.py):
 values and gradients on a digit and a multi-digit vocabulary (word starts and a decimal point
 included), every reduction, loss weights and ``shift=True``; the place weights on the authors'
 examples; the fused and logits-free paths equal to the reference path (the logits-free path and
@@ -22,9 +22,9 @@ from numtok import (
     cross_entropy_with_ntl,
     number_token_loss,
 )
-from numtok._ntl_maths import LossSpec, place_weights
-from numtok.kinds import smmd_kernel
-from numtok.linear import linear_cross_entropy_with_ntl
+from numtok.losses.linear import linear_cross_entropy_with_ntl
+from numtok.maths.kinds import smmd_kernel
+from numtok.maths.ntl import LossSpec, place_weights
 
 import reference_kinds
 

@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from numtok import DEL, DIST2, SMMD, cross_entropy_with_ntl
-from numtok._ntl_maths import LossSpec
-from numtok.kernels import dispatch, triton_loss
+from numtok.maths.ntl import LossSpec
+from numtok.ops.kernels import dispatch, triton_loss
 
 from test_fused import assert_matches_finite_differences
 from test_kinds import KIND_IDS, KINDS, VOCABS, make_batch, make_vocab, reference, resolved

@@ -1,4 +1,4 @@
-"""numtok.label_smoothing: Gaussian label smoothing against a plain float64 reference, σ → 0
+"""numtok.losses.smoothing: Gaussian label smoothing against a plain float64 reference, σ → 0
 recovering cross-entropy, its minimiser, gradients and bad input."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from numtok import NumberVocab
-from numtok.label_smoothing import GaussianLabelSmoothingLoss, gaussian_label_smoothing_ce
+from numtok.losses.smoothing import GaussianLabelSmoothingLoss, gaussian_label_smoothing_ce
 
 torch.set_num_threads(1)
 

@@ -1,7 +1,8 @@
 """The package's layering, where import-linter cannot see it: no module takes a private name
-(``_x``) from a public module. Shared pieces live in private modules (``numtok._ntl_maths``,
-``numtok._validation``, ...) that their users import as peers; a public module's underscore names
-are its own. (The module-level layers are import-linter contracts in pyproject.toml, run by
+(``_x``) from a public module. A module is private when a part of its name is (``numtok._common.*``,
+``numtok.hf._head``); its names serve its peers. A public module's underscore names are its own:
+what two modules share lives in a public name of a module below both (``numtok.maths.ntl``,
+``numtok.ops.row_algebra``). (The module-level layers are import-linter contracts in pyproject.toml, run by
 ``make lint``.)"""
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ def private_names_from_public_modules(source: str, importer: str, is_package: bo
         if not isinstance(node, ast.ImportFrom):
             continue
         module = _imported_module(node, importer, is_package)
-        if module.split(".")[0] != "numtok" or module.split(".")[-1].startswith("_"):
+        parts = module.split(".")
+        if parts[0] != "numtok" or any(part.startswith("_") for part in parts):
             continue
         found += [
             f"{module}.{alias.name}"
@@ -54,15 +56,15 @@ def _is_module(name: str) -> bool:
 
 def test_the_checker_sees_absolute_and_relative_imports() -> None:
     source = (
-        "from numtok.losses import _LossSpec, Kind\n"
-        "from numtok._ntl_maths import LossSpec, _squashed\n"
+        "from numtok.losses.token import _LossSpec, Kind\n"
+        "from numtok._common.validation import check_bool, _squashed\n"
         "from .fused import _rows\n"
-        "from . import _validation\n"
+        "from numtok.hf import _head\n"
         "from __future__ import annotations\n"
     )
-    assert private_names_from_public_modules(source, "numtok.module", is_package=False) == [
-        "numtok.losses._LossSpec",
-        "numtok.fused._rows",
+    assert private_names_from_public_modules(source, "numtok.losses.module", is_package=False) == [
+        "numtok.losses.token._LossSpec",
+        "numtok.losses.fused._rows",
     ]
 
 
@@ -79,6 +81,6 @@ def test_no_module_imports_a_private_name_from_a_public_module() -> None:
         )
     }
     assert offences == {}, (
-        "move what these modules share into a private module that both import "
-        f"(as numtok._ntl_maths for the NTL maths): {offences}"
+        "move what these modules share into a public name of a module below both "
+        f"(as numtok.ops.row_algebra for the row algebra): {offences}"
     )

@@ -15,14 +15,14 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from numtok import NumberVocab, number_token_loss
-from numtok._ntl_maths import LossSpec
-from numtok.fused import CEWithNTLOutput, cross_entropy_with_ntl
-from numtok.kernels.torch_rows import entropy_and_top1
-from numtok.linear import (
+from numtok.losses.fused import CEWithNTLOutput, cross_entropy_with_ntl
+from numtok.losses.linear import (
     default_chunk_size,
     linear_cross_entropy_with_ntl,
     linear_loss_and_row_terms,
 )
+from numtok.maths.ntl import LossSpec
+from numtok.ops.kernels.torch_rows import entropy_and_top1
 
 from cases import KIND_IDS, KINDS, REFERENCE_CASES, VOCABS, make_labels, make_vocab
 from test_fused import WEIGHT, reference
@@ -306,7 +306,7 @@ def test_evaluation_computes_no_gradient(monkeypatch: pytest.MonkeyPatch) -> Non
     def refuse(*args: Any) -> None:
         raise AssertionError("the gradient-in-forward pass ran without a gradient to compute")
 
-    monkeypatch.setattr("numtok.linear.linear_loss_in_forward", refuse)
+    monkeypatch.setattr("numtok.losses.linear.linear_loss_in_forward", refuse)
     with torch.no_grad():
         out = linear_cross_entropy_with_ntl(hidden, weight, labels, vocab, bias=bias)
     assert not out.loss.requires_grad

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import torch
 
-from numtok import _linear_in_forward
-from numtok.fused import cross_entropy_with_ntl
-from numtok.linear import linear_cross_entropy_with_ntl
+from numtok.losses.fused import cross_entropy_with_ntl
+from numtok.losses.linear import linear_cross_entropy_with_ntl
+from numtok.ops import linear_in_forward
 
 from cases import make_vocab
 from test_fused import WEIGHT, reference
@@ -110,7 +110,7 @@ def test_the_weight_gradient_is_summed_in_float32(
         return float((grad - ref_grad).norm() / ref_grad.norm())
 
     def linear_error(dtype: torch.dtype) -> float:
-        monkeypatch.setattr(_linear_in_forward, "weight_gradient_dtype", lambda weight: dtype)
+        monkeypatch.setattr(linear_in_forward, "weight_gradient_dtype", lambda weight: dtype)
         return error(
             linear_cross_entropy_with_ntl(
                 low[0], low[1], labels, vocab, chunk_size=1, ntl_weight=WEIGHT, reweigh=True,

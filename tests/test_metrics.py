@@ -1,4 +1,4 @@
-"""numtok.metrics: numeric_metrics against numpy references, the paper's conventions for
+"""numtok.readout.metrics: numeric_metrics against numpy references, the paper's conventions for
 unparseable answers, bad input, and the Hugging Face compute_metrics adapter."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from numtok.metrics import (
+from numtok.readout.metrics import (
     CLIP_LIMIT,
     NumericMetrics,
     argmax_logits,
@@ -278,7 +278,7 @@ def test_compute_metrics_bad_input(digit_tokenizer: Any) -> None:
 
 
 def test_metrics_module_does_not_import_transformers() -> None:
-    code = "import sys, numtok.metrics; assert 'transformers' not in sys.modules"
+    code = "import sys, numtok.readout.metrics; assert 'transformers' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

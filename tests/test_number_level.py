@@ -1,5 +1,5 @@
-"""numtok.number_level: the number-level loss against a plain float64 reference, ntloss 0.3.2's
-NumberLevelLoss, true targets on a chunk tokenizer, gradients and properties."""
+"""numtok.losses.number_level: the number-level loss against a plain float64 reference, ntloss
+0.3.2's NumberLevelLoss, true targets on a chunk tokenizer, gradients and properties."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from numtok import NumberVocab
-from numtok.number_level import NumberLevelLoss, number_level_loss
-from numtok.spans import find_number_spans
+from numtok.losses.number_level import NumberLevelLoss, number_level_loss
+from numtok.numbers.spans import find_number_spans
 
 from test_spans import reference_spans, token_kinds
 

@@ -12,7 +12,7 @@ import torch
 pytest.importorskip("transformers")
 
 from numtok import NumberVocab
-from numtok.decoding import predict_numbers
+from numtok.readout.decoding import predict_numbers
 
 from _hf_tiny import build_model, build_tokenizer
 

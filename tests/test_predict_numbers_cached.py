@@ -14,9 +14,9 @@ import torch
 pytest.importorskip("transformers")
 
 from numtok import NumberVocab
-from numtok._causal_lm_scorers import WholeSequenceScorer
-from numtok.decoding import predict_numbers
-from numtok.readout import number_distribution
+from numtok.readout.decoding import predict_numbers
+from numtok.readout.distribution import number_distribution
+from numtok.readout.scorers import WholeSequenceScorer
 
 from test_readout import RecordingScorer, brute_force, mixed_vocab
 
@@ -210,14 +210,14 @@ class TupleLogits(torch.nn.Module):
 def test_models_the_cache_cannot_serve_fall_back_with_one_warning(
     build: Any, reason: str, one_prompt_per_group: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import numtok.decoding
-    from numtok.readout import widest_level
+    import numtok.readout.decoding
+    from numtok.readout.distribution import widest_level
 
     model = build()
     vocab = mixed_vocab()
     if one_prompt_per_group:
         budget = widest_level(vocab, 2) * VOCAB_SIZE * 4
-        monkeypatch.setattr(numtok.decoding, "LOGITS_BUDGET_BYTES", budget)
+        monkeypatch.setattr(numtok.readout.decoding, "LOGITS_BUDGET_BYTES", budget)
     with pytest.warns(UserWarning, match=FALLBACK) as caught:
         result = predict_numbers(model, vocab, PROMPTS, max_digits=2)
     assert len([w for w in caught if FALLBACK in str(w.message)]) == 1
@@ -242,7 +242,7 @@ def widest_call(model: Any, vocab: NumberVocab, digits: int, max_value: int | No
 def test_the_widest_level_bounds_every_call_of_the_scorer(
     digits: int, max_value: int | None
 ) -> None:
-    from numtok.readout import widest_level
+    from numtok.readout.distribution import widest_level
 
     model = tiny_model("llama", seed=9)
     mixed = mixed_vocab()
@@ -268,17 +268,19 @@ def test_the_widest_level_bounds_every_call_of_the_scorer(
 def test_prompts_are_read_in_groups_that_keep_the_logits_under_the_budget(
     per_group: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import numtok.decoding
-    from numtok.readout import widest_level
+    import numtok.readout.decoding
+    from numtok.readout.distribution import widest_level
 
     model = tiny_model("llama", seed=10)
     vocab = mixed_vocab()
     whole = predict_numbers(model, vocab, PROMPTS, max_digits=2)
     widest = widest_level(vocab, 2)
-    monkeypatch.setattr(numtok.decoding, "LOGITS_BUDGET_BYTES", per_group * widest * VOCAB_SIZE * 4)
-    cached_scorer, rows = numtok.decoding.CachedScorer, []
     monkeypatch.setattr(
-        numtok.decoding,
+        numtok.readout.decoding, "LOGITS_BUDGET_BYTES", per_group * widest * VOCAB_SIZE * 4
+    )
+    cached_scorer, rows = numtok.readout.decoding.CachedScorer, []
+    monkeypatch.setattr(
+        numtok.readout.decoding,
         "CachedScorer",
         lambda *a, **k: RecordingScorer(cached_scorer(*a, **k), rows),
     )
@@ -296,7 +298,7 @@ def test_a_level_does_not_keep_every_forward_s_whole_cache(monkeypatch: pytest.M
     (the prefixes' own positions) must not hold the rest alive until the level ends."""
     import weakref
 
-    import numtok._causal_lm_scorers as scorers
+    import numtok.readout.scorers as scorers
 
     alive: list[int] = []
     caches: list[weakref.ref[torch.Tensor]] = []

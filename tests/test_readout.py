@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from numtok import NumberVocab
-from numtok.readout import number_distribution
+from numtok.readout.distribution import number_distribution
 
 Logits = Callable[[tuple[int, ...]], torch.Tensor]
 

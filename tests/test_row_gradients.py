@@ -10,15 +10,15 @@ from typing import Any
 import pytest
 import torch
 
-from numtok._ntl_maths import LossSpec
-from numtok.fused import (
+from numtok.maths.ntl import LossSpec
+from numtok.ops.kernels.torch_rows import compute_row_statistics, write_row_gradient
+from numtok.ops.row_algebra import (
     combine_terms,
     loss_and_row_gradients,
     prepare_rows,
     reduce_terms,
     reduction_scales,
 )
-from numtok.kernels.torch_rows import compute_row_statistics, write_row_gradient
 
 from cases import REFERENCE_CASES, make_batch, make_vocab
 from test_fused import WEIGHT, on_device, reference, value_and_grads

@@ -1,5 +1,5 @@
-"""numtok.spans: whole numbers in token ids (find_number_spans, span_values), against a plain
-loop reference."""
+"""numtok.numbers.spans: whole numbers in token ids (find_number_spans, span_values), against a
+plain loop reference."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from numtok import NumberVocab
-from numtok.spans import NumberSpans, find_number_spans, span_values
-from numtok.text_numbers import find_numbers
+from numtok.numbers.spans import NumberSpans, find_number_spans, span_values
+from numtok.numbers.text import find_numbers
 
 # ------------------------------------------------------------------ tokens: a plain reference
 

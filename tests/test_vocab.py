@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from numtok import NumberVocab
-from numtok.vocab import minus_token_kind
+from numtok.numbers.vocab import minus_token_kind
 
 
 def _number_tokens(tokenizer: Any, vocab: NumberVocab) -> list[str]:

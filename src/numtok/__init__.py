@@ -1,26 +1,31 @@
 """numtok: the Number Token Loss for language models, right on every tokenizer."""
 
-from numtok.decoding import (
+from numtok.hf import NTLossForTrainer
+from numtok.losses.fused import CEWithNTLOutput, cross_entropy_with_ntl
+from numtok.losses.head import LinearNumberTokenLoss, linear_number_token_loss
+from numtok.losses.linear import linear_cross_entropy_with_ntl
+from numtok.losses.module import NumberTokenLoss
+from numtok.losses.number_level import NumberLevelLoss, number_level_loss
+from numtok.losses.smoothing import GaussianLabelSmoothingLoss, gaussian_label_smoothing_ce
+from numtok.losses.token import number_token_loss
+from numtok.maths.kinds import DEL, DIST2, SMMD
+from numtok.numbers.spans import NumberSpans, find_number_spans
+from numtok.numbers.text import last_number, parse_number
+from numtok.numbers.vocab import NumberVocab
+from numtok.readout.decoding import (
     ExpectedNumbers,
     NumberPredictions,
     expected_numbers,
     expected_span_values,
     predict_numbers,
 )
-from numtok.fused import CEWithNTLOutput, cross_entropy_with_ntl
-from numtok.hf import NTLossForTrainer
-from numtok.kinds import DEL, DIST2, SMMD
-from numtok.label_smoothing import GaussianLabelSmoothingLoss, gaussian_label_smoothing_ce
-from numtok.linear import linear_cross_entropy_with_ntl
-from numtok.losses import number_token_loss
-from numtok.metrics import NumericMetrics, argmax_logits, make_compute_metrics, numeric_metrics
-from numtok.module import NumberTokenLoss
-from numtok.number_head import LinearNumberTokenLoss, linear_number_token_loss
-from numtok.number_level import NumberLevelLoss, number_level_loss
-from numtok.readout import NumberDistribution, number_distribution
-from numtok.spans import NumberSpans, find_number_spans
-from numtok.text_numbers import last_number, parse_number
-from numtok.vocab import NumberVocab
+from numtok.readout.distribution import NumberDistribution, number_distribution
+from numtok.readout.metrics import (
+    NumericMetrics,
+    argmax_logits,
+    make_compute_metrics,
+    numeric_metrics,
+)
 
 __all__ = [
     "DEL",

@@ -35,7 +35,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, NoReturn
 
-from numtok._extras import require_extra
+from numtok._common.extras import require_extra
 
 __all__ = ["main"]
 
@@ -254,7 +254,7 @@ def _vocab(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """``numtok vocab PATH``: print the audit; status 1 when digits are missing."""
     import warnings
 
-    from numtok.vocab import NumberVocab
+    from numtok.numbers.vocab import NumberVocab
 
     try:
         require_extra("hf", "numtok vocab")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from numtok._extras import require_extra
+from numtok._common.extras import require_extra
 from numtok.experiments.compat import load_mathematics_dataset
 from numtok.experiments.config import ExperimentConfig, TrainingConfig
 from numtok.experiments.data import TASKS

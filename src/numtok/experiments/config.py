@@ -9,7 +9,7 @@ from typing import Any, ClassVar, TypeVar
 
 import torch
 
-from numtok._validation import check_int, check_number
+from numtok._common.validation import check_int, check_number
 from numtok.experiments.data import check_evaluate_on, check_task, evaluation_splits
 from numtok.experiments.model import ModelConfig
 from numtok.experiments.objectives import ARMS as ARITHMETIC_ARMS

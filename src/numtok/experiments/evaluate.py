@@ -1,9 +1,9 @@
 """Greedy decoding and the paper's scoring: the last number of each generated answer is compared
-with the reference by :func:`numtok.metrics.numeric_metrics`, per evaluation split.
+with the reference by :func:`numtok.readout.metrics.numeric_metrics`, per evaluation split.
 
-Both greedy decoding and the number readouts of :mod:`numtok.readout` read the model through
-:class:`CachedScorer`: the prompts once (left-padded, with a key/value cache), then one token at
-a time for any tree of continuations.
+Both greedy decoding and the number readouts of :mod:`numtok.readout.distribution` read the model
+through :class:`CachedScorer`: the prompts once (left-padded, with a key/value cache), then one
+token at a time for any tree of continuations.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 
 from numtok.experiments.model import KeyValueCache, Transformer
 from numtok.experiments.tokenizer import PromptAnswerTokenizer
-from numtok.metrics import numeric_metrics
+from numtok.readout.metrics import numeric_metrics
 
 __all__ = ["CachedScorer", "Evaluation", "evaluate", "greedy_answers"]
 
@@ -27,7 +27,7 @@ _EXAMPLES_PER_SPLIT = 5
 
 
 class CachedScorer:
-    """The model as a :class:`numtok.readout.NextTokenScorer` over a batch of prompts.
+    """The model as a :class:`numtok.readout.distribution.NextTokenScorer` over a batch of prompts.
 
     ``start()`` reads the prompts, left-padded so that every row's next token is at the end:
     padding keys are masked out, positions count real tokens only, and each padding query may
@@ -140,8 +140,9 @@ def greedy_answers(
 
 @dataclass(frozen=True)
 class Evaluation:
-    """Per split: ``metrics`` (:class:`~numtok.metrics.NumericMetrics` as a dict), ``predictions``
-    (the generated answers) and ``examples`` (a few (question, reference, prediction) rows)."""
+    """Per split: ``metrics`` (:class:`~numtok.readout.metrics.NumericMetrics` as a dict),
+    ``predictions`` (the generated answers) and ``examples`` (a few (question, reference,
+    prediction) rows)."""
 
     metrics: dict[str, dict[str, float]]
     predictions: dict[str, list[str]]

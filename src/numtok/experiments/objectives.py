@@ -4,10 +4,10 @@
 * ``was`` / ``mse``: ``CE + λ·NTL`` with NTL-WAS or NTL-MSE (:class:`numtok.NumberTokenLoss`) on
   the answer digits;
 * ``number``: ``CE + λ·`` the number-level loss (``kind="number"``: whole numbers, smape);
-* ``del`` / ``smmd`` / ``dist2``: ``CE + λ·`` DEL, SMMD or DIST2 (:mod:`numtok.kinds`) with
+* ``del`` / ``smmd`` / ``dist2``: ``CE + λ·`` DEL, SMMD or DIST2 (:mod:`numtok.maths.kinds`) with
   their authors' settings;
 * ``gls``: cross-entropy with Gaussian-smoothed digit targets
-  (:class:`numtok.label_smoothing.GaussianLabelSmoothingLoss`, σ = 1 digit) instead of CE, the
+  (:class:`numtok.losses.smoothing.GaussianLabelSmoothingLoss`, σ = 1 digit) instead of CE, the
   paper's strongest baseline that is not NTL.
 
 Every arm also reports the plain cross-entropy (for the ``gls`` arm computed without gradient),
@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from numtok.label_smoothing import GaussianLabelSmoothingLoss
-from numtok.module import NumberTokenLoss
-from numtok.vocab import NumberVocab
+from numtok.losses.module import NumberTokenLoss
+from numtok.losses.smoothing import GaussianLabelSmoothingLoss
+from numtok.numbers.vocab import NumberVocab
 
 __all__ = ["ARMS", "ARM_LABELS", "GLS_SIGMA", "NUMBER_LOSS_ARMS", "Objective"]
 

@@ -12,7 +12,7 @@ import string
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from numtok.vocab import NumberVocab
+from numtok.numbers.vocab import NumberVocab
 
 __all__ = ["CharTokenizer", "PromptAnswerTokenizer", "WordTokenizer"]
 

@@ -1,7 +1,7 @@
 """Logits-free training for the Hugging Face routes: in a forward that computes the loss, the
 causal LM's output layer hands its input through instead of computing the (B, T, V) logits, and
 the loss computes CE + NTL from those hidden states and the layer's weight
-(:func:`numtok.linear.linear_cross_entropy_with_ntl`), never holding the logits.
+(:func:`numtok.losses.linear.linear_cross_entropy_with_ntl`), never holding the logits.
 
 Every causal LM in transformers computes ``logits = P(lm_head(h))`` with ``lm_head =
 model.get_output_embeddings()`` an ``nn.Linear`` (weight (V, H), bias (V,) or None) and ``P`` what

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import torch
 
-from numtok._ntl_maths import LossSpec
-from numtok._shift import shift_left
-from numtok.fused import CEWithNTLOutput, cross_entropy_with_ntl_from_tables
+from numtok._common.shift import shift_left
 from numtok.hf._head import BypassedHead
 from numtok.hf._zero3 import gathered
-from numtok.linear import linear_cross_entropy_with_ntl_from_tables
-from numtok.number_head import NumberHeadSpec, number_head_loss
-from numtok.vocab import NumberTables, NumberVocab
+from numtok.losses.fused import CEWithNTLOutput, cross_entropy_with_ntl_from_tables
+from numtok.losses.head import NumberHeadSpec, number_head_loss
+from numtok.losses.linear import linear_cross_entropy_with_ntl_from_tables
+from numtok.maths.ntl import LossSpec
+from numtok.numbers.vocab import NumberTables, NumberVocab
 
 __all__ = [
     "NUMBER_LEVEL_INSTEAD",

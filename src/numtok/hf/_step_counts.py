@@ -15,9 +15,9 @@ from typing import Any, NamedTuple
 
 import torch
 
-from numtok._ntl_maths import LossSpec
 from numtok.hf._loss import count_targets, token_share_denominators
-from numtok.vocab import NumberVocab
+from numtok.maths.ntl import LossSpec
+from numtok.numbers.vocab import NumberVocab
 
 __all__ = ["StepCounts", "StepLink"]
 

@@ -18,7 +18,7 @@ token accuracy from the same outputs. :func:`attach_to_trl` keeps all of that an
   micro-batches and processes (:mod:`numtok.hf._step_counts`), so the mean is exact under
   gradient accumulation, as TRL's ``num_items_in_batch`` makes its cross-entropy.
 * ``cross_entropy="numtok"``: in training calls the causal LM's forward computes CE + NTL with
-  numtok's logits-free pass instead of TRL's head (:func:`numtok.linear.
+  numtok's logits-free pass instead of TRL's head (:func:`numtok.losses.linear.
   linear_loss_and_row_terms`: the output layer bypassed, :mod:`numtok.hf._head`), with the
   entropy and top-1 of every position, and hands TRL the fields of its fused head's output:
   ``entropy``, ``is_top1`` and ``label_mask`` as TRL's kernel computes them, and ``log_probs``
@@ -47,15 +47,15 @@ from typing import Any
 
 import torch
 
-from numtok._ntl_maths import LossSpec
 from numtok.hf._head import OutputLayerBypass, check_bypass_is_exact, output_layer_of
 from numtok.hf._hidden import HiddenStatesCapture, check_head_reads_hidden, decoder_of
 from numtok.hf._in_forward import check_whole_weight, install_forward, run_forward
 from numtok.hf._loss import denominator_dtype, number_head_mean
 from numtok.hf._step_counts import StepCounts, StepLink
 from numtok.hf._zero3 import gathered
-from numtok.linear import linear_loss_and_row_terms
-from numtok.vocab import NumberVocab
+from numtok.losses.linear import linear_loss_and_row_terms
+from numtok.maths.ntl import LossSpec
+from numtok.numbers.vocab import NumberVocab
 
 __all__ = ["CROSS_ENTROPIES", "attach_to_trl", "causal_lm_of", "takes_the_trl_route"]
 

@@ -14,7 +14,7 @@ modifier_rank=None)`` and partitions it again on exit.
 Why that is exact, and how the gradient reaches the partitioned weight: every read of the
 weight inside :func:`gathered` is by an operation whose backward needs none of the weight's
 values — the logits-free pass computes the weight's gradient in its forward
-(:mod:`numtok._linear_in_forward`) and only hands it out in backward; the number head's
+(:mod:`numtok.ops.linear_in_forward`) and only hands it out in backward; the number head's
 ``weight[ids]`` keeps the indices and shape alone, its product keeps the gathered rows (a copy).
 So backward never reads the released placeholder, and autograd adds the (V, H) gradient to the
 parameter as for any other use of it: ZeRO-3 registered its gradient hook on the parameter while

@@ -24,7 +24,7 @@ chooses).
 
 With numtok's pass and ``logits_free=True`` (the default) a forward that records gradients
 computes the loss from the final hidden states and the output layer's weight inside the forward
-(:func:`numtok.linear.linear_cross_entropy_with_ntl`, through the bypass of
+(:func:`numtok.losses.linear.linear_cross_entropy_with_ntl`, through the bypass of
 :mod:`numtok.hf._head`): the (B, T, V) logits never exist, and ``outputs.logits`` is None, as
 Liger-Kernel's skipped logits. The output layer's weight is read while the model's forward runs,
 where FSDP2 (``fully_shard``) holds it gathered; DeepSpeed ZeRO-3 partitions it outside the
@@ -48,9 +48,7 @@ from typing import Any
 
 import torch
 
-from numtok._ntl_maths import Kind, LossSpec, refuse_number_level
-from numtok._validation import check_bool, check_ntl_weight
-from numtok.fused import CEWithNTLOutput
+from numtok._common.validation import check_bool, check_ntl_weight
 from numtok.hf._head import (
     OutputLayerBypass,
     check_bypass_is_exact,
@@ -78,8 +76,10 @@ from numtok.hf._loss import (
     token_share_denominators,
 )
 from numtok.hf._zero3 import full_shape
-from numtok.kernels.dispatch import check_impl
-from numtok.vocab import NumberVocab
+from numtok.losses.fused import CEWithNTLOutput
+from numtok.maths.ntl import Kind, LossSpec, refuse_number_level
+from numtok.numbers.vocab import NumberVocab
+from numtok.ops.kernels.dispatch import check_impl
 
 __all__ = ["last_loss_terms", "patch_model", "unpatch_model"]
 

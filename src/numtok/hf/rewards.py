@@ -15,8 +15,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from numtok._validation import check_number
-from numtok.text_numbers import last_number
+from numtok._common.validation import check_number
+from numtok.numbers.text import last_number
 
 __all__ = ["number_reward"]
 

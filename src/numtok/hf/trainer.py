@@ -14,8 +14,8 @@ loss is computed inside the model's own forward, the mechanism of :func:`numtok.
 (:mod:`numtok.hf._in_forward`). In each training call of ``compute_loss`` the model's forward gets
 the batch's labels, its output layer (``get_output_embeddings()``) hands its input through, and
 CE + NTL are computed from the final hidden states (B, T, H) and the layer's weight with
-:func:`numtok.linear.linear_cross_entropy_with_ntl` while the forward runs — where FSDP holds the
-weight gathered, and DeepSpeed ZeRO-3's gathered again for the pass (:mod:`numtok.hf._zero3`)
+:func:`numtok.losses.linear.linear_cross_entropy_with_ntl` while the forward runs — where FSDP holds
+the weight gathered, and DeepSpeed ZeRO-3's gathered again for the pass (:mod:`numtok.hf._zero3`)
 — never holding the (B, T, V) logits or their gradient; the model returns no
 logits and this loss returns that value. Same value, gradients, exactness and logs as from the
 logits; evaluation and ``generate()`` still compute logits; a soft cap on the logits (Gemma 2's
@@ -73,10 +73,8 @@ from typing import Any
 
 import torch
 
-from numtok._extras import require_extra
-from numtok._ntl_maths import Kind, LossSpec, refuse_number_level
-from numtok._validation import check_bool, check_ntl_weight
-from numtok.fused import CEWithNTLOutput
+from numtok._common.extras import require_extra
+from numtok._common.validation import check_bool, check_ntl_weight
 from numtok.hf._head import (
     BypassedHead,
     OutputLayerBypass,
@@ -102,8 +100,10 @@ from numtok.hf._step_counts import StepCounts, StepLink
 from numtok.hf._trl import CROSS_ENTROPIES as TRL_CROSS_ENTROPIES
 from numtok.hf._trl import attach_to_trl, takes_the_trl_route
 from numtok.hf._zero3 import full_shape
-from numtok.kernels.dispatch import check_impl
-from numtok.vocab import NumberVocab
+from numtok.losses.fused import CEWithNTLOutput
+from numtok.maths.ntl import Kind, LossSpec, refuse_number_level
+from numtok.numbers.vocab import NumberVocab
+from numtok.ops.kernels.dispatch import check_impl
 
 __all__ = ["NTLossForTrainer"]
 
@@ -199,7 +199,7 @@ class NTLossForTrainer:
 
     ``loss_fn(outputs, labels, num_items_in_batch=None)`` returns
     ``Σ ce / |T| + ntl_weight · Σ ntl / |P|`` (see the module docstring for ``T``, ``P`` and the
-    exact accumulation), computed by :func:`numtok.fused.cross_entropy_with_ntl` from
+    exact accumulation), computed by :func:`numtok.losses.fused.cross_entropy_with_ntl` from
     ``outputs.logits`` (B, T, V) and ``labels`` (B, T). Use :meth:`attach` (one line) for exact
     gradient accumulation and data parallelism and for ``ce``/``ntl`` in the logs.
 
@@ -228,7 +228,7 @@ class NTLossForTrainer:
             passes on CPU; on a GPU ``F.cross_entropy`` beside the number head from the logits,
             the torch row passes logits-free), ``"torch"`` or ``"triton"`` (the Triton kernels,
             opt-in); see :func:`numtok.cross_entropy_with_ntl` and
-            :func:`numtok.linear.linear_cross_entropy_with_ntl`.
+            :func:`numtok.losses.linear.linear_cross_entropy_with_ntl`.
         cross_entropy: on TRL's ``SFTTrainer`` (1.16 on, without ``compute_loss_func``), what
             computes the cross-entropy beside NTL (:mod:`numtok.hf._trl`): ``"trl"``, TRL's fused
             LM head (NTL from the number head beside it); ``"numtok"``, numtok's logits-free

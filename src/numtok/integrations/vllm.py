@@ -7,13 +7,14 @@
     predictions = predict_numbers(llm, ["Score: "], max_digits=2)
     predictions.mean, predictions.median, predictions.probabilities
 
-The same values as :func:`numtok.decoding.predict_numbers` on the same model: the distribution
-over the whole numbers of up to ``max_digits`` digits that follow each prompt, enumerated
-exactly by :func:`numtok.readout.number_distribution` (each way of spelling a number with number
-tokens, and the probability that it ends there), with its mean, median and mode. The model is
-seen through :class:`VLLMScorer`, a :class:`~numtok.readout.NextTokenScorer` whose log-probabilities
-come from ``LLM.generate`` with ``SamplingParams(max_tokens=1, logprob_token_ids=...)``: the
-full-vocabulary log-softmax at the number tokens, at the first generated position.
+The same values as :func:`numtok.readout.decoding.predict_numbers` on the same model: the
+distribution over the whole numbers of up to ``max_digits`` digits that follow each prompt,
+enumerated exactly by :func:`numtok.readout.distribution.number_distribution` (each way of spelling
+a number with number tokens, and the probability that it ends there), with its mean, median and
+mode. The model is seen through :class:`VLLMScorer`, a
+:class:`~numtok.readout.distribution.NextTokenScorer` whose log-probabilities come from
+``LLM.generate`` with ``SamplingParams(max_tokens=1, logprob_token_ids=...)``: the full-vocabulary
+log-softmax at the number tokens, at the first generated position.
 
 Cost: one ``generate`` per level of the tree of number prefixes, ``max_digits + 1`` calls in
 all; the first scores the prompts, each further one every live prefix (the prompt followed by
@@ -39,9 +40,9 @@ from typing import Any
 import torch
 from vllm import LLM, SamplingParams
 
-from numtok.decoding import READOUTS, NumberPredictions, prompt_token_ids
-from numtok.readout import check_max_digits, check_max_value, number_distribution
-from numtok.vocab import NumberVocab, check_number_vocab
+from numtok.numbers.vocab import NumberVocab, check_number_vocab
+from numtok.readout.decoding import READOUTS, NumberPredictions, prompt_token_ids
+from numtok.readout.distribution import check_max_digits, check_max_value, number_distribution
 
 __all__ = ["VLLMScorer", "predict_numbers"]
 
@@ -65,13 +66,14 @@ def _slice_size(llm: Any) -> int:
 
 
 class VLLMScorer:
-    """A vLLM ``LLM`` as a :class:`~numtok.readout.NextTokenScorer` over the number tokens.
+    """A vLLM ``LLM`` as a :class:`~numtok.readout.distribution.NextTokenScorer` over the number
+    tokens.
 
     Its logits are the log-probabilities of a compact vocabulary (:attr:`vocab`): column ``j``
     is number token ``vocab.ids[j]`` of the model's vocabulary, the last column the rest of the
     vocabulary (``log(1 − Σ_j p_j)``), so their log-sum-exp is 0 and
-    :func:`~numtok.readout.number_distribution` with :attr:`vocab` reads the model's own
-    probabilities. ``start`` scores the prompts at every number token; ``extend`` scores its
+    :func:`~numtok.readout.distribution.number_distribution` with :attr:`vocab` reads the model's
+    own probabilities. ``start`` scores the prompts at every number token; ``extend`` scores its
     sequences at the number tokens that can continue a number only (not those that begin a word,
     ``Ġ12``: the enumeration never uses them after the first token), their columns being
     ``-inf`` with their probability in the last column.
@@ -156,14 +158,14 @@ def predict_numbers(
     min_probability: float = 0.0,
 ) -> NumberPredictions:
     """The number the model of a vLLM engine would answer each prompt with, read out of its
-    distribution: :func:`numtok.decoding.predict_numbers` (same readouts, same values) with the
-    model behind ``llm``.
+    distribution: :func:`numtok.readout.decoding.predict_numbers` (same readouts, same values) with
+    the model behind ``llm``.
 
     Args:
         llm: a ``vllm.LLM`` (``max_logprobs=128`` for the fewest requests).
         prompts: strings (tokenized with ``llm.get_tokenizer()``, as
-            :func:`numtok.decoding.predict_numbers` tokenizes them: ``tokenizer(prompt)``) or
-            lists of token ids.
+            :func:`numtok.readout.decoding.predict_numbers` tokenizes them: ``tokenizer(prompt)``)
+            or lists of token ids.
         vocab: the number tokens; None (default): built from ``llm.get_tokenizer()`` with the
             model's vocabulary size.
         readout: ``"expected"``, ``"median"`` or ``"mode"``: which summary is ``number``.
@@ -174,7 +176,7 @@ def predict_numbers(
             ``pruned`` bounds the probability this loses.
 
     Returns:
-        :class:`~numtok.decoding.NumberPredictions`, float64 on the CPU.
+        :class:`~numtok.readout.decoding.NumberPredictions`, float64 on the CPU.
     """
     if readout not in READOUTS:
         raise ValueError(f"readout must be one of {list(READOUTS)}, got {readout!r}")

@@ -8,7 +8,7 @@ import json
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, ClassVar, TypeVar
 
-from numtok._validation import check_number
+from numtok._common.validation import check_number
 from numtok.experiments.config import check_device, check_non_negative_int, check_positive_int
 from numtok.experiments.item_metrics import ITEM_METRICS
 

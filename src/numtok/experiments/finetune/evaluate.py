@@ -21,13 +21,13 @@ from typing import Any
 
 import torch
 
-from numtok._causal_lm_scorers import cache_argument
-from numtok.decoding import predict_numbers
 from numtok.experiments.finetune.config import FinetuneConfig
 from numtok.experiments.finetune.examples import Encoded, prompt_batch, training_batch
 from numtok.experiments.finetune.prefix import prefix_cache, shared_prefix_length
 from numtok.experiments.finetune.train import Trained, causal_lm_of, prompt_states
-from numtok.text_numbers import last_number
+from numtok.numbers.text import last_number
+from numtok.readout.decoding import predict_numbers
+from numtok.readout.scorers import cache_argument
 
 __all__ = ["CONSTANTS", "constant_answers", "generate_answers", "score_split"]
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from numtok._causal_lm_scorers import cache_argument, returned_cache
+from numtok.readout.scorers import cache_argument, returned_cache
 
 __all__ = ["decoder_states", "prefix_cache", "shared_prefix_length"]
 

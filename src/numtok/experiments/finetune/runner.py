@@ -37,7 +37,7 @@ from numtok.experiments.finetune.train import Trained, load_trained, save_traine
 from numtok.experiments.item_metrics import answer_values, item_metrics
 from numtok.experiments.parallel import progress_bar
 from numtok.experiments.run_folder import prepare_run_dir, save_atomically
-from numtok.vocab import NumberVocab
+from numtok.numbers.vocab import NumberVocab
 
 __all__ = [
     "Prepared",

@@ -28,7 +28,7 @@ from numtok.experiments.finetune.examples import IGNORE_INDEX, Encoded, training
 from numtok.experiments.finetune.prefix import decoder_states
 from numtok.experiments.loop import learning_rate_at, optimizer_step
 from numtok.experiments.objectives import Objective
-from numtok.vocab import NumberVocab
+from numtok.numbers.vocab import NumberVocab
 
 __all__ = [
     "Trained",

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from numtok._validation import check_number
+from numtok._common.validation import check_number
 from numtok.experiments.config import TrainingConfig, check_non_negative_int, check_positive_int
-from numtok.readout import check_max_digits
+from numtok.readout.distribution import check_max_digits
 
 __all__ = ["EVALUATION_SPLITS", "RJOKES_ARMS", "RJokesConfig"]
 

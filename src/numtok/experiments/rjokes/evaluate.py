@@ -3,8 +3,9 @@ the regression metrics of each readout.
 
 Token arms are read out three ways: ``greedy`` (decode the most likely token at each step and
 parse the number, as the paper does), ``expected`` (the mean of the model's distribution over
-whole numbers) and ``median`` (its median), both from :func:`numtok.readout.number_distribution`,
-exact for answers of up to ``max_digits`` digits. The ``head`` arm predicts its scalar.
+whole numbers) and ``median`` (its median), both from
+:func:`numtok.readout.distribution.number_distribution`, exact for answers of up to ``max_digits``
+digits. The ``head`` arm predicts its scalar.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ from numtok.experiments.model import Transformer
 from numtok.experiments.rjokes.data import Joke
 from numtok.experiments.rjokes.model import ScoreRegressor
 from numtok.experiments.tokenizer import WordTokenizer
-from numtok.metrics import numeric_metrics
-from numtok.readout import number_distribution
-from numtok.text_numbers import last_number
+from numtok.numbers.text import last_number
+from numtok.readout.distribution import number_distribution
+from numtok.readout.metrics import numeric_metrics
 
 __all__ = [
     "REGRESSION_METRICS",

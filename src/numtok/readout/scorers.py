@@ -1,0 +1,315 @@
+"""Hugging Face causal LMs as :class:`~numtok.readout.distribution.NextTokenScorer`\\ s, for
+:func:`numtok.readout.decoding.predict_numbers`.
+
+:class:`CachedScorer` (the default) encodes each prompt once and keeps its key/value cache; each
+level of the digit tree is then one batched forward of one new token per live prefix, attending
+to the prompt's cache and to the prefix's own few cached tokens. The work is the tree's node
+count, one token each, instead of the whole prompt again for every node.
+
+:class:`WholeSequenceScorer` re-scores every sequence (prompt + continuation) from its first
+token, right-padded: slow, but it needs nothing of the model beyond ``input_ids`` and
+``attention_mask``; it serves models whose cache the cached scorer cannot rebuild
+(:class:`CacheUnsupportedError` says why).
+
+Both are exact: no padding ever moves a real token's position, so absolute and rotary positions
+alike are those of the sequence scored alone.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+
+__all__ = [
+    "CACHE_BUDGET_BYTES",
+    "CacheUnsupportedError",
+    "CachedScorer",
+    "WholeSequenceScorer",
+    "cache_argument",
+    "returned_cache",
+]
+
+#: With ``batch_size=None``, the cached scorer puts as many prefixes into one forward as keep
+#: that forward's key/value cache (the prompt's, repeated per prefix, and the prefixes' own)
+#: under this many bytes.
+CACHE_BUDGET_BYTES = 2**30
+
+#: Sequences per forward of the whole-sequence scorer when ``batch_size`` is None.
+WHOLE_SEQUENCE_BATCH = 8
+
+# One layer's cached keys and values, each (rows, heads, positions, head_dim).
+KeysValues = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+class CacheUnsupportedError(Exception):
+    """The model's key/value cache is not one the cached scorer can rebuild; the message says
+    what was found."""
+
+
+class WholeSequenceScorer:
+    """Every sequence (prompt + continuation) scored whole, right-padded, ``batch_size`` at a
+    time; the logits at its last token are kept."""
+
+    def __init__(
+        self, model: Any, prompts: list[list[int]], *, pad_id: int, batch_size: int | None
+    ) -> None:
+        self.model = model
+        self.sequences = prompts
+        self.pad_id = pad_id
+        self.batch_size = batch_size or WHOLE_SEQUENCE_BATCH
+        self.device = next(model.parameters()).device
+
+    def start(self) -> torch.Tensor:
+        return self._score()
+
+    def extend(self, parents: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        self.sequences = [
+            [*self.sequences[parent], token]
+            for parent, token in zip(parents.tolist(), tokens.tolist(), strict=True)
+        ]
+        return self._score()
+
+    def _score(self) -> torch.Tensor:
+        rows = []
+        for start in range(0, len(self.sequences), self.batch_size):
+            chunk = self.sequences[start : start + self.batch_size]
+            lengths = torch.tensor([len(s) for s in chunk])
+            input_ids = torch.full((len(chunk), int(lengths.max())), self.pad_id)
+            for row, sequence in enumerate(chunk):
+                input_ids[row, : len(sequence)] = torch.tensor(sequence)
+            attention_mask = torch.arange(input_ids.shape[1]) < lengths[:, None]
+            output = self.model(
+                input_ids=input_ids.to(self.device),
+                attention_mask=attention_mask.long().to(self.device),
+            )
+            logits = output.logits if hasattr(output, "logits") else output[0]  # (B, T, V)
+            last = logits[torch.arange(len(chunk)), (lengths - 1).to(logits.device)]  # (B, V)
+            rows.append(last.float() if last.dtype != torch.float64 else last)
+        return torch.cat(rows)
+
+
+def _forward_parameters(model: Any) -> Any:
+    """The parameters of the forward that reads the scorer's keywords: the model's own, or under
+    PEFT (whose ``forward`` takes ``**kwargs`` and passes them on) the wrapped causal LM's."""
+    try:
+        parameters = inspect.signature(model.forward).parameters
+    except (AttributeError, TypeError, ValueError) as error:
+        raise CacheUnsupportedError(
+            f"the model's forward has no readable signature ({error})"
+        ) from None
+    takes_anything = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    get_base_model = getattr(model, "get_base_model", None)
+    if takes_anything and callable(get_base_model) and get_base_model() is not model:
+        return _forward_parameters(get_base_model())
+    return parameters
+
+
+def cache_argument(model: Any) -> str:
+    """The forward's name for the key/value cache: ``cache`` (transformers from 5.x) or
+    ``past_key_values``; the forward must also take ``attention_mask`` and ``position_ids``."""
+    parameters = _forward_parameters(model)
+    takes_anything = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    if not takes_anything and not {"attention_mask", "position_ids"} <= set(parameters):
+        raise CacheUnsupportedError(
+            "the model's forward does not take attention_mask and position_ids"
+        )
+    for name in ("cache", "past_key_values"):
+        if name in parameters:
+            return name
+    # A wrapper that hands everything on (``forward(*args, **kwargs)``): the name every
+    # transformers version accepts.
+    if takes_anything:
+        return "past_key_values"
+    raise CacheUnsupportedError("the model's forward takes neither `cache` nor `past_key_values`")
+
+
+def returned_cache(output: Any) -> Any:
+    """The key/value cache a forward returned: ``output.cache`` (transformers from 5.x), else
+    ``output.past_key_values``; None when it returned none."""
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else getattr(output, "past_key_values", None)
+
+
+def _keys_values(cache: Any) -> KeysValues:
+    """Each layer's (keys, values) of a transformers ``DynamicCache`` of full-attention layers
+    (``layers[i].keys``; before transformers 4.56, ``key_cache[i]``)."""
+    if type(cache).__name__ != "DynamicCache":
+        raise CacheUnsupportedError(
+            f"the model returned a {type(cache).__name__}, not a DynamicCache"
+            if cache is not None
+            else "the model returned no key/value cache"
+        )
+    layers = getattr(cache, "layers", None)
+    if layers is not None:
+        kinds = {type(layer).__name__ for layer in layers}
+        if kinds != {"DynamicLayer"}:
+            raise CacheUnsupportedError(
+                f"its cache has layers of kind {sorted(kinds)} (a sliding window or a hybrid "
+                "model), not full attention only"
+            )
+        pairs = [(layer.keys, layer.values) for layer in layers]
+    else:
+        pairs = list(zip(cache.key_cache, cache.value_cache, strict=True))
+    if not pairs or any(
+        not isinstance(k, torch.Tensor) or k.dim() != 4 or k.shape != v.shape for k, v in pairs
+    ):
+        raise CacheUnsupportedError(
+            "its cache does not hold (batch, heads, positions, dim) tensors"
+        )
+    return pairs
+
+
+class CachedScorer:
+    """The digit tree on top of the prompts' key/value cache.
+
+    ``start()`` runs the prompts right-padded to the longest, L, ``batch_size`` at a time (8 by
+    default), and keeps their cache: per layer keys and values (P, H, L, d), and which of the L
+    positions are real, (P, L). Right padding keeps every real token at its own position and
+    out of reach of the pads (attention is causal), as if each prompt ran alone. Every prefix at
+    depth k of the tree belongs to one prompt and holds its own k cached tokens, ``suffix``
+    (M, H, k, d) per layer for the M prefixes of the level. ``extend`` runs each chunk of B new
+    prefixes as one step of one token each: the cache of the B parents' prompts followed by the
+    parents' suffixes, (B, H, L + k, d), an attention mask that hides each prompt's pads, and
+    the new token at position ``L_p + k`` (``position_ids``), so that rotary and absolute
+    positions are those of the sequence scored alone. The last k + 1 cached positions become the
+    new prefixes' suffix.
+
+    Raises :class:`CacheUnsupportedError` from ``start()`` when the model's cache is not a
+    ``DynamicCache`` of full-attention layers (sliding-window and hybrid models, state-space
+    models, custom caches).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        prompts: list[list[int]],
+        *,
+        pad_id: int,
+        batch_size: int | None,
+        budget_bytes: int = CACHE_BUDGET_BYTES,
+    ) -> None:
+        self.model = model
+        self.prompts = prompts
+        self.pad_id = pad_id
+        self.batch_size = batch_size
+        self.budget_bytes = budget_bytes
+        self.device = next(model.parameters()).device
+        self.cache_argument = ""
+        self.cache_type: Any = None
+        self.prompt_cache: KeysValues = []  # per layer (P, H, L, d)
+        self.prompt_mask = torch.zeros(0, 0, dtype=torch.long)  # (P, L): 1 at real tokens
+        self.prompt_lengths = torch.zeros(0, dtype=torch.long)  # (P,)
+        self.row_prompt = torch.zeros(0, dtype=torch.long)  # (M,): the prompt of each prefix
+        self.suffix: KeysValues = []  # per layer (M, H, k, d)
+        self.depth = 0
+
+    def _forward(self, cache: Any = None, **tensors: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """The model's logits (B, T, V), at least float32, and the cache it returns."""
+        arguments: dict[str, Any] = {k: v.to(self.device) for k, v in tensors.items()}
+        if cache is not None:
+            arguments[self.cache_argument] = cache
+        output = self.model(**arguments, use_cache=True)
+        logits: torch.Tensor = output.logits if hasattr(output, "logits") else output[0]
+        return (logits if logits.dtype == torch.float64 else logits.float()), returned_cache(output)
+
+    def start(self) -> torch.Tensor:
+        self.cache_argument = cache_argument(self.model)
+        self.prompt_lengths = torch.tensor([len(prompt) for prompt in self.prompts])
+        longest = int(self.prompt_lengths.max())
+        self.prompt_mask = (torch.arange(longest) < self.prompt_lengths[:, None]).long()
+        input_ids = torch.full((len(self.prompts), longest), self.pad_id)
+        for row, prompt in enumerate(self.prompts):
+            input_ids[row, : len(prompt)] = torch.tensor(prompt)
+        step = self.batch_size or WHOLE_SEQUENCE_BATCH
+        # transformers' causal LMs compute the output layer only at the positions asked for:
+        # here each prompt's last one (a long prompt's (L, V) logits would be most of the memory).
+        keeps_positions = "logits_to_keep" in _forward_parameters(self.model)
+        rows, caches = [], []
+        for begin in range(0, len(self.prompts), step):
+            chunk = slice(begin, begin + step)
+            last = self.prompt_lengths[chunk] - 1
+            kept, column = (
+                torch.unique(last, return_inverse=True) if keeps_positions else (last, last)
+            )
+            logits, cache = self._forward(
+                input_ids=input_ids[chunk],
+                attention_mask=self.prompt_mask[chunk],
+                **({"logits_to_keep": kept} if keeps_positions else {}),
+            )
+            pairs = _keys_values(cache)
+            if pairs[0][0].shape[2] != longest:
+                raise CacheUnsupportedError(
+                    f"its cache holds {pairs[0][0].shape[2]} positions for prompts of "
+                    f"{longest} tokens"
+                )
+            self.cache_type = type(cache)
+            column = column.to(logits.device)
+            rows.append(logits[torch.arange(len(column), device=logits.device), column])  # (B, V)
+            caches.append(pairs)
+        self.prompt_cache = [
+            (torch.cat([c[layer][0] for c in caches]), torch.cat([c[layer][1] for c in caches]))
+            for layer in range(len(caches[0]))
+        ]
+        self.row_prompt = torch.arange(len(self.prompts))
+        self.suffix = [
+            (k.new_zeros(len(self.prompts), k.shape[1], 0, k.shape[3]),) * 2
+            for k, _ in self.prompt_cache
+        ]
+        self.depth = 0
+        return torch.cat(rows)
+
+    def _rows_per_forward(self) -> int:
+        if self.batch_size is not None:
+            return self.batch_size
+        # Keys and values of every layer, for one cached position of one sequence.
+        position_bytes = sum(
+            2 * k.shape[1] * k.shape[3] * k.element_size() for k, _ in self.prompt_cache
+        )
+        positions = self.prompt_mask.shape[1] + self.depth + 1
+        return max(1, self.budget_bytes // (position_bytes * positions))
+
+    def extend(self, parents: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        prompt_of_row = self.row_prompt[parents]
+        longest = self.prompt_mask.shape[1]
+        step = self._rows_per_forward()
+        logit_rows, suffix_parts = [], []
+        for begin in range(0, len(parents), step):
+            chunk = slice(begin, begin + step)
+            prompts, on_device = prompt_of_row[chunk], parents[chunk].to(self.device)
+            cache = self.cache_type(
+                [
+                    (
+                        torch.cat((k[prompts.to(k.device)], sk[on_device]), dim=2),
+                        torch.cat((v[prompts.to(v.device)], sv[on_device]), dim=2),
+                    )
+                    for (k, v), (sk, sv) in zip(self.prompt_cache, self.suffix, strict=True)
+                ]
+            )
+            ones = torch.ones(len(prompts), self.depth + 1, dtype=torch.long)
+            logits, grown = self._forward(
+                input_ids=tokens[chunk][:, None],
+                attention_mask=torch.cat((self.prompt_mask[prompts], ones), dim=1),
+                position_ids=(self.prompt_lengths[prompts] + self.depth)[:, None],
+                cache=cache,
+            )
+            logit_rows.append(logits[:, -1])
+            # Copies, not views: a view would keep the forward's whole cache (the prompt's
+            # positions repeated per prefix) alive until the level ends.
+            suffix_parts.append(
+                [
+                    (k[:, :, longest:].clone(), v[:, :, longest:].clone())
+                    for k, v in _keys_values(grown)
+                ]
+            )
+        self.row_prompt = prompt_of_row
+        self.suffix = [
+            (
+                torch.cat([part[layer][0] for part in suffix_parts]),
+                torch.cat([part[layer][1] for part in suffix_parts]),
+            )
+            for layer in range(len(self.prompt_cache))
+        ]
+        self.depth += 1
+        return torch.cat(logit_rows)
