@@ -2,8 +2,8 @@
 (``_x``) from a public module. A module is private when a part of its name is (``numtok._common.*``,
 ``numtok.hf._head``); its names serve its peers. A public module's underscore names are its own:
 what two modules share lives in a public name of a module below both (``numtok.maths.ntl``,
-``numtok.ops.row_algebra``). (The module-level layers are import-linter contracts in pyproject.toml, run by
-``make lint``.)"""
+``numtok.ops.row_algebra``). (The module-level layers are import-linter contracts in
+pyproject.toml, run by ``make lint``.)"""
 
 from __future__ import annotations
 
