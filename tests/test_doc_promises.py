@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 import numtok
 from numtok import (
+    CrossEntropyWithNTL,
     NumberTokenLoss,
     NumberVocab,
     cross_entropy_with_ntl,
@@ -58,8 +59,8 @@ def test_the_fused_entry_points_name_what_computes_kind_number(vocab: NumberVoca
         "linear_cross_entropy_with_ntl",
         ("linear_number_token_loss",),
     )
-    with pytest.raises(ValueError, match=r"add F\.cross_entropy to the module's output instead"):
-        NumberTokenLoss(vocab, kind="number", ntl_weight=0.3)
+    with pytest.raises(ValueError, match=r"CrossEntropyWithNTL does not take kind='number'"):
+        CrossEntropyWithNTL(vocab, kind="number")
     # What the messages name computes it, beside a cross-entropy.
     expected = F.cross_entropy(logits[:, :-1].reshape(-1, V), labels[:, 1:].reshape(-1))
     ntl = number_token_loss(logits, labels, vocab, kind="number", shift=True)

@@ -14,7 +14,8 @@ import torch.nn.functional as F
 
 from numtok import NumberTokenLoss, NumberVocab, number_token_loss
 from numtok.losses import fused
-from numtok.losses.fused import CEWithNTLOutput, cross_entropy_with_ntl
+from numtok.losses.fused import CEWithNTLOutput, CrossEntropyWithNTL, cross_entropy_with_ntl
+from numtok.losses.linear import LinearCrossEntropyWithNTL, linear_cross_entropy_with_ntl
 from numtok.ops.kernels import torch_rows
 
 from cases import REFERENCE_CASES, VOCABS, make_batch, make_vocab
@@ -662,11 +663,12 @@ def test_bad_input(change: dict[str, Any], error: type[Exception], match: str) -
         )
 
 
-def test_number_token_loss_module_returns_ce_plus_ntl() -> None:
-    """NumberTokenLoss(..., ntl_weight=w) is cross_entropy_with_ntl with the module's buffers."""
+def test_the_modules_return_ce_plus_ntl() -> None:
+    """CrossEntropyWithNTL is cross_entropy_with_ntl with the module's buffers, and
+    LinearCrossEntropyWithNTL linear_cross_entropy_with_ntl; NumberTokenLoss returns NTL alone."""
     vocab = make_vocab("chunks")
     logits, labels = make_batch("chunks", seed=13)
-    module = NumberTokenLoss(vocab, reweigh=True, shift=True, ntl_weight=WEIGHT)
+    module = CrossEntropyWithNTL(vocab, reweigh=True, shift=True, ntl_weight=WEIGHT)
     out = module(logits, labels)
     assert isinstance(out, CEWithNTLOutput)
     ref = cross_entropy_with_ntl(logits, labels, vocab, ntl_weight=WEIGHT, reweigh=True, shift=True)
@@ -674,6 +676,28 @@ def test_number_token_loss_module_returns_ce_plus_ntl() -> None:
     (grad,) = torch.autograd.grad(out.loss, logits)
     torch.testing.assert_close(grad, torch.autograd.grad(ref.loss, logits)[0], rtol=0, atol=0)
     assert f"ntl_weight={WEIGHT}" in repr(module)
-    assert isinstance(NumberTokenLoss(vocab)(logits, labels), torch.Tensor)
+    ntl = NumberTokenLoss(vocab, reweigh=True, shift=True)(logits, labels)
+    assert isinstance(ntl, torch.Tensor)
+    torch.testing.assert_close(ntl, ref.ntl, rtol=1e-12, atol=0)
     with pytest.raises(ValueError, match="ntl_weight must be a finite number >= 0"):
-        NumberTokenLoss(vocab, ntl_weight=-1.0)
+        CrossEntropyWithNTL(vocab, ntl_weight=-1.0)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'ntl_weight'"):
+        NumberTokenLoss(vocab, ntl_weight=WEIGHT)  # type: ignore[call-arg]
+
+    hidden = torch.randn(*logits.shape[:-1], 6, dtype=logits.dtype, requires_grad=True)
+    weight = torch.randn(logits.shape[-1], 6, dtype=logits.dtype, requires_grad=True)
+    linear = LinearCrossEntropyWithNTL(vocab, reweigh=True, shift=True, chunk_size=4)
+    out = linear(hidden, weight, labels)
+    ref = linear_cross_entropy_with_ntl(
+        hidden, weight, labels, vocab, reweigh=True, shift=True, chunk_size=4
+    )
+    torch.testing.assert_close(out.loss, ref.loss, rtol=0, atol=0)
+    torch.testing.assert_close(
+        torch.autograd.grad(out.loss, (hidden, weight)),
+        torch.autograd.grad(ref.loss, (hidden, weight)),
+        rtol=0,
+        atol=0,
+    )
+    assert "chunk_size=4" in repr(linear)
+    with pytest.raises(ValueError, match="chunk_size must be a positive int"):
+        LinearCrossEntropyWithNTL(vocab, chunk_size=0)

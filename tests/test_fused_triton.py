@@ -26,7 +26,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map
 
 import numtok.ops.kernels
-from numtok import NumberTokenLoss, NumberVocab
+from numtok import CrossEntropyWithNTL, NumberVocab
 from numtok.losses.fused import cross_entropy_with_ntl
 from numtok.losses.linear import linear_cross_entropy_with_ntl
 from numtok.ops.kernels import dispatch, triton_loss, triton_rows
@@ -531,15 +531,13 @@ def test_the_module_takes_impl(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = _spy_on_triton(monkeypatch)
     vocab = make_vocab("chunks")
     logits, labels = make_batch("chunks", seed=13)
-    module = NumberTokenLoss(vocab, reweigh=True, ntl_weight=WEIGHT, impl="triton")
+    module = CrossEntropyWithNTL(vocab, reweigh=True, ntl_weight=WEIGHT, impl="triton")
     out = module(logits, labels)
     assert calls == [1] and "impl='triton'" in repr(module)
     ref, _ = reference(logits, labels, vocab, reweigh=True)
     torch.testing.assert_close(out.loss, ref, rtol=1e-9, atol=0)
     with pytest.raises(ValueError, match="impl must be one of"):
-        NumberTokenLoss(vocab, ntl_weight=WEIGHT, impl="fast")
-    with pytest.raises(ValueError, match="impl applies to the fused CE"):
-        NumberTokenLoss(vocab, impl="triton")
+        CrossEntropyWithNTL(vocab, ntl_weight=WEIGHT, impl="fast")
 
 
 # ------------------------------------------------------------------ the GPU without a GPU

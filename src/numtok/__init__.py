@@ -1,9 +1,9 @@
 """numtok: the Number Token Loss for language models, right on every tokenizer."""
 
 from numtok.hf import NTLossForTrainer
-from numtok.losses.fused import CEWithNTLOutput, cross_entropy_with_ntl
+from numtok.losses.fused import CEWithNTLOutput, CrossEntropyWithNTL, cross_entropy_with_ntl
 from numtok.losses.head import LinearNumberTokenLoss, linear_number_token_loss
-from numtok.losses.linear import linear_cross_entropy_with_ntl
+from numtok.losses.linear import LinearCrossEntropyWithNTL, linear_cross_entropy_with_ntl
 from numtok.losses.module import NumberTokenLoss
 from numtok.losses.number_level import NumberLevelLoss, number_level_loss
 from numtok.losses.smoothing import GaussianLabelSmoothingLoss, gaussian_label_smoothing_ce
@@ -32,8 +32,10 @@ __all__ = [
     "DIST2",
     "SMMD",
     "CEWithNTLOutput",
+    "CrossEntropyWithNTL",
     "ExpectedNumbers",
     "GaussianLabelSmoothingLoss",
+    "LinearCrossEntropyWithNTL",
     "LinearNumberTokenLoss",
     "NTLossForTrainer",
     "NumberDistribution",

@@ -41,17 +41,16 @@ from numtok._common.validation import (
     check_bool,
     check_logits_and_labels,
     check_loss_weights,
-    check_ntl_weight,
     check_num_items,
 )
+from numtok.losses.settings import NUMBER_LEVEL_BESIDE_LOGITS, CEWithNTLSettings
 from numtok.maths.ntl import (
     Kind,
     LossSpec,
-    refuse_number_level,
 )
+from numtok.numbers.buffers import VocabBuffers
 from numtok.numbers.vocab import NumberTables, NumberVocab
 from numtok.ops.kernels.dispatch import (
-    check_impl,
     resolve_impl,
     triton_unsupported,
     unfused_by_default,
@@ -85,7 +84,12 @@ from numtok.ops.row_algebra import (
 from numtok.ops.rows import token_level_loss
 from numtok.ops.sources import LogitsRows
 
-__all__ = ["CEWithNTLOutput", "cross_entropy_with_ntl", "cross_entropy_with_ntl_from_tables"]
+__all__ = [
+    "CEWithNTLOutput",
+    "CrossEntropyWithNTL",
+    "cross_entropy_with_ntl",
+    "cross_entropy_with_ntl_from_tables",
+]
 
 
 def _check_inplace(logits: torch.Tensor, vocab_size: int, weights_need_grad: bool) -> None:
@@ -445,14 +449,11 @@ def cross_entropy_with_ntl(
         >>> bool(torch.isclose(out.loss, reference))
         True
     """
-    refuse_number_level(
-        kind,
+    settings = CEWithNTLSettings.build(
         "cross_entropy_with_ntl",
-        "Add it to a cross-entropy instead: F.cross_entropy(...) + ntl_weight * "
-        "number_token_loss(logits, labels, vocab, kind='number', shift=...)",
-    )
-    spec = LossSpec.build(
+        NUMBER_LEVEL_BESIDE_LOGITS,
         vocab,
+        ntl_weight=ntl_weight,
         kind=kind,
         reweigh=reweigh,
         squash_factor=squash_factor,
@@ -460,13 +461,104 @@ def cross_entropy_with_ntl(
         reduction=reduction,
         shift=shift,
         logit_softcap=logit_softcap,
+        impl=impl,
         capturable=capturable,
     )
-    weight = check_ntl_weight(ntl_weight)
     inplace = check_bool("inplace_backward", inplace_backward)
-    backend = check_impl(impl)
     device = logits.device if isinstance(logits, torch.Tensor) else None
-    tables = vocab.tables(device)
     return cross_entropy_with_ntl_from_tables(
-        logits, labels, tables, spec, weight, loss_weights, num_items_in_batch, inplace, backend
+        logits,
+        labels,
+        vocab.tables(device),
+        settings.spec,
+        settings.ntl_weight,
+        loss_weights,
+        num_items_in_batch,
+        inplace,
+        settings.impl,
     )
+
+
+class CrossEntropyWithNTL(VocabBuffers):
+    """``nn.Module`` form of :func:`cross_entropy_with_ntl`, for a training loop that holds its
+    loss as a module: the settings are checked once here and the vocabulary's lookup tables are
+    buffers (``.to(device)``, ``state_dict`` and ``torch.compile`` work as for any module; the
+    value table stays float64 under ``.to(dtype)``).
+
+    ``forward(logits (..., V), labels (...), *, loss_weights=None, num_items_in_batch=None)``
+    returns the :class:`~numtok.CEWithNTLOutput` of :func:`cross_entropy_with_ntl` with the
+    module's settings: ``.loss = F.cross_entropy(...) + ntl_weight · number_token_loss(...)`` to
+    back-propagate, and the detached terms ``.ce`` and ``.ntl`` to log. The settings are those of
+    the function (``kind="number"`` is refused as there).
+
+    Example:
+        >>> import torch
+        >>> from numtok import CrossEntropyWithNTL, NumberVocab, cross_entropy_with_ntl
+        >>> vocab = NumberVocab.from_values({i: str(i) for i in range(10)}, vocab_size=12)
+        >>> logits, labels = torch.randn(2, 5, 12), torch.tensor([[4, 11, 7, -100, 5]] * 2)
+        >>> loss_fn = CrossEntropyWithNTL(vocab, ntl_weight=0.3, shift=True)
+        >>> out = loss_fn(logits, labels)
+        >>> reference = cross_entropy_with_ntl(logits, labels, vocab, ntl_weight=0.3, shift=True)
+        >>> bool(out.loss == reference.loss)
+        True
+    """
+
+    def __init__(
+        self,
+        vocab: NumberVocab,
+        *,
+        ntl_weight: float = 0.3,
+        kind: Kind = "was",
+        reweigh: bool = False,
+        squash_factor: float | None = None,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+        shift: bool = False,
+        inplace_backward: bool = False,
+        logit_softcap: float | None = None,
+        impl: str = "auto",
+        capturable: bool = False,
+    ) -> None:
+        super().__init__()
+        self.settings = CEWithNTLSettings.build(
+            "CrossEntropyWithNTL",
+            NUMBER_LEVEL_BESIDE_LOGITS,
+            vocab,
+            ntl_weight=ntl_weight,
+            kind=kind,
+            reweigh=reweigh,
+            squash_factor=squash_factor,
+            ignore_index=ignore_index,
+            reduction=reduction,
+            shift=shift,
+            logit_softcap=logit_softcap,
+            impl=impl,
+            capturable=capturable,
+        )
+        self.inplace_backward = check_bool("inplace_backward", inplace_backward)
+        self.register_tables(vocab)
+
+    def forward(
+        self,
+        logits: torch.Tensor,
+        labels: torch.Tensor,
+        *,
+        loss_weights: torch.Tensor | None = None,
+        num_items_in_batch: torch.Tensor | int | None = None,
+    ) -> CEWithNTLOutput:
+        return cross_entropy_with_ntl_from_tables(
+            logits,
+            labels,
+            self.tables(),
+            self.settings.spec,
+            self.settings.ntl_weight,
+            loss_weights,
+            num_items_in_batch,
+            self.inplace_backward,
+            self.settings.impl,
+        )
+
+    def extra_repr(self) -> str:
+        return self.settings.describe(number_tokens=self.ids.numel()) + (
+            ", inplace_backward=True" if self.inplace_backward else ""
+        )

@@ -40,12 +40,13 @@ from numtok._common.validation import (
     check_linear_inputs,
     check_logits_and_labels,
     check_loss_weights,
-    check_ntl_weight,
     check_num_items,
 )
-from numtok.maths.ntl import Kind, LossSpec, refuse_number_level
+from numtok.losses.settings import NUMBER_LEVEL_BESIDE_HIDDEN, CEWithNTLSettings
+from numtok.maths.ntl import Kind, LossSpec
+from numtok.numbers.buffers import VocabBuffers
 from numtok.numbers.vocab import NumberTables, NumberVocab
-from numtok.ops.kernels.dispatch import check_impl, resolve_impl, triton_unsupported
+from numtok.ops.kernels.dispatch import resolve_impl, triton_unsupported
 from numtok.ops.kernels.gradient_in_forward import gradient_waits_for_upstream
 from numtok.ops.linear_in_forward import (
     ChunkRows,
@@ -58,6 +59,7 @@ from numtok.ops.number_logits import compute_dtype
 from numtok.ops.row_algebra import CEWithNTLOutput, combine_terms, prepare_rows
 
 __all__ = [
+    "LinearCrossEntropyWithNTL",
     "linear_cross_entropy_with_ntl",
     "linear_cross_entropy_with_ntl_from_tables",
     "linear_loss_and_row_terms",
@@ -208,15 +210,11 @@ def linear_cross_entropy_with_ntl(
         >>> bool(torch.isclose(out.loss, reference.loss))
         True
     """
-    refuse_number_level(
-        kind,
+    settings = CEWithNTLSettings.build(
         "linear_cross_entropy_with_ntl",
-        "Add it to a cross-entropy instead: your cross-entropy + ntl_weight * "
-        "linear_number_token_loss(hidden, weight, labels, vocab, kind='number', shift=...), "
-        "the number head, which needs no logits either",
-    )
-    spec = LossSpec.build(
+        NUMBER_LEVEL_BESIDE_HIDDEN,
         vocab,
+        ntl_weight=ntl_weight,
         kind=kind,
         reweigh=reweigh,
         squash_factor=squash_factor,
@@ -224,24 +222,112 @@ def linear_cross_entropy_with_ntl(
         reduction=reduction,
         shift=shift,
         logit_softcap=logit_softcap,
+        impl=impl,
         capturable=capturable,
     )
-    weight_of_ntl = check_ntl_weight(ntl_weight)
-    backend = check_impl(impl)
     device = hidden.device if isinstance(hidden, torch.Tensor) else None
     return linear_cross_entropy_with_ntl_from_tables(
         hidden,
         weight,
         labels,
         vocab.tables(device),
-        spec,
-        weight_of_ntl,
+        settings.spec,
+        settings.ntl_weight,
         loss_weights,
         num_items_in_batch,
         bias=bias,
         chunk_size=chunk_size,
-        impl=backend,
+        impl=settings.impl,
     )
+
+
+class LinearCrossEntropyWithNTL(VocabBuffers):
+    """``nn.Module`` form of :func:`linear_cross_entropy_with_ntl`: the settings are checked once
+    here and the vocabulary's lookup tables are buffers, as in
+    :class:`~numtok.CrossEntropyWithNTL`.
+
+    ``forward(hidden (..., H), weight (V, H), labels (...), *, bias=None, loss_weights=None,
+    num_items_in_batch=None)`` returns the :class:`~numtok.CEWithNTLOutput` of
+    :func:`linear_cross_entropy_with_ntl` with the module's settings: CE + ``ntl_weight`` · NTL of
+    the logits ``hidden @ weight.T + bias``, which are never held whole (``chunk_size`` rows at a
+    time).
+
+    Example:
+        >>> import torch
+        >>> from numtok import LinearCrossEntropyWithNTL, NumberVocab, cross_entropy_with_ntl
+        >>> vocab = NumberVocab.from_values({i: str(i) for i in range(10)}, vocab_size=12)
+        >>> hidden, weight = torch.randn(2, 5, 8), torch.randn(12, 8)
+        >>> labels = torch.tensor([[4, 11, 7, -100, 5]] * 2)
+        >>> loss_fn = LinearCrossEntropyWithNTL(vocab, ntl_weight=0.3, chunk_size=3)
+        >>> out = loss_fn(hidden, weight, labels)
+        >>> reference = cross_entropy_with_ntl(hidden @ weight.T, labels, vocab, ntl_weight=0.3)
+        >>> bool(torch.isclose(out.loss, reference.loss))
+        True
+    """
+
+    def __init__(
+        self,
+        vocab: NumberVocab,
+        *,
+        chunk_size: int | None = None,
+        ntl_weight: float = 0.3,
+        kind: Kind = "was",
+        reweigh: bool = False,
+        squash_factor: float | None = None,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+        shift: bool = False,
+        logit_softcap: float | None = None,
+        impl: str = "auto",
+        capturable: bool = False,
+    ) -> None:
+        super().__init__()
+        self.settings = CEWithNTLSettings.build(
+            "LinearCrossEntropyWithNTL",
+            NUMBER_LEVEL_BESIDE_HIDDEN,
+            vocab,
+            ntl_weight=ntl_weight,
+            kind=kind,
+            reweigh=reweigh,
+            squash_factor=squash_factor,
+            ignore_index=ignore_index,
+            reduction=reduction,
+            shift=shift,
+            logit_softcap=logit_softcap,
+            impl=impl,
+            capturable=capturable,
+        )
+        self.chunk_size = _check_chunk_size(chunk_size)
+        self.register_tables(vocab)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        labels: torch.Tensor,
+        *,
+        bias: torch.Tensor | None = None,
+        loss_weights: torch.Tensor | None = None,
+        num_items_in_batch: torch.Tensor | int | None = None,
+    ) -> CEWithNTLOutput:
+        return linear_cross_entropy_with_ntl_from_tables(
+            hidden,
+            weight,
+            labels,
+            self.tables(),
+            self.settings.spec,
+            self.settings.ntl_weight,
+            loss_weights,
+            num_items_in_batch,
+            bias=bias,
+            chunk_size=self.chunk_size,
+            impl=self.settings.impl,
+        )
+
+    def extra_repr(self) -> str:
+        return self.settings.describe(number_tokens=self.ids.numel()) + (
+            "" if self.chunk_size is None else f", chunk_size={self.chunk_size}"
+        )
 
 
 def linear_cross_entropy_with_ntl_from_tables(

@@ -1,11 +1,10 @@
-"""``NumberTokenLoss``: the one module a training loop holds for NTL (or for CE + NTL)."""
+"""``NumberTokenLoss``: the ``nn.Module`` form of the Number Token Loss alone (CE + NTL has its
+own modules: :class:`~numtok.CrossEntropyWithNTL`, :class:`~numtok.LinearCrossEntropyWithNTL`)."""
 
 from __future__ import annotations
 
 import torch
 
-from numtok._common.validation import check_ntl_weight
-from numtok.losses.fused import CEWithNTLOutput, cross_entropy_with_ntl_from_tables
 from numtok.losses.number_level import NumberLevelLoss
 from numtok.losses.token import number_token_loss_from_tables
 from numtok.maths.ntl import (
@@ -17,7 +16,6 @@ from numtok.maths.ntl import (
 )
 from numtok.numbers.buffers import VocabBuffers
 from numtok.numbers.vocab import NumberVocab
-from numtok.ops.kernels.dispatch import check_impl
 
 __all__ = ["NumberTokenLoss"]
 
@@ -28,16 +26,11 @@ class NumberTokenLoss(VocabBuffers):
     ``torch.compile`` work as for any module (the value table stays float64 under
     ``.to(dtype)``).
 
-    ``forward(logits, labels, *, loss_weights=None, num_items_in_batch=None)`` returns NTL.
-
-    With ``ntl_weight=w`` it returns cross-entropy plus ``w`` times NTL instead, as
-    :func:`numtok.cross_entropy_with_ntl` computes it in one fused pass (a
-    :class:`~numtok.CEWithNTLOutput`: ``.loss`` to back-propagate, detached ``.ce`` and ``.ntl``
-    to log), so that a training loop holds one module for the whole loss.
-
-    ``impl`` (``"auto"``, ``"torch"`` or ``"triton"``) chooses the backend of that fused pass, as
-    in :func:`numtok.cross_entropy_with_ntl`; ``capturable=True`` computes without reading
-    anything back from the device, as in :func:`numtok.number_token_loss`.
+    ``forward(logits (..., V), labels (...), *, loss_weights=None, num_items_in_batch=None)``
+    returns NTL, a tensor (a scalar, or the labels' shape for ``reduction="none"``), as
+    :func:`numtok.number_token_loss` with the module's settings; ``capturable=True`` computes
+    without reading anything back from the device. For cross-entropy plus NTL in one pass hold a
+    :class:`~numtok.CrossEntropyWithNTL` instead.
 
     With ``kind="number"`` it holds and calls a
     :class:`~numtok.losses.number_level.NumberLevelLoss` as ``self.number_level``.
@@ -53,25 +46,11 @@ class NumberTokenLoss(VocabBuffers):
         ignore_index: int = -100,
         reduction: str = "mean",
         shift: bool = False,
-        ntl_weight: float | None = None,
-        impl: str = "auto",
         capturable: bool = False,
     ) -> None:
         super().__init__()
-        self.ntl_weight = None if ntl_weight is None else check_ntl_weight(ntl_weight)
-        self.impl = check_impl(impl)
-        if self.impl != "auto" and ntl_weight is None:
-            raise ValueError(
-                f"impl applies to the fused CE + NTL (ntl_weight=...), got impl={impl!r} without "
-                "ntl_weight; the NTL alone runs on the reference path"
-            )
         self.number_level: NumberLevelLoss | None = None
         if isinstance(kind, str) and kind == NUMBER_LEVEL:
-            if ntl_weight is not None:
-                raise ValueError(
-                    "ntl_weight (cross-entropy + NTL in one fused pass) is not available with "
-                    "kind='number'; add F.cross_entropy to the module's output instead"
-                )
             check_number_level_squash(squash_factor)
             check_number_level_capturable(capturable)
             self.number_level = NumberLevelLoss(
@@ -101,21 +80,10 @@ class NumberTokenLoss(VocabBuffers):
         *,
         loss_weights: torch.Tensor | None = None,
         num_items_in_batch: torch.Tensor | int | None = None,
-    ) -> torch.Tensor | CEWithNTLOutput:
+    ) -> torch.Tensor:
         if self.number_level is not None:
             return self.number_level(  # type: ignore[no-any-return]
                 logits, labels, loss_weights=loss_weights, num_items_in_batch=num_items_in_batch
-            )
-        if self.ntl_weight is not None:
-            return cross_entropy_with_ntl_from_tables(
-                logits,
-                labels,
-                self.tables(),
-                self.spec,
-                self.ntl_weight,
-                loss_weights,
-                num_items_in_batch,
-                impl=self.impl,
             )
         return number_token_loss_from_tables(
             logits, labels, self.tables(), self.spec, loss_weights, num_items_in_batch
@@ -124,12 +92,4 @@ class NumberTokenLoss(VocabBuffers):
     def extra_repr(self) -> str:
         if self.number_level is not None:
             return "kind='number'"
-        spec = self.spec
-        return (
-            f"kind={spec.kind!r}, reweigh={spec.reweigh}, squash_factor={spec.squash_factor}, "
-            f"ignore_index={spec.ignore_index}, reduction={spec.reduction!r}, shift={spec.shift}, "
-            f"number_tokens={self.ids.numel()}, vocab_size={spec.vocab_size}"
-            + ("" if self.ntl_weight is None else f", ntl_weight={self.ntl_weight}")
-            + ("" if self.impl == "auto" else f", impl={self.impl!r}")
-            + (", capturable=True" if spec.capturable else "")
-        )
+        return self.spec.describe(number_tokens=self.ids.numel())

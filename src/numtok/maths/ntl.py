@@ -232,6 +232,17 @@ class LossSpec:
             capturable=check_bool("capturable", capturable),
         )
 
+    def describe(self, number_tokens: int) -> str:
+        """The settings as a module's ``extra_repr`` shows them (the defaults of the optional
+        ones left out), with the vocabulary's count of number tokens."""
+        return (
+            f"kind={self.kind!r}, reweigh={self.reweigh}, squash_factor={self.squash_factor}, "
+            f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, shift={self.shift}, "
+            f"number_tokens={number_tokens}, vocab_size={self.vocab_size}"
+            + ("" if self.logit_softcap is None else f", logit_softcap={self.logit_softcap}")
+            + (", capturable=True" if self.capturable else "")
+        )
+
     @property
     def callable_kind(self) -> bool:
         """Whether ``kind`` is the caller's own function rather than one of the named kinds."""
