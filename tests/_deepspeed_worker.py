@@ -111,7 +111,7 @@ def _trainer_step(
             train_dataset=datasets.Dataset.from_list(data),
             processing_class=tokenizer,
         )
-        cross_entropy = "numtok" if route == "trl-numtok" else "trl"
+        cross_entropy = "numtok" if route == "trl-numtok" else "model"
         NTLossForTrainer(tokenizer, ntl_weight=weight, cross_entropy=cross_entropy).attach(trainer)
     else:
         if route.startswith("patch"):

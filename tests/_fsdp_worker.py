@@ -70,7 +70,7 @@ def run(out_dir: Path, wrapper: str, tied: bool, ntl_weight: float) -> dict[str,
         model = trainer.model
     elif wrapper.startswith("trl"):
         trainer = _sft_trainer(tokenizer, build(tokenizer, tied), out_dir)
-        cross_entropy = "numtok" if wrapper.startswith("trl-numtok") else "trl"
+        cross_entropy = "numtok" if wrapper.startswith("trl-numtok") else "model"
         NTLossForTrainer(tokenizer, ntl_weight=ntl_weight, cross_entropy=cross_entropy).attach(
             trainer
         )

@@ -1,5 +1,5 @@
 """NTLossForTrainer.attach on TRL >= 1.16's SFTTrainer without compute_loss_func: with TRL's
-fused LM head computing the cross-entropy (``cross_entropy="trl"``, NTL from the number head
+fused LM head computing the cross-entropy (``cross_entropy="model"``, NTL from the number head
 beside it) and with numtok's logits-free pass computing it (``"numtok"``, the CPU default):
 exact under gradient accumulation and equal to the compute_loss_func route (every gradient);
 one model forward per micro-batch, no full logits, no FutureWarning; TRL's entropy and token
@@ -31,7 +31,7 @@ datasets = pytest.importorskip("datasets")
 
 NTL_WEIGHT = 0.5
 TOLERANCE = 1e-5
-ROUTES = ["trl", "numtok"]
+ROUTES = ["model", "numtok"]
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +166,7 @@ def test_trls_metrics_are_logged_as_trl_alone_logs_them(
 def test_the_cpu_default_and_which_head_computes_the_cross_entropy(
     tokenizer: Any, tmp_path: Path, route: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``cross_entropy="trl"`` runs TRL's tiled log-probability kernel in training, ``"numtok"``
+    """``cross_entropy="model"`` runs TRL's tiled log-probability kernel in training, ``"numtok"``
     (what ``"auto"`` chooses on CPU) does not: numtok's pass computes the loss."""
     import trl.trainer.utils as trl_utils
 
@@ -183,7 +183,7 @@ def test_the_cpu_default_and_which_head_computes_the_cross_entropy(
     _, grads, _, _ = sft(tokenizer, tmp_path, 4, 2, route)
     _, auto_grads, _, _ = sft(tokenizer, tmp_path, 4, 2, "auto")
     assert max_relative_difference(auto_grads, grads) < TOLERANCE
-    trl_calls = 2 if route == "trl" else 0
+    trl_calls = 2 if route == "model" else 0
     assert len(calls) == trl_calls  # "auto" (numtok on CPU) adds none
 
 
@@ -246,11 +246,13 @@ def test_what_it_refuses(tokenizer: Any, tmp_path: Path) -> None:
     from transformers import Trainer
 
     with pytest.raises(
-        ValueError, match=r"cross_entropy must be one of \('auto', 'numtok', 'trl'\)"
+        ValueError, match=r"cross_entropy must be one of \('auto', 'numtok', 'model'\)"
     ):
         NTLossForTrainer(tokenizer, cross_entropy="liger")
     plain = Trainer(model=build_model(tokenizer), args=training_args(tmp_path))
-    with pytest.raises(ValueError, match="cross_entropy='trl' chooses the cross-entropy on TRL's"):
-        NTLossForTrainer(tokenizer, cross_entropy="trl").attach(plain)
+    with pytest.raises(
+        ValueError, match="cross_entropy='model' chooses the cross-entropy on TRL's"
+    ):
+        NTLossForTrainer(tokenizer, cross_entropy="model").attach(plain)
     with pytest.raises(ValueError, match="loss_type='dft' would reweigh"):
         sft(tokenizer, tmp_path, 4, 2, "numtok", loss_type="dft")

@@ -36,11 +36,19 @@ from numtok.hf._zero3 import each_module_gathered, full_shape, gathered
 __all__ = [
     "BypassedHead",
     "OutputLayerBypass",
+    "causal_lm_of",
     "check_bypass_is_exact",
     "logit_settings_of",
     "output_layer_of",
     "softcap_of",
 ]
+
+
+def causal_lm_of(model: Any) -> Any:
+    """The causal LM itself: the base model under PEFT (``get_base_model()``), else ``model``."""
+    get_base_model = getattr(model, "get_base_model", None)
+    return get_base_model() if callable(get_base_model) else model
+
 
 #: The configuration setting of a soft cap on the logits, ``c·tanh(logits/c)``.
 SOFTCAP_SETTING = "final_logit_softcapping"

@@ -36,13 +36,28 @@ NUMBER_LEVEL_INSTEAD = (
 )
 
 
-def auto_cross_entropy(device: torch.device, own: str) -> str:
-    """What ``cross_entropy="auto"`` chooses on ``device``, in every entry point that chooses:
+#: What computes the cross-entropy beside NTL, one vocabulary on every route that chooses
+#: (``patch_model`` and TRL's ``SFTTrainer`` under ``attach()``): ``"numtok"``, numtok's passes;
+#: ``"model"``, the model's own (its loss, or TRL's fused head, which is the model's forward with
+#: ``fused_lm_head=True``) with NTL from the number head beside it; ``"auto"``, as
+#: :func:`auto_cross_entropy` decides.
+CROSS_ENTROPIES = ("auto", "numtok", "model")
+
+
+def check_cross_entropy(cross_entropy: object) -> str:
+    """``cross_entropy`` if it is one of :data:`CROSS_ENTROPIES`, else a ``ValueError``."""
+    if not isinstance(cross_entropy, str) or cross_entropy not in CROSS_ENTROPIES:
+        raise ValueError(f"cross_entropy must be one of {CROSS_ENTROPIES}, got {cross_entropy!r}")
+    return cross_entropy
+
+
+def auto_cross_entropy(device: torch.device) -> str:
+    """What ``cross_entropy="auto"`` chooses on ``device``, on every route that chooses:
     ``"numtok"`` (numtok's pass) on CPU, where it was measured faster than PyTorch's
-    cross-entropy and lighter on memory; ``own``, the stack's own cross-entropy beside the number
-    head (``"model"``, ``"trl"``), everywhere else, where numtok's pass has not been measured
-    fast (its torch row passes ran at 2.4-11× ``F.cross_entropy`` on the one GPU run)."""
-    return "numtok" if device.type == "cpu" else own
+    cross-entropy and lighter on memory; ``"model"``, the model's own cross-entropy beside the
+    number head, everywhere else, where numtok's pass has not been measured fast (its torch row
+    passes ran at 2.4-11× ``F.cross_entropy`` on the one GPU run)."""
+    return "numtok" if device.type == "cpu" else "model"
 
 
 def ce_plus_ntl(

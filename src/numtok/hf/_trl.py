@@ -9,14 +9,14 @@ only the positions whose label is not ``-100`` and returns per-token ``log_probs
 num_items_in_batch`` (times the processes, as the Trainer does) and logs the entropy and the
 token accuracy from the same outputs. :func:`attach_to_trl` keeps all of that and adds NTL:
 
-* ``cross_entropy="trl"``: TRL's head computes the cross-entropy and the metrics. The causal LM's
-  forward (on the instance, over TRL's) captures the final hidden states (a hook on its decoder,
-  :mod:`numtok.hf._hidden`) and computes ``Σ ntl / |P|`` from the number head
-  (:func:`numtok.linear_number_token_loss`) while it runs — where FSDP2 holds the output layer
-  gathered; the wrapped ``compute_loss`` adds ``ntl_weight`` times it to TRL's loss, scaled as TRL
-  scales its own. ``|P|`` is the optimizer step's count of number positions over its
-  micro-batches and processes (:mod:`numtok.hf._step_counts`), so the mean is exact under
-  gradient accumulation, as TRL's ``num_items_in_batch`` makes its cross-entropy.
+* ``cross_entropy="model"``: TRL's head (the model's forward with ``fused_lm_head=True``) computes
+  the cross-entropy and the metrics. The causal LM's forward (on the instance, over TRL's) captures
+  the final hidden states (a hook on its decoder, :mod:`numtok.hf._hidden`) and computes ``Σ ntl /
+  |P|`` from the number head (:func:`numtok.linear_number_token_loss`) while it runs — where FSDP2
+  holds the output layer gathered; the wrapped ``compute_loss`` adds ``ntl_weight`` times it to
+  TRL's loss, scaled as TRL scales its own. ``|P|`` is the optimizer step's count of number
+  positions over its micro-batches and processes (:mod:`numtok.hf._step_counts`), so the mean is
+  exact under gradient accumulation, as TRL's ``num_items_in_batch`` makes its cross-entropy.
 * ``cross_entropy="numtok"``: in training calls the causal LM's forward computes CE + NTL with
   numtok's logits-free pass instead of TRL's head (:func:`numtok.losses.linear.
   linear_loss_and_row_terms`: the output layer bypassed, :mod:`numtok.hf._head`), with the
@@ -26,7 +26,7 @@ token accuracy from the same outputs. :func:`attach_to_trl` keeps all of that an
   log-probability minus its share of ``ntl_weight · NTL`` (text positions: exactly the
   log-probability) — with the loss's gradient (:func:`_summing_to`). TRL's ``compute_loss``
   then divides, scales and logs as it always does. For ``loss_type="nll"`` without MoE auxiliary
-  loss (DFT weighs each token by its probability: use ``"trl"``).
+  loss (DFT weighs each token by its probability: use ``"model"``).
 
 Evaluation (``prediction_step`` calls ``compute_loss`` without gradients) adds NTL the same way,
 with the micro-batch's own counts, and feeds ``eval_ce``/``eval_ntl``.
@@ -47,7 +47,12 @@ from typing import Any
 
 import torch
 
-from numtok.hf._head import OutputLayerBypass, check_bypass_is_exact, output_layer_of
+from numtok.hf._head import (
+    OutputLayerBypass,
+    causal_lm_of,
+    check_bypass_is_exact,
+    output_layer_of,
+)
 from numtok.hf._hidden import HiddenStatesCapture, check_head_reads_hidden, decoder_of
 from numtok.hf._in_forward import check_whole_weight, install_forward, run_forward
 from numtok.hf._loss import denominator_dtype, number_head_mean
@@ -57,10 +62,9 @@ from numtok.losses.linear import linear_loss_and_row_terms
 from numtok.maths.ntl import LossSpec
 from numtok.numbers.vocab import NumberVocab
 
-__all__ = ["CROSS_ENTROPIES", "attach_to_trl", "causal_lm_of", "takes_the_trl_route"]
+__all__ = ["attach_to_trl", "takes_the_trl_route"]
 
 #: What computes the cross-entropy on TRL's route: ``"auto"`` chooses per device.
-CROSS_ENTROPIES = ("auto", "numtok", "trl")
 #: The first TRL release whose SFTTrainer computes its loss from the fused LM head.
 _FUSED_HEAD_RELEASE = (1, 16)
 
@@ -86,12 +90,6 @@ def takes_the_trl_route(trainer: Any) -> bool:
         and getattr(trainer, "label_smoother", None) is None
         and bool(getattr(trainer, "model_accepts_loss_kwargs", False))
     )
-
-
-def causal_lm_of(model: Any) -> Any:
-    """The causal LM that TRL gave its fused LM head: the base model under PEFT."""
-    get_base_model = getattr(model, "get_base_model", None)
-    return get_base_model() if callable(get_base_model) else model
 
 
 @dataclass
@@ -244,7 +242,7 @@ def attach_to_trl(
     cross_entropy: str,
 ) -> None:
     """Add ``ntl_weight · Σ ntl / |P|`` to TRL's fused-head loss, with TRL's cross-entropy
-    (``"trl"``) or numtok's (``"numtok"``) (see the module docstring): checks the model, patches
+    (``"model"``) or numtok's (``"numtok"``) (see the module docstring): checks the model, patches
     its forward and wraps ``trainer.compute_loss``."""
     causal_lm = causal_lm_of(trainer.model)
     head = output_layer_of(causal_lm)
@@ -261,7 +259,7 @@ def attach_to_trl(
                 raise ValueError(
                     f"cross_entropy='numtok' hands TRL the loss's per-token sum, which {setting}="
                     f"{value!r} would reweigh or add to: use NTLossForTrainer(..., "
-                    "cross_entropy='trl')"
+                    "cross_entropy='model')"
                 )
         exact = check_bypass_is_exact(causal_lm, head, lambda outputs: outputs["logits"])
         output_type = importlib.import_module("trl.trainer.utils").FusedCausalLMOutput

@@ -70,6 +70,7 @@ from numtok.hf._loss import (
     NUMBER_LEVEL_INSTEAD,
     auto_cross_entropy,
     ce_plus_ntl,
+    check_cross_entropy,
     count_targets,
     denominator_dtype,
     number_head_mean,
@@ -82,12 +83,6 @@ from numtok.numbers.vocab import NumberVocab
 from numtok.ops.kernels.dispatch import check_impl
 
 __all__ = ["last_loss_terms", "patch_model", "unpatch_model"]
-
-
-#: What computes the cross-entropy of a patched model: numtok's fused passes, the model itself, or
-#: (``"auto"``) numtok's on CPU and the model's elsewhere (:func:`numtok.hf._loss.
-#: auto_cross_entropy`).
-CROSS_ENTROPIES = ("auto", "numtok", "model")
 
 
 @dataclass
@@ -117,7 +112,7 @@ class _Patch:
         if self.cross_entropy != "auto":
             return self.cross_entropy
         device = self.head.weight.device
-        if self.spec.reweigh or auto_cross_entropy(device, "model") == "numtok":
+        if self.spec.reweigh or auto_cross_entropy(device) == "numtok":
             return "numtok"
         if self.model_refused is not None:
             raise ValueError(
@@ -238,8 +233,7 @@ def patch_model(
     weight = check_ntl_weight(ntl_weight)
     backend = check_impl(impl)
     free = check_bool("logits_free", logits_free)
-    if cross_entropy not in CROSS_ENTROPIES:
-        raise ValueError(f"cross_entropy must be one of {CROSS_ENTROPIES}, got {cross_entropy!r}")
+    check_cross_entropy(cross_entropy)
     if cross_entropy == "model" and reweigh:
         raise ValueError(
             "reweigh=True needs each number position's full log-sum-exp, which the model's "

@@ -92,12 +92,12 @@ from numtok.hf._loss import (
     NUMBER_LEVEL_INSTEAD,
     auto_cross_entropy,
     ce_plus_ntl,
+    check_cross_entropy,
     count_targets,
     denominator_dtype,
     token_share_denominators,
 )
 from numtok.hf._step_counts import StepCounts, StepLink
-from numtok.hf._trl import CROSS_ENTROPIES as TRL_CROSS_ENTROPIES
 from numtok.hf._trl import attach_to_trl, takes_the_trl_route
 from numtok.hf._zero3 import full_shape
 from numtok.losses.fused import CEWithNTLOutput
@@ -230,7 +230,7 @@ class NTLossForTrainer:
             opt-in); see :func:`numtok.cross_entropy_with_ntl` and
             :func:`numtok.losses.linear.linear_cross_entropy_with_ntl`.
         cross_entropy: on TRL's ``SFTTrainer`` (1.16 on, without ``compute_loss_func``), what
-            computes the cross-entropy beside NTL (:mod:`numtok.hf._trl`): ``"trl"``, TRL's fused
+            computes the cross-entropy beside NTL (:mod:`numtok.hf._trl`): ``"model"``, TRL's fused
             LM head (NTL from the number head beside it); ``"numtok"``, numtok's logits-free
             pass; ``"auto"`` (default), numtok's on CPU, where it is the faster one, and TRL's on
             GPUs, where TRL's has run and numtok's has not been measured. Both compute no logits
@@ -295,11 +295,7 @@ class NTLossForTrainer:
         self._compile = compile
         self.logits_free = check_bool("logits_free", logits_free)
         self.impl = check_impl(impl)
-        if cross_entropy not in TRL_CROSS_ENTROPIES:
-            raise ValueError(
-                f"cross_entropy must be one of {TRL_CROSS_ENTROPIES}, got {cross_entropy!r}"
-            )
-        self.cross_entropy = cross_entropy
+        self.cross_entropy = check_cross_entropy(cross_entropy)
         self._head_spec = self.spec  # the logits-free loss's settings (attach adds a soft cap)
         self._terms = self._loss_terms(compile=bool(compile))
         self._link: StepLink | None = None
@@ -520,7 +516,7 @@ class NTLossForTrainer:
             link.wrap(trainer)
             chosen = self.cross_entropy
             if chosen == "auto":
-                chosen = auto_cross_entropy(args.device, "trl")
+                chosen = auto_cross_entropy(args.device)
             attach_to_trl(trainer, self.vocab, self.spec, self.ntl_weight, link, chosen)
             return trainer
         bypass = self._output_layer_bypass(trainer) if self.logits_free else None
