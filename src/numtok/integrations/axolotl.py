@@ -62,6 +62,7 @@ except ImportError as error:  # Axolotl would log an ImportError and train witho
 
 try:
     from numtok.hf import NTLossForTrainer, last_loss_terms, patch_model
+    from numtok.hf._head import causal_lm_of
     from numtok.hf._zero3 import full_shape
 except ImportError as error:
     raise RuntimeError(
@@ -184,12 +185,6 @@ def _settings(cfg: Mapping[str, Any]) -> NumtokArgs:
     return NumtokArgs.model_validate(given)
 
 
-def _causal_lm(model: Any) -> Any:
-    """The transformers causal LM inside a PEFT model (``get_base_model()``), else the model."""
-    get_base_model = getattr(model, "get_base_model", None)
-    return get_base_model() if callable(get_base_model) else model
-
-
 def _store_the_terms(trainer: Any, causal_lm: Any) -> None:
     """Log each training micro-batch's CE and NTL through ``AxolotlTrainer.store_metrics``
     (averaged by Axolotl over the micro-batches since the last log)."""
@@ -250,7 +245,7 @@ class NumtokPlugin(BasePlugin):  # type: ignore[misc]
             ).attach(trainer)
             self.route = "attach"
         else:
-            causal_lm = _causal_lm(trainer.model)
+            causal_lm = causal_lm_of(trainer.model)
             patch_model(causal_lm, tokenizer, cross_entropy="model", **loss_settings)
             _store_the_terms(trainer, causal_lm)
             self.route = "model"

@@ -11,13 +11,13 @@ from typing import Any, ClassVar, TypeVar
 from numtok._common.validation import check_number
 from numtok.experiments.config import check_device, check_non_negative_int, check_positive_int
 from numtok.experiments.item_metrics import ITEM_METRICS
+from numtok.experiments.objectives import NUMBER_LOSS_ARMS
 
 __all__ = [
     "ADAPTATIONS",
     "ARITHMETIC_TEST_SPLITS",
     "FINETUNE_ARMS",
     "FINETUNE_TASKS",
-    "NUMBER_LOSS_ARMS",
     "READOUTS",
     "FinetuneConfig",
 ]
@@ -32,8 +32,6 @@ FINETUNE_TASKS = ("arithmetic", "rjokes", "jsonl")
 #: targets instead of CE (σ = 1, no λ); ``head``: a regression head on the last prompt token's
 #: hidden state, MSE on the standardised answer.
 FINETUNE_ARMS = ("base", "ce", "was", "mse", "number", "del", "smmd", "dist2", "gls", "head")
-#: The arms with a λ.
-NUMBER_LOSS_ARMS = ("was", "mse", "number", "del", "smmd", "dist2")
 #: Full fine-tuning, or LoRA adapters on the attention's q and v projections.
 ADAPTATIONS = ("full", "lora")
 #: How an answer is read: the generated text (``greedy``); the mean or median of the model's

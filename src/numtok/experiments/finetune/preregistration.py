@@ -18,7 +18,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from numtok.experiments.finetune.config import NUMBER_LOSS_ARMS, FinetuneConfig
+from numtok.experiments.finetune.config import FinetuneConfig
+from numtok.experiments.objectives import NUMBER_LOSS_ARMS
 
 __all__ = ["check_preregistration", "git_provenance", "preregistration", "write_preregistration"]
 

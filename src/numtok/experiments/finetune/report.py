@@ -29,7 +29,7 @@ from numtok.experiments.finetune.analysis import (
     learnability_gate,
     metric_table,
 )
-from numtok.experiments.finetune.config import NUMBER_LOSS_ARMS, FinetuneConfig
+from numtok.experiments.finetune.config import FinetuneConfig
 from numtok.experiments.finetune.data import FinetuneData
 from numtok.experiments.finetune.preregistration import git_provenance
 from numtok.experiments.item_metrics import (
@@ -38,6 +38,7 @@ from numtok.experiments.item_metrics import (
     answer_values,
     item_metrics,
 )
+from numtok.experiments.objectives import NUMBER_LOSS_ARMS
 from numtok.experiments.report_format import json_safe, signed
 
 __all__ = ["write_report"]

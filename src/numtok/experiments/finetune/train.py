@@ -28,12 +28,12 @@ from numtok.experiments.finetune.examples import IGNORE_INDEX, Encoded, training
 from numtok.experiments.finetune.prefix import decoder_states
 from numtok.experiments.loop import learning_rate_at, optimizer_step
 from numtok.experiments.objectives import Objective
+from numtok.hf._head import causal_lm_of
 from numtok.numbers.vocab import NumberVocab
 
 __all__ = [
     "Trained",
     "answer_logits",
-    "causal_lm_of",
     "load_model",
     "load_trained",
     "prompt_states",
@@ -42,12 +42,6 @@ __all__ = [
 ]
 
 Log = Callable[[str], None]
-
-
-def causal_lm_of(model: Any) -> Any:
-    """The causal LM itself (the base model under PEFT's LoRA)."""
-    get_base_model = getattr(model, "get_base_model", None)
-    return get_base_model() if callable(get_base_model) else model
 
 
 def load_model(model_dir: Path, config: FinetuneConfig, seed: int) -> Any:
