@@ -10,8 +10,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-TESTS = ROOT / "tests"
 NTL_WEIGHT = 0.3
 FIRST_TEXT_ID = 1210  # ids 100..1209: the 1-3-digit number tokens of anchors.vocabularies
 #: The relative difference of the loss allowed between impl="triton" and impl="torch".
