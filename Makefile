@@ -37,7 +37,7 @@ $(DOCS_STAMP): pyproject.toml Makefile
 # processes, the Axolotl and vLLM environments) in one process, as `.ci/run` does.
 TEST_WORKERS ?= auto
 test: $(STAMP)
-	$(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q -m "not slow and not gpu" -n $(TEST_WORKERS) --dist loadfile
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow

@@ -2,10 +2,13 @@
 with ``kind`` = was, del, smmd, dist2, against ``F.cross_entropy`` alone on the same logits, on a
 digit vocabulary (10 number tokens) and on Llama-3's 1–3-digit chunks (1,110 number tokens).
 
-Logits (N, V) float32, 10 % of the labels number tokens; every case is timed in each of
-``--rounds`` interleaved rounds and the median reported, with each kind's time as a multiple of
-NTL-WAS's (the kinds differ only in the per-row terms of the K number logits) and of
-``F.cross_entropy``'s.
+Logits (N, V) float32, 10 % of the labels number tokens; each kind is first checked against
+``F.cross_entropy + 0.3 * number_token_loss(kind=...)`` (value and gradient), then every
+implementation is timed in each of ``--rounds`` interleaved rounds (benchmarks/runner.py) and
+the median reported, with each kind's time as a multiple of NTL-WAS's (the kinds differ only in
+the per-row terms of the K number logits), of ``F.cross_entropy``'s and of the other anchors
+that ran: Liger's cross-entropy (CUDA, where installed), ``F.cross_entropy`` + ntloss (digits,
+where installed).
 
 Usage: ``python benchmarks/bench_kinds.py [--rows 4096] [--vocab 32768] [--rounds 5]
 [--threads 2] [--device cpu] [--out PATH] [--quick]``; prints a Markdown table and writes
@@ -17,53 +20,88 @@ on the device. ``--quick``: 256 × 4,096, 2 rounds (a dry run of ``benchmarks/gp
 from __future__ import annotations
 
 import argparse
+import functools
 import json
-import statistics
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from bench_common import provenance
+from anchors import (
+    DIGITS,
+    cross_entropy,
+    liger_available,
+    liger_cross_entropy,
+    ntloss,
+    ntloss_available,
+    vocabularies,
+)
+from bench_common import provenance, quantiles
+from runner import Implementation, Inputs, run
 
-from numtok import NumberVocab, cross_entropy_with_ntl
+from numtok import NumberVocab, cross_entropy_with_ntl, number_token_loss
 
 KINDS = ("was", "del", "smmd", "dist2")
+NTL_WEIGHT = 0.3
+TOLERANCE = 1e-4  # float32: relative error of the value and of the gradient
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def vocabularies(vocab_size: int) -> dict[str, NumberVocab]:
-    """The number tokens at ids 100…: the ten digits, or every 1-, 2- and 3-digit string."""
-    chunks: dict[int, str] = {}
-    for width in (1, 2, 3):
-        for value in range(10**width):
-            chunks[100 + len(chunks)] = f"{value:0{width}d}"
-    digits = {100 + d: str(d) for d in range(10)}
-    return {
-        "digits (10)": NumberVocab.from_values(digits, vocab_size=vocab_size),
-        "1-3-digit chunks (1,110)": NumberVocab.from_values(chunks, vocab_size=vocab_size),
-    }
+def fused(x: Inputs, vocab: NumberVocab, kind: str) -> torch.Tensor:
+    impl = "triton" if x["logits"].device.type == "cuda" else "auto"
+    out = cross_entropy_with_ntl(
+        x["logits"], x["labels"], vocab, ntl_weight=NTL_WEIGHT, kind=kind, impl=impl
+    )
+    return out.loss
 
 
-def step_seconds(
-    logits: torch.Tensor, labels: torch.Tensor, vocab: NumberVocab, kind: str | None
-) -> float:
-    """One forward + backward from a fresh leaf; ``kind=None`` is F.cross_entropy alone."""
-    leaf = logits.detach().requires_grad_()
-    if leaf.device.type == "cuda":
-        torch.cuda.synchronize()
-    started = time.perf_counter()
-    if kind is None:
-        loss = F.cross_entropy(leaf, labels)
-    else:
-        impl = "triton" if leaf.device.type == "cuda" else "auto"
-        out = cross_entropy_with_ntl(leaf, labels, vocab, ntl_weight=0.3, kind=kind, impl=impl)
-        loss = out.loss
-    loss.backward()
-    if leaf.device.type == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter() - started
+def reference(x: Inputs, vocab: NumberVocab, kind: str) -> torch.Tensor:
+    ntl = number_token_loss(x["logits"], x["labels"], vocab, kind=kind)  # type: ignore[arg-type]
+    return cross_entropy(x["logits"], x["labels"]) + NTL_WEIGHT * ntl
+
+
+def ce_plus_ntloss(x: Inputs) -> torch.Tensor:
+    logits, labels = x["logits"][None], x["labels"][None]  # ntloss reads sequences
+    return cross_entropy(logits, labels) + NTL_WEIGHT * ntloss(logits, labels, reweigh=False)
+
+
+def implementations(name: str, vocab: NumberVocab, device: torch.device) -> list[Implementation]:
+    """F.cross_entropy, each kind (checked against its unfused reference) and the anchors that
+    can run here."""
+    found = [
+        Implementation(
+            "F.cross_entropy",
+            lambda x: cross_entropy(x["logits"], x["labels"]),
+            required=True,
+            anchor=True,
+        )
+    ]
+    for kind in KINDS:
+        found.append(
+            Implementation(
+                f"reference {kind}",
+                functools.partial(reference, vocab=vocab, kind=kind),
+                timed=False,
+            )
+        )
+        found.append(
+            Implementation(
+                kind, functools.partial(fused, vocab=vocab, kind=kind), f"reference {kind}"
+            )
+        )
+    if device.type == "cuda" and liger_available():
+        found.append(
+            Implementation(
+                "Liger CE (no NTL)",
+                lambda x: liger_cross_entropy(x["logits"], x["labels"]),
+                "F.cross_entropy",
+                anchor=True,
+            )
+        )
+    if name == DIGITS and ntloss_available():  # ntloss sees single digits only
+        found.append(
+            Implementation("CE + ntloss 0.3.2", ce_plus_ntloss, "reference was", anchor=True)
+        )
+    return found
 
 
 def main() -> None:
@@ -86,16 +124,18 @@ def main() -> None:
         logits = torch.randn(args.rows, args.vocab, generator=on_device, device=device)
     else:
         logits = torch.randn(args.rows, args.vocab, generator=generator)
+    logits.requires_grad_()
     is_number = torch.rand(args.rows, generator=generator) < 0.1
     rows: list[dict[str, Any]] = []
     lines = [
         f"`python benchmarks/bench_kinds.py --rows {args.rows} --vocab {args.vocab} --rounds "
         f"{args.rounds} --threads {args.threads} --device {args.device}`: forward + backward, "
         f"{args.rows} × {args.vocab:,} float32 logits, 10 % number labels, medians of "
-        f"{args.rounds} interleaved rounds",
+        f"{args.rounds} interleaved rounds (p20-p80)",
         "",
-        "| vocabulary | kind | median ms | × NTL-WAS | × F.cross_entropy |",
-        "| --- | --- | --- | --- | --- |",
+        "| vocabulary | kind | median ms (p20-p80) | × NTL-WAS | × F.cross_entropy | "
+        "× other anchors |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for name, vocab in vocabularies(args.vocab).items():
         numbers = vocab.ids[torch.randint(len(vocab), (args.rows,), generator=generator)]
@@ -103,31 +143,38 @@ def main() -> None:
             int(vocab.ids.max()) + 1, args.vocab, (args.rows,), generator=generator
         )
         labels = torch.where(is_number, numbers, text).to(device)
-        cases: list[str | None] = [None, *KINDS]
-        for kind in cases:  # warm-up
-            step_seconds(logits, labels, vocab, kind)
-        samples: dict[str | None, list[float]] = {kind: [] for kind in cases}
-        for _ in range(args.rounds):
-            for kind in cases:
-                samples[kind].append(step_seconds(logits, labels, vocab, kind))
-        medians = {kind: statistics.median(times) for kind, times in samples.items()}
-        for kind in cases:
+        found = implementations(name, vocab, device)
+        measured = run(found, {"logits": logits, "labels": labels}, tolerance=TOLERANCE,
+                       rounds=args.rounds)  # fmt: skip
+        samples = measured.samples[args.threads]
+        for implementation, timed in samples.items():
+            p20, median, p80 = quantiles(timed.full)
+            ratios = measured.ratios(args.threads, implementation)
             row = {
                 **provenance(device, compiled=False),
                 "vocabulary": name,
-                "kind": kind or "F.cross_entropy",
+                "kind": implementation,
                 "rows": args.rows,
                 "vocab_size": args.vocab,
                 "threads": args.threads,
-                "median_ms": 1e3 * medians[kind],
-                "ratio_to_was": medians[kind] / medians["was"],
-                "ratio_to_cross_entropy": medians[kind] / medians[None],
-                "samples_ms": [1e3 * t for t in samples[kind]],
+                "median_ms": median,
+                "p20_ms": p20,
+                "p80_ms": p80,
+                "ratio_to_was": median / samples["was"].median_ms(),
+                "ratio_to_cross_entropy": ratios["F.cross_entropy"],
+                "ratios_to_anchors": ratios,
+                "check_relative_error": measured.errors[implementation],
+                "samples_ms": [1e3 * t for t in timed.full],
             }
             rows.append(row)
+            others = ", ".join(
+                f"{anchor} {ratio:.2f}×"
+                for anchor, ratio in ratios.items()
+                if anchor != "F.cross_entropy"
+            )
             lines.append(
-                f"| {name} | {row['kind']} | {row['median_ms']:.1f} | "
-                f"{row['ratio_to_was']:.2f}× | {row['ratio_to_cross_entropy']:.2f}× |"
+                f"| {name} | {implementation} | {median:.1f} ({p20:.1f}-{p80:.1f}) | "
+                f"{row['ratio_to_was']:.2f}× | {row['ratio_to_cross_entropy']:.2f}× | {others} |"
             )
     report = "\n".join(lines)
     print(report)

@@ -8,18 +8,16 @@ layer (linear suite) measured in the same run, at one thread and at all cores.
     python benchmarks/bench_loss.py --device cuda --gpu-cases # gpu.sh's: 5 % and 50 % ignored,
                                                               # an upstream gradient of 0.37
 
-Method (see benchmarks/README.md): for each case the first round checks each variant's value and
+Method (see benchmarks/README.md; the check, the clock and the memory probe are
+benchmarks/runner.py's): for each case the first round checks each variant's value and
 gradients against the unfused reference and warms up; then, for each thread count in turn
 (after the first, with an untimed warm-up round for the logits suite), ``--rounds`` timed rounds
-with the variants interleaved (the order rotates each round). Forward is the training forward
-(autograd recording), backward is ``loss.backward()``, full is their sum in the same call.
-Medians with p20/p80. Peak memory is measured for each variant once per case, at the largest
-thread count, in a fresh subprocess on CPU (the rise of VmHWM over VmRSS during one forward +
-backward, VmHWM reset by writing "5" to /proc/self/clear_refs right before) and in process on
-CUDA (``max_memory_allocated``), reported as a multiple of the logits' size. On CUDA the inputs
-are drawn on the device (a CUDA generator, in their dtype: no host-side sampling of 10^9 values)
-and kept for the next case of the same shape and dtype, and the forward and backward times are
-read off CUDA events.
+with the variants interleaved (the order rotates each round). Medians with p20/p80; each row
+also holds its ratios to the anchors that ran (``F.cross_entropy``, Liger's cross-entropy,
+``F.cross_entropy`` + ntloss). Peak memory is measured for each variant once per case, at the
+largest thread count (in a fresh process on CPU, in process on CUDA), reported as a multiple of
+the logits' size. On CUDA the inputs are drawn on the device (a CUDA generator, in their dtype:
+no host-side sampling of 10^9 values) and kept for the next case of the same shape and dtype.
 """
 
 from __future__ import annotations
@@ -27,27 +25,27 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import itertools
 import json
-import os
-import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from bench_common import (
-    case_rows,
-    proc_status,
-    provenance,
-    reset_peak_memory,
-    summary_table,
-    usable_cores,
+from anchors import (
+    DIGITS,
+    FIRST_NUMBER_ID,
+    cross_entropy,
+    liger_available,
+    liger_cross_entropy,
+    liger_linear_cross_entropy,
+    ntloss,
+    ntloss_available,
+    vocabularies,
 )
+from bench_common import case_rows, provenance, summary_table, usable_cores
+from runner import Clock, Implementation, Inputs, peak_in_fresh_process, peak_on_cuda, run
 from torch.autograd.function import once_differentiable
 
 from numtok import NumberVocab, number_token_loss
@@ -57,7 +55,6 @@ from numtok.ops.kernels.torch_rows import statistics_and_gradient
 
 RESULTS = Path(__file__).resolve().parent / "results"
 NTL_WEIGHT = 0.3
-FIRST_DIGIT_ID = 100  # "0".."9" are token ids 100..109
 SEQUENCE_LENGTH = 512
 NUMBER_FRACTION = 0.10
 IGNORED_FRACTION = 0.05
@@ -152,26 +149,9 @@ def quick_cases() -> list[Case]:
 # ------------------------------------------------------------------ inputs
 
 
-@functools.cache
-def tokenizer(vocab_size: int) -> Any:
-    """A WordLevel tokenizer whose ids 100..109 are the digits and every other id a word."""
-    from tokenizers import Tokenizer, models
-    from transformers import PreTrainedTokenizerFast
-
-    words = {"<unk>": 0, **{f"w{i}": i for i in range(1, vocab_size)}}
-    for digit in range(10):
-        del words[f"w{FIRST_DIGIT_ID + digit}"]
-        words[str(digit)] = FIRST_DIGIT_ID + digit
-    backend = Tokenizer(models.WordLevel(words, unk_token="<unk>"))
-    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>")
-
-
-@functools.cache
 def number_vocab(vocab_size: int) -> NumberVocab:
-    """The digits at ids 100..109: what NumberVocab.from_tokenizer(tokenizer(V)) reads, without
-    needing transformers (a bare GPU machine may lack it)."""
-    digits = {FIRST_DIGIT_ID + d: str(d) for d in range(10)}
-    return NumberVocab.from_values(digits, vocab_size=vocab_size)
+    """The digits at ids 100..109 (what ntloss's tokenizer of anchors.ntloss_of holds)."""
+    return vocabularies(vocab_size)[DIGITS]
 
 
 def make_inputs(case: Case, device: torch.device) -> dict[str, torch.Tensor]:
@@ -181,9 +161,9 @@ def make_inputs(case: Case, device: torch.device) -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(0)
     batch = max(1, case.tokens // SEQUENCE_LENGTH)
     shape = (batch, case.tokens // batch)
-    labels = torch.randint(FIRST_DIGIT_ID + 10, case.vocab_size, shape, generator=generator)
+    labels = torch.randint(FIRST_NUMBER_ID + 10, case.vocab_size, shape, generator=generator)
     choice = torch.rand(shape, generator=generator)
-    digits = FIRST_DIGIT_ID + torch.randint(10, shape, generator=generator)
+    digits = FIRST_NUMBER_ID + torch.randint(10, shape, generator=generator)
     labels = torch.where(choice < NUMBER_FRACTION, digits, labels)
     ignored = choice > 1 - case.ignored_fraction
     labels = torch.where(ignored, torch.full_like(labels, -100), labels)
@@ -223,22 +203,14 @@ def device_leaves(key: tuple[Any, ...]) -> dict[str, torch.Tensor]:
     return {"hidden": hidden.requires_grad_(), "weight": weight.requires_grad_()}
 
 
-def leaves(inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-    return [t for name, t in inputs.items() if name != "labels"]
+# ------------------------------------------------------------------ implementations
 
-
-# ------------------------------------------------------------------ variants
-
-Variant = Callable[[Case, dict[str, torch.Tensor]], torch.Tensor]
-
-
-def _cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+Loss = Callable[[Case, Inputs], torch.Tensor]
 
 
 def _ce_plus_ntl(case: Case, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     ntl = number_token_loss(logits, labels, number_vocab(case.vocab_size), reweigh=case.reweigh)
-    return _cross_entropy(logits, labels) + NTL_WEIGHT * ntl
+    return cross_entropy(logits, labels) + NTL_WEIGHT * ntl
 
 
 def _fused(
@@ -267,9 +239,7 @@ def _fused_in_blocks(case: Case, logits: torch.Tensor, labels: torch.Tensor) -> 
         triton_loss._MAX_BLOCK_V = widest
 
 
-def _linear(
-    case: Case, x: dict[str, torch.Tensor], *, recompute: bool, impl: str = "auto"
-) -> torch.Tensor:
+def _linear(case: Case, x: Inputs, *, recompute: bool, impl: str = "auto") -> torch.Tensor:
     """``linear_cross_entropy_with_ntl``; with ``recompute``, differentiable ``loss_weights`` (all
     1: the same loss) send it to the pass that recomputes the logits in backward (on the torch
     row passes)."""
@@ -281,15 +251,6 @@ def _linear(
         impl=impl,
     )  # fmt: skip
     return out.loss
-
-
-@functools.cache
-def _ntloss(vocab_size: int, reweigh: bool) -> Any:
-    from loguru import logger
-    from ntloss import NTLoss
-
-    logger.disable("ntloss")
-    return NTLoss(tokenizer(vocab_size), vocab_size=vocab_size, reweigh=reweigh)
 
 
 class _FusedCrossEntropyOnly(torch.autograd.Function):
@@ -325,33 +286,21 @@ class _FusedCrossEntropyOnly(torch.autograd.Function):
         return ctx.gradient.view(ctx.shape), None
 
 
-def _liger_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    from liger_kernel.transformers import LigerCrossEntropyLoss
-
-    flat = logits.reshape(-1, logits.shape[-1])
-    return LigerCrossEntropyLoss()(flat, labels.reshape(-1))  # type: ignore[no-any-return]
-
-
-def _liger_linear_cross_entropy(x: dict[str, torch.Tensor]) -> torch.Tensor:
-    from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
-
-    hidden = x["hidden"].reshape(-1, x["hidden"].shape[-1])
-    loss = LigerFusedLinearCrossEntropyLoss()(x["weight"], hidden, x["labels"].reshape(-1))
-    return loss  # type: ignore[no-any-return]
-
-
-LOGITS_VARIANTS: dict[str, Variant] = {
-    "F.cross_entropy": lambda case, x: _cross_entropy(x["logits"], x["labels"]),
+LOGITS_VARIANTS: dict[str, Loss] = {
+    "F.cross_entropy": lambda case, x: cross_entropy(x["logits"], x["labels"]),
     "CE + number_token_loss": lambda case, x: _ce_plus_ntl(case, x["logits"], x["labels"]),
     "cross_entropy_with_ntl": lambda case, x: _fused(case, x["logits"], x["labels"], False),
     "cross_entropy_with_ntl inplace": lambda case, x: _fused(case, x["logits"], x["labels"], True),
     "fused CE only": lambda case, x: _FusedCrossEntropyOnly.apply(x["logits"], x["labels"]),
+}
+# ntloss 0.3.2 (the authors' package) where it and transformers are installed.
+NTLOSS_VARIANTS: dict[str, Loss] = {
     "CE + ntloss 0.3.2": lambda case, x: (
-        _cross_entropy(x["logits"], x["labels"])
-        + NTL_WEIGHT * _ntloss(case.vocab_size, case.reweigh)(x["logits"], x["labels"])
+        cross_entropy(x["logits"], x["labels"])
+        + NTL_WEIGHT * ntloss(x["logits"], x["labels"], case.reweigh)
     ),
 }
-LINEAR_VARIANTS: dict[str, Variant] = {
+LINEAR_VARIANTS: dict[str, Loss] = {
     "materialised + CE + number_token_loss": lambda case, x: _ce_plus_ntl(
         case, x["hidden"] @ x["weight"].T, x["labels"]
     ),
@@ -368,7 +317,7 @@ LINEAR_VARIANTS: dict[str, Variant] = {
 }
 # On CUDA the default (impl="auto") is F.cross_entropy beside the number head from the logits, and
 # the torch row passes logits-free; the Triton kernels (opt-in) and the torch row passes beside it.
-CUDA_VARIANTS: dict[str, dict[str, Variant]] = {
+CUDA_VARIANTS: dict[str, dict[str, Loss]] = {
     "logits": {
         "cross_entropy_with_ntl impl=triton": lambda case, x: _fused(
             case, x["logits"], x["labels"], False, impl="triton"
@@ -393,15 +342,17 @@ CUDA_VARIANTS: dict[str, dict[str, Variant]] = {
     },
 }
 # Liger-Kernel (Triton, GPUs only) computes cross-entropy alone: checked against PyTorch's.
-LIGER_VARIANTS: dict[str, dict[str, Variant]] = {
+LIGER_VARIANTS: dict[str, dict[str, Loss]] = {
     "logits": {
-        "Liger CE (no NTL)": lambda case, x: _liger_cross_entropy(x["logits"], x["labels"]),
+        "Liger CE (no NTL)": lambda case, x: liger_cross_entropy(x["logits"], x["labels"]),
     },
     "linear": {
-        "materialised + F.cross_entropy": lambda case, x: _cross_entropy(
+        "materialised + F.cross_entropy": lambda case, x: cross_entropy(
             x["hidden"] @ x["weight"].T, x["labels"]
         ),
-        "Liger fused linear CE (no NTL)": lambda case, x: _liger_linear_cross_entropy(x),
+        "Liger fused linear CE (no NTL)": lambda case, x: liger_linear_cross_entropy(
+            x["hidden"], x["weight"], x["labels"]
+        ),
     },
 }
 # Variants that overwrite their input logits: each call gets a fresh copy, made before the timer.
@@ -415,85 +366,55 @@ REFERENCE = {"logits": "CE + number_token_loss", "linear": "materialised + CE + 
 CE_REFERENCE = {"logits": "F.cross_entropy", "linear": "materialised + F.cross_entropy"}
 CE_ONLY = {"F.cross_entropy", "fused CE only", *(v for d in LIGER_VARIANTS.values() for v in d)}
 BASELINE = {"logits": "F.cross_entropy", "linear": "materialised + CE + number_token_loss"}
+# The comparison points every row's ratios_to_anchors holds.
+ANCHORS = {
+    *CE_REFERENCE.values(),
+    *NTLOSS_VARIANTS,
+    *(v for d in LIGER_VARIANTS.values() for v in d),
+}
+TOLERANCE = {"float32": 1e-4, "bfloat16": 3e-2}  # relative error of value and of each gradient
 
 
-def importable(module: str) -> bool:
-    try:
-        __import__(module)
-    except ImportError:
-        return False
-    return True
+def reference_of(case: Case, name: str) -> str | None:
+    """The implementation ``name`` is checked against (None: it is a reference)."""
+    if name in (REFERENCE[case.suite], CE_REFERENCE[case.suite]):
+        return None
+    return CE_REFERENCE[case.suite] if name in CE_ONLY else REFERENCE[case.suite]
 
 
-def variants(case: Case, device: torch.device) -> dict[str, Variant]:
+def implementations(case: Case, device: torch.device) -> list[Implementation]:
     """The variants of the case's suite that can run here: ntloss where it and transformers
     are installed; on CUDA the torch backend beside the default Triton one, and Liger-Kernel's
     where it is installed."""
     found = dict(LOGITS_VARIANTS if case.suite == "logits" else LINEAR_VARIANTS)
-    if not (importable("ntloss") and importable("transformers")):
-        found = {name: v for name, v in found.items() if "ntloss" not in name}
+    if case.suite == "logits" and ntloss_available():
+        found |= NTLOSS_VARIANTS
     if device.type == "cuda":
         found |= CUDA_VARIANTS[case.suite]
-    if device.type == "cuda" and importable("liger_kernel.transformers"):
+    if device.type == "cuda" and liger_available():
         found |= LIGER_VARIANTS[case.suite]
-    return found
+    return [
+        Implementation(
+            name,
+            functools.partial(loss, case),
+            reference=reference_of(case, name),
+            required=name == BASELINE[case.suite],
+            consumes=("logits",) if name in CONSUMES_LOGITS else (),
+            anchor=name in ANCHORS,
+        )
+        for name, loss in found.items()
+    ]
 
 
-def selected(case: Case, found: dict[str, Variant], names: list[str] | None) -> dict[str, Variant]:
+def selected(
+    case: Case, found: list[Implementation], names: list[str] | None
+) -> list[Implementation]:
     """``found`` restricted to ``names`` (all when None), always with the case's baseline and
     the references the kept variants are checked against."""
     if names is None:
         return found
     keep = {*names, BASELINE[case.suite], *(reference_of(case, name) for name in names)}
-    return {name: variant for name, variant in found.items() if name in keep}
-
-
-def reference_of(case: Case, name: str) -> str:
-    return CE_REFERENCE[case.suite] if name in CE_ONLY else REFERENCE[case.suite]
-
-
-def compiled_variants(found: dict[str, Variant], names: set[str]) -> dict[str, Variant]:
-    """The variants ``names`` through ``torch.compile`` (default backend), compiled on their
-    first call; the rest as they are (the unfused references need no compiling to check the
-    others)."""
-    return {
-        name: torch.compile(variant) if name in names else variant
-        for name, variant in found.items()
-    }
-
-
-# ------------------------------------------------------------------ correctness, timing
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-class Clock:
-    """Seconds between marks: CUDA events on a CUDA device (read once, after the last mark; the
-    stream is synchronised at the start), ``time.perf_counter`` elsewhere."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        synchronize(device)
-        self.marks: list[Any] = []
-        self.mark()
-
-    def mark(self) -> None:
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            self.marks.append(event)
-        else:
-            self.marks.append(time.perf_counter())
-
-    def intervals(self) -> list[float]:
-        """Seconds from each mark to the next (waits for the last CUDA event)."""
-        if self.cuda:
-            self.marks[-1].synchronize()
-            return [a.elapsed_time(b) / 1e3 for a, b in itertools.pairwise(self.marks)]
-        return [b - a for a, b in itertools.pairwise(self.marks)]
+    return [implementation for implementation in found if implementation.name in keep]
 
 
 def copy_bandwidth(tensor: torch.Tensor, repeats: int = 10) -> int:
@@ -512,176 +433,17 @@ def copy_bandwidth(tensor: torch.Tensor, repeats: int = 10) -> int:
     return round(2 * tensor.nbytes / times[len(times) // 2] / 1e9)
 
 
-def backward(case: Case, loss: torch.Tensor) -> None:
-    """``loss.backward()``, with the case's upstream gradient when it is not 1."""
-    if case.upstream == 1:
-        loss.backward()
-    else:
-        loss.backward(torch.full_like(loss, case.upstream))
-
-
-def call_inputs(name: str, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The inputs of one call: a fresh copy of the logits for a variant that overwrites them."""
-    if name not in CONSUMES_LOGITS:
-        return inputs
-    return {**inputs, "logits": inputs["logits"].detach().clone().requires_grad_()}
-
-
-def run_once(
-    case: Case, variant: Variant, inputs: dict[str, torch.Tensor]
-) -> tuple[float, float, float]:
-    """(forward, backward) seconds of one training step of the loss (on CUDA from events, on the
-    device's clock; elsewhere wall-clock, with a synchronisation before each reading), and the
-    CPU seconds of the whole step (user + system: robust to other processes on a shared
-    machine). Gradients land in .grad."""
-    device = inputs["labels"].device
-    for leaf in leaves(inputs):
-        leaf.grad = None
-    cpu_start = time.process_time()
-    clock = Clock(device)
-    loss = variant(case, inputs)
-    if not clock.cuda:
-        synchronize(device)
-    clock.mark()
-    backward(case, loss)
-    clock.mark()
-    forward_seconds, backward_seconds = clock.intervals()
-    return forward_seconds, backward_seconds, time.process_time() - cpu_start
-
-
-def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
-    """||value - reference|| / ||reference|| over row chunks (no full-size float32 temporaries)."""
-    rows_value, rows_reference = (
-        value.reshape(-1, value.shape[-1]),
-        reference.reshape(-1, value.shape[-1]),
-    )
-    difference = total = 0.0
-    for start in range(0, rows_value.shape[0], 256):
-        a = rows_value[start : start + 256].double()
-        b = rows_reference[start : start + 256].double()
-        difference += float((a - b).square().sum())
-        total += float(b.square().sum())
-    return (difference / max(total, 1e-300)) ** 0.5
-
-
-TOLERANCE = {"float32": 1e-4, "bfloat16": 3e-2}  # relative error of value and of each gradient
-
-
-def check_variants(
-    case: Case, found: dict[str, Variant], inputs: dict[str, torch.Tensor]
-) -> dict[str, float]:
-    """Run every variant once (also the warm-up and, with --compile, the compilation) and
-    compare value and gradients with its reference; raises if a variant is off. Returns the
-    largest relative error per variant; a variant other than the baseline and the references
-    that fails to run is reported and left out."""
-    results: dict[str, tuple[torch.Tensor, list[torch.Tensor]]] = {}
-    references = {REFERENCE[case.suite], CE_REFERENCE[case.suite]}
-    errors = {}
-    for name in sorted(found, key=lambda n: n not in references):
-        call = call_inputs(name, inputs)
-        for leaf in leaves(call):
-            leaf.grad = None
-        try:
-            loss = found[name](case, call)
-            backward(case, loss)
-        except Exception as error:  # a variant that cannot run here (a GPU library, compile)
-            if name in references or name == BASELINE[case.suite]:
-                raise
-            print(f"{case.label()}: {name} skipped: {error!r}"[:500], file=sys.stderr)
-            continue
-        grads = [leaf.grad for leaf in leaves(call)]
-        assert all(g is not None for g in grads)
-        if name in references:
-            results[name] = (loss.detach().float(), grads)  # type: ignore[assignment]
-        reference_value, reference_grads = results[reference_of(case, name)]
-        error = max(
-            [abs(float(loss.detach().float() - reference_value)) / abs(float(reference_value))]
-            + [relative_error(g, r) for g, r in zip(grads, reference_grads, strict=True)]  # type: ignore[arg-type]
-        )
-        if error > TOLERANCE[case.dtype]:
-            raise AssertionError(f"{case.label()}: {name} is off by {error:.2e} relative")
-        errors[name] = error
-    for leaf in leaves(inputs):
-        leaf.grad = None
-    return errors
-
-
-def time_rounds(
-    case: Case,
-    found: dict[str, Variant],
-    inputs: dict[str, torch.Tensor],
-    rounds: int,
-    warm_up: bool,
-) -> dict[str, dict[str, list[float]]]:
-    """With ``warm_up`` one untimed round, then ``rounds`` timed ones with the variants
-    interleaved."""
-    names = list(found)
-    samples: dict[str, dict[str, list[float]]] = {
-        n: {"forward": [], "backward": [], "full": [], "cpu": []} for n in names
-    }
-    for round_index in range(-1 if warm_up else 0, rounds):
-        shift = round_index % len(names)
-        for name in names[shift:] + names[:shift]:
-            forward, backward, cpu = run_once(case, found[name], call_inputs(name, inputs))
-            if round_index >= 0:
-                samples[name]["forward"].append(forward)
-                samples[name]["backward"].append(backward)
-                samples[name]["full"].append(forward + backward)
-                samples[name]["cpu"].append(cpu)
-    return samples
-
-
-# ------------------------------------------------------------------ memory
-
-
-def probe_memory(case: Case, name: str) -> int:
-    """In this (fresh) process: peak resident memory added by one forward + backward."""
-    cpu = torch.device("cpu")
-    inputs = call_inputs(name, make_inputs(case, cpu))
-    variant = variants(case, cpu)[name]
-    # Warm up lazily initialised machinery (thread pools, dispatch, ntloss caches) on four
-    # positions per sequence, so that only the measured call's own buffers are counted.
-    small = {
+def probe_target(spec: dict[str, Any]) -> tuple[Implementation, Inputs, Inputs, float]:
+    """runner.peak_in_fresh_process's: the variant, the case's inputs on CPU, four positions of
+    each sequence to warm up on, the upstream gradient."""
+    case, cpu = Case(**spec["case"]), torch.device("cpu")
+    inputs = make_inputs(case, cpu)
+    implementation = next(i for i in implementations(case, cpu) if i.name == spec["variant"])
+    warm = {
         k: v if k == "weight" else v.detach()[:, :4].clone().requires_grad_(v.requires_grad)
         for k, v in inputs.items()
     }
-    run_once(case, variant, small)
-    del small
-    baseline = reset_peak_memory()
-    run_once(case, variant, inputs)
-    return proc_status("VmHWM") - baseline
-
-
-def measure_memory(
-    case: Case,
-    name: str,
-    variant: Variant,
-    threads: int,
-    device: torch.device,
-    inputs: dict[str, torch.Tensor],
-) -> int:
-    """Peak extra memory of one step: in a fresh subprocess on CPU (eager), in process on CUDA
-    (``variant`` as timed, on the timed ``inputs``)."""
-    if device.type == "cuda":
-        inputs = call_inputs(name, inputs)
-        for leaf in leaves(inputs):
-            leaf.grad = None
-        synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        baseline = torch.cuda.memory_allocated(device)
-        run_once(case, variant, inputs)
-        return torch.cuda.max_memory_allocated(device) - baseline
-    command = [
-        sys.executable,
-        __file__,
-        "--probe-memory",
-        json.dumps([dataclasses.asdict(case), name]),
-        "--threads",
-        str(threads),
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    output = subprocess.run(command, check=True, capture_output=True, text=True, env=env).stdout
-    return int(output.strip().splitlines()[-1])
+    return implementation, inputs, warm, case.upstream
 
 
 # ------------------------------------------------------------------ main
@@ -702,45 +464,56 @@ def run_case(
     case: Case, args: argparse.Namespace, threads: list[int], meta: dict[str, Any]
 ) -> list[dict[str, Any]]:
     device = torch.device(args.device)
-    found = selected(case, variants(case, device), args.variants)
-    compiled = set(found if args.variants is None else args.variants) if args.compile else set()
-    found = compiled_variants(found, compiled)
+    found = selected(case, implementations(case, device), args.variants)
+    names = {i.name for i in found} if args.variants is None else set(args.variants)
+    compiled = names if args.compile else set()
+    # The unfused references need no compiling to check the others.
+    found = [
+        dataclasses.replace(i, loss=torch.compile(i.loss)) if i.name in compiled else i
+        for i in found
+    ]
     inputs = make_inputs(case, device)
     on_gpu_logits = device.type == "cuda" and case.suite == "logits"
     if on_gpu_logits:
         meta = {**meta, "device_copy_gbps": copy_bandwidth(inputs["logits"].detach())}
-    errors = check_variants(case, found, inputs)
-    found = {name: variant for name, variant in found.items() if name in errors}
-    rounds = args.rounds if case.suite == "logits" else args.linear_rounds
-    memory = (
-        {}
-        if args.no_memory
-        else {
-            name: measure_memory(case, name, variant, threads[-1], device, inputs)
-            for name, variant in found.items()
-        }
-    )
-    rows = []
-    for count in threads:
-        torch.set_num_threads(count)
-        print(f"== {case.label()}: {count} thread(s), {rounds} rounds", file=sys.stderr, flush=True)
+    peak: Callable[[Implementation], int] | None = None
+    if args.no_memory:
+        peak = None
+    elif device.type == "cuda":
+        peak = functools.partial(peak_on_cuda, inputs=inputs, upstream=case.upstream)
+    else:
+        spec = dataclasses.asdict(case)
+        peak = lambda i: peak_in_fresh_process(  # noqa: E731
+            "bench_loss", {"case": spec, "variant": i.name}, threads[-1]
+        )
+    print(f"== {case.label()}", file=sys.stderr, flush=True)
+    measured = run(
+        found,
+        inputs,
+        tolerance=TOLERANCE[case.dtype],
+        rounds=args.rounds if case.suite == "logits" else args.linear_rounds,
+        threads=threads,
+        peak=peak,
+        upstream=case.upstream,
         # The check round warmed up the first thread count; a linear step takes seconds, so
         # thread pools are warm after its first kernel anyway.
-        warm_up = count != threads[0] and case.suite == "logits"
-        samples = time_rounds(case, found, inputs, rounds, warm_up)
-        case_fields = {
-            **dataclasses.asdict(case),
-            "number_fraction": NUMBER_FRACTION,
-            "ntl_weight": NTL_WEIGHT,
-        }
+        warm_up_each_thread_count=case.suite == "logits",
+    )
+    case_fields = {
+        **dataclasses.asdict(case),
+        "number_fraction": NUMBER_FRACTION,
+        "ntl_weight": NTL_WEIGHT,
+    }
+    rows = []
+    for count in threads:
         rows += case_rows(
             case_fields,
             case.logits_bytes,
-            samples,
-            errors,
-            memory if count == threads[-1] else {},
+            measured,
+            count,
             BASELINE[case.suite],
             {**meta, "threads": count},
+            with_memory=count == threads[-1],
             moved_bytes=2 * case.logits_bytes if on_gpu_logits else None,
         )
     for row in rows:
@@ -796,18 +569,11 @@ def main() -> None:
         help="JSONL file (default: results/<date>T<time>-<device>-t<threads>.jsonl; none for "
         "--quick); a Markdown summary is written beside it",
     )
-    parser.add_argument("--probe-memory", help=argparse.SUPPRESS)
     args = parser.parse_args()
     threads = thread_counts(args.threads)
     if args.summarize:
         rows = [json.loads(line) for line in args.summarize.read_text().splitlines() if line]
         print(summary_table(rows, label_of))
-        return
-
-    if args.probe_memory:
-        torch.set_num_threads(threads[-1])
-        case_fields, name = json.loads(args.probe_memory)
-        print(probe_memory(Case(**case_fields), name))
         return
 
     device = torch.device(args.device)

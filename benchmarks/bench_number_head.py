@@ -35,9 +35,11 @@ logits at a small shape (N = 512, H = 64, V = 4096; relative error of the value 
 gradients ≤ 1e-4 in float32, 3e-2 in bfloat16) and warmed up on 64 tokens of the case (this
 also compiles CCE's torch_compile path).
 
-Peak memory: every variant once more, in a fresh subprocess on CPU (inputs built, the 64-token
+Peak memory: every variant once more, in a fresh process on CPU (inputs built, the 64-token
 warm-up, VmHWM reset to VmRSS, one step: the rise of VmHWM) and in process on CUDA
-(``max_memory_allocated``), as a multiple of ``ce``'s peak. Targets (the issue's, on CPU): the
+(``max_memory_allocated``), as a multiple of ``ce``'s peak. The check, the clock and the probe
+are benchmarks/runner.py's; each row also holds its ratios to the anchors that ran (``ce``,
+``liger``, ``ce+ntloss``). Targets (the issue's, on CPU): the
 head's forward + backward ≤ 0.02× ``ce`` for digits, ≤ 0.05× for the chunks.
 
 Usage: ``python benchmarks/bench_number_head.py [--cases H1024-V65536,H2048-V131072]
@@ -68,7 +70,6 @@ import json
 import math
 import os
 import shlex
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -78,8 +79,17 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from bench_common import numtok_source, proc_status, provenance, quantiles, reset_peak_memory
-from bench_kinds import vocabularies
+from anchors import (
+    CHUNKS,
+    DIGITS,
+    importable,
+    liger_linear_cross_entropy,
+    ntloss,
+    ntloss_available,
+    vocabularies,
+)
+from bench_common import numtok_source, provenance, quantiles
+from runner import Implementation, Inputs, Measured, peak_in_fresh_process, peak_on_cuda, run
 
 from numtok import NumberVocab, linear_number_token_loss, number_token_loss
 
@@ -87,12 +97,12 @@ RESULTS = Path(__file__).resolve().parent / "results"
 NTL_WEIGHT = 0.3
 SEQUENCE_LENGTH = 512  # ntloss reads (batch, sequence, V) logits
 IGNORED_FRACTION = 0.05
-FIRST_TEXT_ID = 1210  # ids 100..1209 are the number tokens (bench_kinds.vocabularies)
+FIRST_TEXT_ID = 1210  # ids 100..1209 are the number tokens (anchors.vocabularies)
 WARM_UP_TOKENS = 64
 CHECK_SHAPE = (512, 64, 4096)  # N, H, V of the correctness check
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
 TARGETS = {10: 0.02, 1110: 0.05}  # the head's forward + backward, as a multiple of ce (CPU)
-VOCABULARY_OF = {10: "digits (10)", 1110: "1-3-digit chunks (1,110)"}
+VOCABULARY_OF = {10: DIGITS, 1110: CHUNKS}
 DEFAULT_CASES = "H1024-V65536,H2048-V131072"
 DEFAULT_LABELS = "K10-p10,K10-p30,K1110-p10,K1110-p30,K1110-p30-reweigh"
 SHAPE_VARIANTS = ("ce", "cce", "liger")  # one cross-entropy per case, shared by its label sets
@@ -159,55 +169,45 @@ def number_vocab(number_tokens: int, vocab_size: int) -> NumberVocab:
     return vocabularies(vocab_size)[VOCABULARY_OF[number_tokens]]
 
 
-@dataclass
-class Inputs:
-    hidden: torch.Tensor  # (N, H) leaf
-    weight: torch.Tensor  # (V, H) leaf
-    labels: dict[str, torch.Tensor]  # label set -> (N,)
-    lse: dict[str, torch.Tensor]  # reweigh label set -> (N,) constant lse for the head alone
-    shared_labels: str  # the label set whose labels the shape-level variants use
-
-    def sliced(self, tokens: int) -> Inputs:
-        """The first ``tokens`` positions (fresh leaves), the same weight: the warm-up."""
-        hidden = self.hidden.detach()[:tokens].clone().requires_grad_()
-        return Inputs(
-            hidden,
-            self.weight,
-            {name: labels[:tokens] for name, labels in self.labels.items()},
-            {name: lse[:tokens] for name, lse in self.lse.items()},
-            self.shared_labels,
-        )
-
-
-def make_inputs(
-    case: Case, label_sets: list[LabelSet], device: torch.device, exact_lse: bool = True
-) -> Inputs:
-    """Hidden states ~ N(0, 1), weight ~ N(0, 1/H) (logits ~ N(0, 1)); per label set its labels
-    (the same text ids and ignored positions for all sets) and, for ``reweigh``, each position's
-    log-sum-exp for the head alone: exact (the logits in chunks of 512 rows, no gradient) or,
-    with ``exact_lse=False`` (the memory probes, where only the shapes matter), log V.
-    Deterministic for a case."""
+def make_inputs(case: Case, label_sets: list[LabelSet], device: torch.device, lse: str) -> Inputs:
+    """``hidden`` ~ N(0, 1) and ``weight`` ~ N(0, 1/H) (logits ~ N(0, 1)); per label set its
+    ``labels <set>`` (the same text ids and ignored positions for all sets) and, for ``reweigh``,
+    ``lse <set>``, each position's log-sum-exp for the head alone: ``lse="exact"`` (the logits in
+    chunks of 512 rows, no gradient), ``"log V"`` (the memory probes, where only the shapes
+    matter) or ``"from logits"`` (none: the head takes the logits' differentiable log-sum-exp, as
+    the check's reference has it). Deterministic for a case."""
     generator = torch.Generator().manual_seed(0)
     n, h, v = case.tokens, case.hidden_size, case.vocab_size
     hidden = torch.randn(n, h, generator=generator)
     weight = torch.randn(v, h, generator=generator) / h**0.5
     choice = torch.rand(n, generator=generator)
     text = torch.randint(FIRST_TEXT_ID, v, (n,), generator=generator)
-    hidden = hidden.to(device, case.torch_dtype).requires_grad_()
-    weight = weight.to(device, case.torch_dtype).requires_grad_()
-    labels, lse = {}, {}
+    x = {
+        "hidden": hidden.to(device, case.torch_dtype).requires_grad_(),
+        "weight": weight.to(device, case.torch_dtype).requires_grad_(),
+    }
     for label_set in label_sets:
         vocab = number_vocab(label_set.number_tokens, v)
         numbers_generator = torch.Generator().manual_seed(label_set.number_tokens)
         numbers = vocab.ids[torch.randint(len(vocab), (n,), generator=numbers_generator)]
         set_labels = torch.where(choice < label_set.percent / 100, numbers, text)
         set_labels = torch.where(choice >= 1 - IGNORED_FRACTION, -100, set_labels)
-        labels[label_set.name] = set_labels.to(device)
-        if label_set.reweigh:
-            lse[label_set.name] = full_lse(hidden, weight) if exact_lse else torch.full(
-                (n,), math.log(v), device=device
-            )  # fmt: skip
-    return Inputs(hidden, weight, labels, lse, label_sets[0].name)
+        x[f"labels {label_set.name}"] = set_labels.to(device)
+        if label_set.reweigh and lse == "exact":
+            x[f"lse {label_set.name}"] = full_lse(x["hidden"], x["weight"])
+        elif label_set.reweigh and lse == "log V":
+            x[f"lse {label_set.name}"] = torch.full((n,), math.log(v), device=device)
+    return x
+
+
+def first_tokens(x: Inputs, tokens: int) -> Inputs:
+    """The first ``tokens`` positions (a fresh leaf), the same weight: the warm-up."""
+    return {
+        name: tensor if name == "weight" else tensor.detach()[:tokens].clone().requires_grad_(
+            tensor.requires_grad
+        )
+        for name, tensor in x.items()
+    }  # fmt: skip
 
 
 @torch.no_grad()
@@ -220,34 +220,19 @@ def full_lse(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     )
 
 
-@functools.cache
-def ntloss_of(vocab_size: int, reweigh: bool) -> Any:
-    """ntloss's NTLoss on a WordLevel tokenizer whose ids 100..109 are the digits (as
-    bench_loss.py builds it): the digit vocabulary of these benchmarks."""
-    from loguru import logger
-    from ntloss import NTLoss
-    from tokenizers import Tokenizer, models
-    from transformers import PreTrainedTokenizerFast
-
-    words = {"<unk>": 0, **{f"w{i}": i for i in range(1, vocab_size)}}
-    for digit in range(10):
-        del words[f"w{100 + digit}"]
-        words[str(digit)] = 100 + digit
-    backend = Tokenizer(models.WordLevel(words, unk_token="<unk>"))
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>")
-    logger.disable("ntloss")
-    return NTLoss(tokenizer, vocab_size=vocab_size, reweigh=reweigh)
-
-
-# ------------------------------------------------------------------ variants
+# ------------------------------------------------------------------ implementations
 
 Variant = Callable[[Inputs, LabelSet], torch.Tensor]
 
 
+def _labels(x: Inputs, label_set: LabelSet) -> torch.Tensor:
+    return x[f"labels {label_set.name}"]
+
+
 def _head(x: Inputs, label_set: LabelSet, **lse: torch.Tensor) -> torch.Tensor:
-    vocab = number_vocab(label_set.number_tokens, x.weight.shape[0])
+    vocab = number_vocab(label_set.number_tokens, x["weight"].shape[0])
     return linear_number_token_loss(
-        x.hidden, x.weight, x.labels[label_set.name], vocab, reweigh=label_set.reweigh, **lse
+        x["hidden"], x["weight"], _labels(x, label_set), vocab, reweigh=label_set.reweigh, **lse
     )
 
 
@@ -258,44 +243,50 @@ def _mean_over_labels(per_token: torch.Tensor, labels: torch.Tensor) -> torch.Te
 
 
 def v_ce(x: Inputs, label_set: LabelSet) -> torch.Tensor:
-    return F.cross_entropy(x.hidden @ x.weight.T, x.labels[label_set.name])
+    return F.cross_entropy(x["hidden"] @ x["weight"].T, _labels(x, label_set))
 
 
 def v_head(x: Inputs, label_set: LabelSet) -> torch.Tensor:
+    """The head alone; for ``reweigh`` with the inputs' constant lse (where the check's inputs
+    have none, the logits' differentiable one)."""
     if not label_set.reweigh:
         return _head(x, label_set)
-    return _head(x, label_set, lse=x.lse[label_set.name])
+    lse = x.get(f"lse {label_set.name}")
+    if lse is None:
+        lse = torch.logsumexp((x["hidden"] @ x["weight"].T).float(), dim=-1)
+    return _head(x, label_set, lse=lse)
 
 
 def v_ce_head(x: Inputs, label_set: LabelSet) -> torch.Tensor:
-    logits = x.hidden @ x.weight.T
-    ce = F.cross_entropy(logits, x.labels[label_set.name])
+    logits = x["hidden"] @ x["weight"].T
+    ce = F.cross_entropy(logits, _labels(x, label_set))
     if not label_set.reweigh:
         return ce + NTL_WEIGHT * _head(x, label_set)
     return ce + NTL_WEIGHT * _head(x, label_set, lse=torch.logsumexp(logits, dim=-1))
 
 
 def v_ce_head_lp(x: Inputs, label_set: LabelSet) -> torch.Tensor:
-    labels = x.labels[label_set.name]
-    per_token = F.cross_entropy(x.hidden @ x.weight.T, labels, reduction="none")
+    labels = _labels(x, label_set)
+    per_token = F.cross_entropy(x["hidden"] @ x["weight"].T, labels, reduction="none")
     ntl = _head(x, label_set, label_log_probs=-per_token)
     return _mean_over_labels(per_token, labels) + NTL_WEIGHT * ntl
 
 
 def v_ce_ntloss(x: Inputs, label_set: LabelSet) -> torch.Tensor:
-    logits, labels = x.hidden @ x.weight.T, x.labels[label_set.name]
+    logits, labels = x["hidden"] @ x["weight"].T, _labels(x, label_set)
     n, v = logits.shape
     batch = n // SEQUENCE_LENGTH if n % SEQUENCE_LENGTH == 0 else 1
-    ntloss = ntloss_of(v, label_set.reweigh)
-    ntl = ntloss(logits.view(batch, n // batch, v), labels.view(batch, n // batch))
+    ntl = ntloss(
+        logits.view(batch, n // batch, v), labels.view(batch, n // batch), label_set.reweigh
+    )
     return F.cross_entropy(logits, labels) + NTL_WEIGHT * ntl
 
 
 def _cce(x: Inputs, labels: torch.Tensor, **options: Any) -> Any:
     from cut_cross_entropy import linear_cross_entropy
 
-    impl = "cce" if x.hidden.device.type == "cuda" else "torch_compile"
-    return linear_cross_entropy(x.hidden, x.weight, labels, impl=impl, **options)
+    impl = "cce" if x["hidden"].device.type == "cuda" else "torch_compile"
+    return linear_cross_entropy(x["hidden"], x["weight"], labels, impl=impl, **options)
 
 
 @functools.cache
@@ -306,11 +297,11 @@ def cce_returns_lse() -> bool:
 
 
 def v_cce(x: Inputs, label_set: LabelSet) -> torch.Tensor:
-    return _cce(x, x.labels[label_set.name])  # type: ignore[no-any-return]
+    return _cce(x, _labels(x, label_set))  # type: ignore[no-any-return]
 
 
 def v_cce_head(x: Inputs, label_set: LabelSet) -> torch.Tensor:
-    labels = x.labels[label_set.name]
+    labels = _labels(x, label_set)
     if not label_set.reweigh:
         return _cce(x, labels) + NTL_WEIGHT * _head(x, label_set)  # type: ignore[no-any-return]
     if cce_returns_lse():
@@ -321,25 +312,29 @@ def v_cce_head(x: Inputs, label_set: LabelSet) -> torch.Tensor:
     return _mean_over_labels(per_token, labels) + NTL_WEIGHT * ntl
 
 
-def _liger(x: Inputs, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-    from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
-
-    return liger_fused_linear_cross_entropy(  # type: ignore[no-any-return]
-        x.hidden, x.weight, labels, reduction=reduction
-    )
-
-
 def v_liger(x: Inputs, label_set: LabelSet) -> torch.Tensor:
-    return _liger(x, x.labels[label_set.name])
+    return liger_linear_cross_entropy(x["hidden"], x["weight"], _labels(x, label_set))
 
 
 def v_liger_head(x: Inputs, label_set: LabelSet) -> torch.Tensor:
-    labels = x.labels[label_set.name]
+    labels = _labels(x, label_set)
     if not label_set.reweigh:
-        return _liger(x, labels) + NTL_WEIGHT * _head(x, label_set)
-    per_token = _liger(x, labels, reduction="none")
+        ce = liger_linear_cross_entropy(x["hidden"], x["weight"], labels)
+        return ce + NTL_WEIGHT * _head(x, label_set)
+    per_token = liger_linear_cross_entropy(x["hidden"], x["weight"], labels, reduction="none")
     ntl = _head(x, label_set, label_log_probs=-per_token)
     return _mean_over_labels(per_token, labels) + NTL_WEIGHT * ntl
+
+
+def reference(x: Inputs, label_set: LabelSet, ce: bool, ntl: bool) -> torch.Tensor:
+    """``F.cross_entropy`` and/or ``number_token_loss`` on the materialised float32 logits: what
+    every variant is checked against."""
+    logits, labels = x["hidden"].float() @ x["weight"].float().T, _labels(x, label_set)
+    vocab = number_vocab(label_set.number_tokens, logits.shape[-1])
+    number_loss = number_token_loss(logits, labels, vocab, reweigh=label_set.reweigh)
+    if not ce:
+        return number_loss
+    return F.cross_entropy(logits, labels) + (NTL_WEIGHT * number_loss if ntl else 0)
 
 
 VARIANTS: dict[str, Variant] = {
@@ -353,6 +348,7 @@ VARIANTS: dict[str, Variant] = {
     "cce+head": v_cce_head,
     "liger+head": v_liger_head,
 }
+ANCHORS = {"ce", "liger", "ce+ntloss"}
 
 
 def lse_source(variant: str, label_set: LabelSet) -> str | None:
@@ -369,14 +365,6 @@ def lse_source(variant: str, label_set: LabelSet) -> str | None:
         else "label_log_probs=-CCE(reduction='none') (this CCE has no return_lse)",
         "liger+head": "label_log_probs=-Liger(reduction='none')",
     }[variant]
-
-
-def importable(module: str) -> bool:
-    try:
-        __import__(module)
-    except ImportError:
-        return False
-    return True
 
 
 def not_run_reason(
@@ -405,7 +393,7 @@ def not_run_reason(
                 "reads '123' as 123 and '01' as 1, another loss than numtok's on these chunks), "
                 "so it cannot compute NTL on the 1,110-chunk vocabulary"
             )
-        if not (importable("ntloss") and importable("transformers")):
+        if not ntloss_available():
             return "ntloss or transformers is not installed"
     if (
         variant != "head"
@@ -416,164 +404,73 @@ def not_run_reason(
     return None
 
 
-def jobs_of(
+def implementation(variant: str, label_set: LabelSet, shared: bool) -> Implementation:
+    """``variant`` on ``label_set``'s labels; ``shared``: a shape-level variant, one per case
+    (named without its label set), checked against ``F.cross_entropy``."""
+    where = label_set.name
+    checked_by = "ce" if shared else "ntl" if variant == "head" else "ce+ntl"
+    return Implementation(
+        variant if shared else f"{variant} {where}",
+        functools.partial(VARIANTS[variant], label_set=label_set),
+        reference=f"reference {checked_by} {where}",
+        required=variant in ("ce", "head"),
+        anchor=variant in ANCHORS,
+        fields={"variant": variant, "labels": None if shared else where, "label_set": label_set},
+    )
+
+
+def references(label_set: LabelSet) -> list[Implementation]:
+    """The check's references on ``label_set``'s labels (not timed): the cross-entropy alone,
+    NTL alone and the cross-entropy plus 0.3 NTL."""
+    where = label_set.name
+    return [
+        Implementation(
+            f"reference {name} {where}",
+            functools.partial(reference, label_set=label_set, ce=ce, ntl=ntl),
+            timed=False,
+        )
+        for name, ce, ntl in (("ce", True, False), ("ntl", False, True), ("ce+ntl", True, True))
+    ]
+
+
+def implementations(
     label_sets: list[LabelSet], device: torch.device, args: argparse.Namespace
-) -> tuple[list[tuple[str, LabelSet | None]], list[str]]:
-    """The (variant, label set) steps of a case (label set None: a shape-level variant, run on
-    the first set's labels) and the lines saying what does not run and why."""
-    jobs: list[tuple[str, LabelSet | None]] = []
+) -> tuple[list[Implementation], list[str]]:
+    """The steps of a case (a shape-level variant runs on the first set's labels), their
+    references, and the lines saying what does not run and why."""
+    found: list[Implementation] = []
     skipped: dict[str, list[str]] = {}
     for variant in SHAPE_VARIANTS:
         reason = not_run_reason(variant, None, device, args)
         if reason is None:
-            jobs.append((variant, None))
+            found.append(implementation(variant, label_sets[0], shared=True))
         else:
             skipped.setdefault(f"`{variant}`: {reason}", [])
     for label_set in label_sets:
         for variant in LABEL_VARIANTS:
             reason = not_run_reason(variant, label_set, device, args)
             if reason is None:
-                jobs.append((variant, label_set))
+                found.append(implementation(variant, label_set, shared=False))
             elif "reweigh rows only" not in reason:
                 skipped.setdefault(f"`{variant}`: {reason}", []).append(label_set.name)
     notes = [
         f"{key} ({', '.join(names)})" if names and len(names) < len(label_sets) else key
         for key, names in skipped.items()
     ]
-    return jobs, notes
+    checked = [r for label_set in label_sets for r in references(label_set)]
+    return checked + found, notes
 
 
-def label_set_of(x: Inputs, label_set: LabelSet | None, label_sets: list[LabelSet]) -> LabelSet:
-    if label_set is not None:
-        return label_set
-    return next(s for s in label_sets if s.name == x.shared_labels)
+def probe_target(spec: dict[str, Any]) -> tuple[Implementation, Inputs, Inputs, float]:
+    """runner.peak_in_fresh_process's: the variant on CPU (the head's lse a constant log V:
+    only its shape matters), and the first 64 tokens to warm up on."""
+    case, label_set = Case(**spec["case"]), LabelSet.parse(spec["label_set"])
+    x = make_inputs(case, [label_set], torch.device("cpu"), lse="log V")
+    chosen = implementation(spec["variant"], label_set, spec["shared"])
+    return chosen, x, first_tokens(x, WARM_UP_TOKENS), 1.0
 
 
 # ------------------------------------------------------------------ running
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def run_once(variant: Variant, x: Inputs, label_set: LabelSet) -> tuple[float, float, float]:
-    """(forward, backward) wall-clock seconds of one step, and the CPU seconds of the whole step
-    (user + system of this process); the gradients land in ``.grad``."""
-    device = x.hidden.device
-    x.hidden.grad = x.weight.grad = None
-    synchronize(device)
-    cpu_start, start = time.process_time(), time.perf_counter()
-    loss = variant(x, label_set)
-    synchronize(device)
-    middle = time.perf_counter()
-    loss.backward()
-    synchronize(device)
-    end = time.perf_counter()
-    return middle - start, end - middle, time.process_time() - cpu_start
-
-
-def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
-    difference = (value.double() - reference.double()).norm()
-    return float(difference / reference.double().norm().clamp_min(1e-300))
-
-
-def check_variants(
-    jobs: list[tuple[str, LabelSet | None]],
-    label_sets: list[LabelSet],
-    device: torch.device,
-    dtype: str,
-) -> tuple[dict[tuple[str, str | None], float], dict[tuple[str, str | None], str]]:
-    """Every (variant, label set) once at the small shape ``CHECK_SHAPE`` against
-    ``F.cross_entropy`` (+ 0.3 · ``number_token_loss``, or that alone for ``head``) on the
-    materialised float32 logits: value and both gradients; raises past the tolerance. For the head
-    alone with ``reweigh``, its constant lse is replaced by the differentiable logsumexp of the
-    logits, as the reference has it. Returns the relative errors and, for the variants that
-    failed to run (other than ``ce`` and ``head``), the error."""
-    n, h, v = CHECK_SHAPE
-    case = Case(n, h, v, dtype, 1)
-    x = make_inputs(case, label_sets, device)
-    tolerance = TOLERANCE[case.torch_dtype]
-    errors: dict[tuple[str, str | None], float] = {}
-    failures: dict[tuple[str, str | None], str] = {}
-    for name, job_set in jobs:
-        label_set = label_set_of(x, job_set, label_sets)
-        hidden, weight = x.hidden.detach().float(), x.weight.detach().float()
-        hidden.requires_grad_(), weight.requires_grad_()
-        logits, labels = hidden @ weight.T, x.labels[label_set.name]
-        vocab = number_vocab(label_set.number_tokens, v)
-        ntl = number_token_loss(logits, labels, vocab, reweigh=label_set.reweigh)
-        reference = {
-            "head": ntl,
-            **dict.fromkeys(SHAPE_VARIANTS, F.cross_entropy(logits, labels)),
-        }.get(name, F.cross_entropy(logits, labels) + NTL_WEIGHT * ntl)
-        expected = [reference.detach(), *torch.autograd.grad(reference, [hidden, weight])]
-        call = x
-        if name == "head" and label_set.reweigh:
-            lse = torch.logsumexp((x.hidden @ x.weight.T).float(), dim=-1)
-            call = dataclasses.replace(x, lse={**x.lse, label_set.name: lse})
-        x.hidden.grad = x.weight.grad = None
-        try:
-            loss = VARIANTS[name](call, label_set)
-            loss.backward()
-        except Exception as error:  # a library that cannot run here: left out, and said so
-            if name in ("ce", "head"):
-                raise
-            failures[name, None if job_set is None else job_set.name] = repr(error)[:300]
-            continue
-        actual = [loss.detach(), x.hidden.grad, x.weight.grad]
-        error = max(relative_error(a, e) for a, e in zip(actual, expected, strict=True))  # type: ignore[arg-type]
-        if not error <= tolerance:
-            where = label_set.name if job_set is not None else "shared"
-            raise AssertionError(f"{name} ({where}) is off by {error:.2e} relative")
-        errors[name, None if job_set is None else job_set.name] = error
-    return errors, failures
-
-
-def measure_memory(
-    case: Case,
-    label_sets: list[LabelSet],
-    name: str,
-    job_set: LabelSet | None,
-    x: Inputs,
-    args: argparse.Namespace,
-) -> int:
-    """Peak extra memory of one step: in a fresh subprocess on CPU, in process on CUDA."""
-    device = x.hidden.device
-    label_set = label_set_of(x, job_set, label_sets)
-    if device.type == "cuda":
-        run_once(VARIANTS[name], x, label_set)  # the timed rounds' own warm-up is long past
-        x.hidden.grad = x.weight.grad = None
-        synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        baseline = torch.cuda.memory_allocated(device)
-        run_once(VARIANTS[name], x, label_set)
-        peak = torch.cuda.max_memory_allocated(device) - baseline
-        x.hidden.grad = x.weight.grad = None
-        return peak
-    probe = {
-        "case": dataclasses.asdict(case),
-        "label_set": label_set.name,
-        "variant": name,
-    }
-    command = [sys.executable, __file__, "--probe-memory", json.dumps(probe)]
-    command += ["--threads", str(args.threads), "--device", "cpu"]
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
-    output = subprocess.run(command, check=True, capture_output=True, text=True, env=env).stdout
-    return int(output.strip().splitlines()[-1])
-
-
-def probe_memory(text: str) -> int:
-    """In this fresh process: the peak resident memory one step adds (see measure_memory)."""
-    probe = json.loads(text)
-    case, label_set = Case(**probe["case"]), LabelSet.parse(probe["label_set"])
-    x = make_inputs(case, [label_set], torch.device("cpu"), exact_lse=False)
-    variant = VARIANTS[probe["variant"]]
-    run_once(variant, x.sliced(WARM_UP_TOKENS), label_set)
-    x.hidden.grad = x.weight.grad = None
-    baseline = reset_peak_memory()
-    run_once(variant, x, label_set)
-    return proc_status("VmHWM") - baseline
 
 
 def log(started: float, message: str) -> None:
@@ -583,55 +480,59 @@ def log(started: float, message: str) -> None:
 def run_case(
     case: Case,
     label_sets: list[LabelSet],
-    jobs: list[tuple[str, LabelSet | None]],
-    errors: dict[tuple[str, str | None], float],
+    found: list[Implementation],
     args: argparse.Namespace,
     meta: dict[str, Any],
-    started: float,
 ) -> list[dict[str, Any]]:
+    """Check every variant at ``CHECK_SHAPE``, warm up on the case's first 64 tokens, measure
+    peaks and time the rounds; one row per variant."""
     device = torch.device(args.device)
-    log(started, f"{case.name}: building inputs")
-    x = make_inputs(case, label_sets, device)
-    warm = x.sliced(WARM_UP_TOKENS)
-    for name, job_set in jobs:
-        run_once(VARIANTS[name], warm, label_set_of(x, job_set, label_sets))
-    del warm
-    key = [(name, None if s is None else s.name) for name, s in jobs]
-    samples: dict[tuple[str, str | None], dict[str, list[float]]] = {
-        k: {"forward": [], "backward": [], "full": [], "cpu": []} for k in key
-    }
-    for round_index in range(case.rounds):
-        shift = round_index % len(jobs)
-        for (name, job_set), k in (
-            list(zip(jobs, key, strict=True))[shift:] + list(zip(jobs, key, strict=True))[:shift]
-        ):
-            forward, backward, cpu = run_once(
-                VARIANTS[name], x, label_set_of(x, job_set, label_sets)
-            )
-            x.hidden.grad = x.weight.grad = None
-            for mode, value in (("forward", forward), ("backward", backward)):
-                samples[k][mode].append(value)
-            samples[k]["full"].append(forward + backward)
-            samples[k]["cpu"].append(cpu)
-            if forward + backward > 1:
-                log(started, f"{case.name} round {round_index + 1}/{case.rounds}: {k} "
-                             f"{forward + backward:.1f} s (CPU {cpu:.1f} s)")  # fmt: skip
-        log(started, f"{case.name}: round {round_index + 1}/{case.rounds} done")
-    memory: dict[tuple[str, str | None], int] = {}
-    if not args.no_memory:
-        for (name, job_set), k in zip(jobs, key, strict=True):
-            memory[k] = measure_memory(case, label_sets, name, job_set, x, args)
-            log(started, f"{case.name}: peak memory of {k}: {memory[k] / 2**20:.0f} MiB")
+    x = make_inputs(case, label_sets, device, lse="exact")
+    n, h, v = CHECK_SHAPE
+    small = make_inputs(Case(n, h, v, case.dtype, 1), label_sets, device, lse="from logits")
+    peak: Callable[[Implementation], int] | None = None
+    if args.no_memory:
+        peak = None
+    elif device.type == "cuda":
+        peak = functools.partial(peak_on_cuda, inputs=x)
+    else:
+        peak = lambda i: peak_in_fresh_process(  # noqa: E731
+            "bench_number_head",
+            {
+                "case": dataclasses.asdict(case),
+                "label_set": i.fields["label_set"].name,
+                "variant": i.fields["variant"],
+                "shared": i.fields["labels"] is None,
+            },
+            args.threads,
+        )
+    measured = run(
+        found,
+        x,
+        tolerance=TOLERANCE[case.torch_dtype],
+        rounds=case.rounds,
+        check_inputs=small,
+        warm=first_tokens(x, WARM_UP_TOKENS),
+        peak=peak,
+    )
+    for name, error in measured.failures.items():
+        meta["not_run"].append(f"`{name}`: failed in the check: {error}")
     del x
+    return rows_of(case, {i.name: i for i in found}, measured, meta)
+
+
+def rows_of(
+    case: Case, found: dict[str, Implementation], measured: Measured, meta: dict[str, Any]
+) -> list[dict[str, Any]]:
     load_at_end = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    base = quantiles(samples["ce", None]["full"])[1]
-    base_cpu = quantiles(samples["ce", None]["cpu"])[1]
-    base_memory = memory.get(("ce", None))
+    samples = measured.samples[torch.get_num_threads()]
+    base = samples["ce"]
+    base_memory = measured.peaks.get("ce")
     rows = []
-    for (name, job_set), k in zip(jobs, key, strict=True):
-        label_set = job_set or label_sets[0]  # the shape-level variants ran on the first set
-        p20, median, p80 = quantiles(samples[k]["full"])
-        cpu = quantiles(samples[k]["cpu"])[1]
+    for name, timed in samples.items():
+        fields = found[name].fields
+        label_set, variant = fields["label_set"], fields["variant"]
+        p20, median, p80 = quantiles(timed.full)
         row: dict[str, Any] = {
             **meta,
             "load_average_at_case_end": load_at_end,
@@ -640,36 +541,37 @@ def run_case(
             "hidden_size": case.hidden_size,
             "vocab_size": case.vocab_size,
             "dtype": case.dtype,
-            "labels": None if job_set is None else job_set.name,
+            "labels": fields["labels"],
             "labels_used": label_set.name,
             "number_tokens": label_set.number_tokens,
             "number_fraction": label_set.percent / 100,
             "ignored_fraction": IGNORED_FRACTION,
             "reweigh": label_set.reweigh,
             "ntl_weight": NTL_WEIGHT,
-            "variant": name,
-            "lse_source": lse_source(name, label_set),
+            "variant": variant,
+            "lse_source": lse_source(variant, label_set),
             "rounds": case.rounds,
             "median_ms": round(median, 2),
             "p20_ms": round(p20, 2),
             "p80_ms": round(p80, 2),
-            "forward_median_ms": round(quantiles(samples[k]["forward"])[1], 2),
-            "backward_median_ms": round(quantiles(samples[k]["backward"])[1], 2),
-            "cpu_median_ms": round(cpu, 2),
+            "forward_median_ms": round(timed.median_ms("forward"), 2),
+            "backward_median_ms": round(timed.median_ms("backward"), 2),
+            "cpu_median_ms": round(timed.median_ms("cpu"), 2),
             "baseline": "ce",
-            "time_ratio": round(median / base, 4),
-            "cpu_time_ratio": round(cpu / base_cpu, 4),
-            "check_relative_error": errors[k],
-            "samples_ms": [round(1e3 * s, 2) for s in samples[k]["full"]],
+            "time_ratio": round(median / base.median_ms(), 4),
+            "cpu_time_ratio": round(timed.median_ms("cpu") / base.median_ms("cpu"), 4),
+            "ratios_to_anchors": measured.ratios(torch.get_num_threads(), name),
+            "check_relative_error": measured.errors[name],
+            "samples_ms": [round(1e3 * s, 2) for s in timed.full],
         }
-        if k in memory:
-            row["peak_extra_mib"] = round(memory[k] / 2**20, 1)
+        if name in measured.peaks:
+            row["peak_extra_mib"] = round(measured.peaks[name] / 2**20, 1)
             if base_memory:
-                row["peak_x_ce"] = round(memory[k] / base_memory, 3)
-        if name == "head":
+                row["peak_x_ce"] = round(measured.peaks[name] / base_memory, 3)
+        if variant == "head":
             target = TARGETS[label_set.number_tokens]
             row["target_x_ce"] = target
-            row["meets_target"] = median / base <= target
+            row["meets_target"] = median / base.median_ms() <= target
         rows.append(row)
     return rows
 
@@ -813,15 +715,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="where the .jsonl and .md go (no suffix)")
     parser.add_argument("--quick", action="store_true", help="N = 512, H = 128, V = 8192, 2 rounds")
     parser.add_argument("--summarize", type=Path, help="print the Markdown of a .jsonl and exit")
-    parser.add_argument("--probe-memory", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.summarize:
         print(report([json.loads(line) for line in args.summarize.read_text().splitlines()]))
         return
     torch.set_num_threads(args.threads)
-    if args.probe_memory:
-        print(probe_memory(args.probe_memory))
-        return
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device")
@@ -839,23 +737,14 @@ def main() -> None:
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "numtok_source": numtok_source(),
     }
-    jobs, notes = jobs_of(label_sets, device, args)
-    log(started, f"checking {len(jobs)} steps at N, H, V = {CHECK_SHAPE}")
-    errors, failures = check_variants(jobs, label_sets, device, dtype)
-    for (name, labels), error in failures.items():
-        notes.append(f"`{name}` ({labels or 'shared'}): failed in the check: {error}")
-    jobs = [
-        (name, job_set)
-        for name, job_set in jobs
-        if (name, None if job_set is None else job_set.name) in errors
-    ]
-    log(started, f"checked: largest relative error {max(errors.values()):.1e}")
+    found, notes = implementations(label_sets, device, args)
     stamp = meta["date"][:16].replace(":", "")
     base = args.out or (None if args.quick else RESULTS / f"{stamp}-number-head-{device.type}")
     meta |= {"command": command, "not_run": notes}
     rows: list[dict[str, Any]] = []
     for index, case in enumerate(cases):
-        new_rows = run_case(case, label_sets, jobs, errors, args, meta, started)
+        log(started, f"{case.name}: checking, warming up, measuring")
+        new_rows = run_case(case, label_sets, found, args, meta)
         for row in new_rows:
             row["elapsed_s_at_case_end"] = round(time.perf_counter() - started)
         rows += new_rows

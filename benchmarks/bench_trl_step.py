@@ -16,7 +16,7 @@ Modes (the first is the base of the ratios):
 * ``compute_loss_func``: ``SFTTrainer(..., compute_loss_func=loss_fn)`` and
   ``loss_fn.attach(trainer)`` (``NTLossForTrainer`` defaults): the model's full logits for the
   loss, then TRL's second forward under ``no_grad`` for its metrics (the older route);
-* ``attach-trl``: ``NTLossForTrainer(tok, cross_entropy="trl").attach(trainer)``: TRL's head
+* ``attach-trl``: ``NTLossForTrainer(tok, cross_entropy="model").attach(trainer)``: TRL's head
   computes the cross-entropy, numtok's number head NTL from the final hidden states;
 * ``attach-numtok``: ``NTLossForTrainer(tok, cross_entropy="numtok").attach(trainer)``: numtok's
   logits-free pass computes CE + NTL and hands TRL its head's fields (what ``"auto"`` takes on
@@ -81,7 +81,7 @@ NTL_WEIGHT = 0.3
 MODES = {
     "trl": "SFTTrainer alone (its fused LM head, CE only)",
     "compute_loss_func": "SFTTrainer(compute_loss_func=loss_fn) + loss_fn.attach(trainer)",
-    "attach-trl": 'NTLossForTrainer(tok, cross_entropy="trl").attach(trainer)',
+    "attach-trl": 'NTLossForTrainer(tok, cross_entropy="model").attach(trainer)',
     "attach-numtok": 'NTLossForTrainer(tok, cross_entropy="numtok").attach(trainer)',
 }
 #: The ratio of the second mode's step time (and peaks) to the first's that the issue allows.
@@ -257,7 +257,7 @@ def build_trainer(
     if mode == "compute_loss_func":
         loss_fn.attach(trainer)
     elif mode.startswith("attach-"):
-        cross_entropy = mode.removeprefix("attach-")
+        cross_entropy = {"attach-trl": "model", "attach-numtok": "numtok"}[mode]
         NTLossForTrainer(tokenizer, ntl_weight=NTL_WEIGHT, cross_entropy=cross_entropy).attach(
             trainer
         )

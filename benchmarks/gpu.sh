@@ -9,14 +9,15 @@
 #                  Liger-Kernel 0.8.5, and TRL with what it needs beyond a CUDA image) installed
 #                  with --no-index --no-deps into a site folder on PYTHONPATH; the versions, the
 #                  GPU, the imports' time, `pip show` of what the TRL step imports
-#   launch     80  (a) gpu_checks.py launch: every kernel variant of the calls that the
-#                  JIT-faithful compile test records, compiled by Triton's JIT for this GPU and
-#                  launched, each call's loss against impl="torch"
+#   launch     80  (a) tests/test_gpu_launch.py (pytest -m gpu): every kernel variant of the
+#                  calls that the JIT-faithful compile test records, compiled by Triton's JIT for
+#                  this GPU and launched, each call's loss against impl="torch"
 #   large      40  (b) gpu_values.py large: value and gradient against the float64
 #                  reference at 16,384 x 152,064 bfloat16 logits (row offsets past 2^31)
 #   sanitizer  55  (b) gpu_values.py small, four calls, under compute-sanitizer
 #                  (memcheck) where it exists
-#   sync       40  (c) gpu_sync.py: a training step per route (each entry point by default
+#   sync       40  (c) tests/test_gpu_sync.py (pytest -m gpu): a training step per route
+#                  (each entry point by default
 #                  and with capturable=True, the Triton kernels), every synchronisation recorded;
 #                  numtok's loss and backward under torch.cuda.set_sync_debug_mode("error")
 #   tests     115  (c) pytest -m device on the GPU (-n 8 where pytest-xdist is installed;
@@ -157,12 +158,19 @@ if os.environ.get("GPU_SH_VARIANTS"):
 EOF
 fi
 
+# The GPU acceptance tests (the gpu marker): pytest with gpu.sh's plugin, which writes each
+# test's rows and report section into $GPU_SH_SECTION (benchmarks/ on PYTHONPATH for it).
+acceptance=(env NUMTOK_TEST_DEVICE="$DEVICE" NUMTOK_GPU_QUICK="${QUICK:+1}"
+    NUMTOK_GPU_DRY_RUN="$([[ "$DEVICE" == cpu ]] && echo 1)"
+    PYTHONPATH="$PWD/benchmarks:$PYTHONPATH" "$PY" -m pytest -q -rfE -p no:cacheprovider
+    -p gpu_pytest_rows -m gpu)
+
 # Set-up, then (a) every variant compiles and launches.
 step setup 30 "Set-up (\`gpu_checks.py setup\`)" \
     "$PY" benchmarks/gpu_checks.py setup --device "$DEVICE" --wheels "$WHEELS" \
     --site "$WORK/site" --out "$WORK/setup"
-step launch 80 "(a) Every kernel variant compiles and launches (\`gpu_checks.py launch\`)" \
-    "$PY" benchmarks/gpu_checks.py launch --device "$DEVICE" $QUICK --out "$WORK/launch"
+step launch 80 "(a) Every kernel variant compiles and launches (\`tests/test_gpu_launch.py\`)" \
+    env GPU_SH_SECTION="$WORK/launch" "${acceptance[@]}" tests/test_gpu_launch.py
 
 # (b) Values and gradients against float64, large; a small case under compute-sanitizer.
 step large 40 "(b) Values and gradients against float64, the large bfloat16 case (\`gpu_checks.py large\`)" \
@@ -182,8 +190,8 @@ else
 fi
 
 # (c) No host synchronisation in a training step; the device-marked tests.
-step sync 40 "(c) A training step's host synchronisations, route by route (\`gpu_checks.py sync\`)" \
-    "$PY" benchmarks/gpu_checks.py sync --device "$DEVICE" $QUICK --out "$WORK/sync"
+step sync 40 "(c) A training step's host synchronisations, route by route (\`tests/test_gpu_sync.py\`)" \
+    env GPU_SH_SECTION="$WORK/sync" "${acceptance[@]}" tests/test_gpu_sync.py
 tests=(-m device -q -rfE -p no:cacheprovider -p gpu_pytest_rows --continue-on-collection-errors)
 "$PY" -c 'import xdist' 2>/dev/null && tests+=(-n "${GPU_SH_WORKERS:-8}")
 "$PY" -c 'import pytest_timeout' 2>/dev/null && tests+=(--timeout 60)

@@ -10,10 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-TESTS = ROOT / "tests"
 NTL_WEIGHT = 0.3
-FIRST_TEXT_ID = 1210  # ids 100..1209: the 1-3-digit number tokens of bench_kinds.vocabularies
+FIRST_TEXT_ID = 1210  # ids 100..1209: the 1-3-digit number tokens of anchors.vocabularies
 #: The relative difference of the loss allowed between impl="triton" and impl="torch".
 LAUNCH_TOLERANCE = {"float64": 1e-9, "float32": 1e-5, "bfloat16": 1e-3, "float16": 1e-3}
 #: The line a step's section ends with while it runs.
@@ -70,9 +68,9 @@ def number_batch(tokens: int, vocab_size: int, ignored: float, device: Any) -> t
     """(labels, vocab): 10 % of the labels among the 1,110 number tokens (ids 100..1209), a share
     ``ignored`` of them -100, the rest text ids."""
     import torch
-    from bench_kinds import vocabularies
+    from anchors import CHUNKS, vocabularies
 
-    vocab = vocabularies(vocab_size)["1-3-digit chunks (1,110)"]
+    vocab = vocabularies(vocab_size)[CHUNKS]
     generator = torch.Generator().manual_seed(1)
     choice = torch.rand(tokens, generator=generator)
     numbers = vocab.ids[torch.randint(len(vocab), (tokens,), generator=generator)]

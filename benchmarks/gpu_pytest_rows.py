@@ -1,5 +1,7 @@
-"""A pytest plugin for the ``tests`` step of ``benchmarks/gpu.sh``: each test's outcome written
-as soon as it is known, so that a run stopped at its time limit keeps every result it had.
+"""A pytest plugin for the steps of ``benchmarks/gpu.sh`` that run tests: each test's outcome
+written as soon as it is known, so that a run stopped at its time limit keeps every result it
+had, and the GPU acceptance tests' rows and report sections (:func:`section`, which
+``tests/conftest.py``'s ``gpu_section`` fixture hands them where this plugin is loaded).
 
 ``pytest -p gpu_pytest_rows`` (with ``benchmarks/`` on ``PYTHONPATH``) appends to
 ``$GPU_SH_TEST_ROWS`` one JSON line per test, ``{"test", "outcome", "seconds"}`` (its call's
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gpu_common import write, write_so_far
 
 _STARTED = time.perf_counter()
 
@@ -50,6 +53,18 @@ class _Rows:
             self.path,
             {"test": report.nodeid, "outcome": outcome, "seconds": round(report.duration, 3)},
         )
+
+
+def section(rows: list[dict[str, Any]], lines: list[str], finished: bool) -> None:
+    """A GPU acceptance test's rows and section: ``$GPU_SH_SECTION.jsonl`` and ``.md`` (gpu.sh
+    names one per step), rewritten whole; marked as still running until ``finished``."""
+    path = os.environ.get("GPU_SH_SECTION")
+    if path is None:
+        return
+    if finished:
+        write(Path(path), rows, lines)
+    else:
+        write_so_far(Path(path), rows, lines)
 
 
 def pytest_configure(config: pytest.Config) -> None:

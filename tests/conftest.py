@@ -42,6 +42,11 @@ settings.load_profile(
 )
 
 
+# The GPU acceptance tests (``gpu`` marker) run on CUDA, or on CPU in benchmarks/gpu.sh's dry run
+# (Triton's interpreter, small shapes): NUMTOK_GPU_DRY_RUN=1.
+GPU_DRY_RUN = "NUMTOK_GPU_DRY_RUN"
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", f"device: uses the device fixture (runs on ${DEVICE_VARIABLE}, default cpu)"
@@ -58,9 +63,17 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    on_gpu = os.environ.get(DEVICE_VARIABLE, "cpu").startswith("cuda")
+    dry_run = os.environ.get(GPU_DRY_RUN) == "1"
+    skip_gpu = pytest.mark.skip(
+        reason=f"a GPU acceptance test: runs with {DEVICE_VARIABLE}=cuda (benchmarks/gpu.sh), or "
+        f"on CPU with {GPU_DRY_RUN}=1 (gpu.sh's dry run)"
+    )
     for item in items:
         if "device" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.device)
+        if item.get_closest_marker("gpu") and not (on_gpu or dry_run):
+            item.add_marker(skip_gpu)
 
 
 @pytest.fixture(scope="session")
@@ -68,6 +81,29 @@ def device() -> torch.device:
     """``torch.device(os.environ.get("NUMTOK_TEST_DEVICE", "cpu"))``: build a test's tensors on
     it and the test runs on CPU by default and on a GPU in benchmarks/gpu.sh."""
     return torch.device(os.environ.get(DEVICE_VARIABLE, "cpu"))
+
+
+@pytest.fixture(scope="session")
+def gpu_device() -> torch.device:
+    """The device of a GPU acceptance test: ``$NUMTOK_TEST_DEVICE`` (CPU in gpu.sh's dry run)."""
+    return torch.device(os.environ.get(DEVICE_VARIABLE, "cpu"))
+
+
+@pytest.fixture(scope="session")
+def gpu_quick() -> bool:
+    """Small shapes: gpu.sh's dry run (``$NUMTOK_GPU_QUICK=1``)."""
+    return os.environ.get("NUMTOK_GPU_QUICK") == "1"
+
+
+@pytest.fixture
+def gpu_section(request: pytest.FixtureRequest) -> Any:
+    """Where a GPU acceptance test writes its rows and report section: gpu.sh's
+    ``benchmarks/gpu_pytest_rows.py`` plugin (``-p gpu_pytest_rows``) where it is loaded, else
+    nowhere."""
+    plugin = request.config.pluginmanager.get_plugin("gpu_pytest_rows")
+    if plugin is not None:
+        return plugin.section
+    return lambda rows, lines, finished: None
 
 
 @pytest.fixture(autouse=True)

@@ -1,5 +1,5 @@
-"""``gpu_checks.py sync``: a training step per way of computing the loss, every host
-synchronisation recorded with where it came from.
+"""benchmarks/gpu.sh's ``sync`` step, a GPU acceptance test (``gpu`` marker): a training step per
+way of computing the loss, every host synchronisation recorded with where it came from.
 
 Each route runs a training step (forward, the loss, backward, ``clip_grad_norm_``, AdamW) of a
 small random Llama, once to warm up and once recorded: on CUDA under
@@ -11,12 +11,12 @@ numtok's loss and backward alone under ``set_sync_debug_mode("error")`` for the 
 not synchronise: ``impl="triton"`` and ``capturable=True``. The routes: each entry point by
 default and with ``capturable=True`` (given logits, logits-free, NTL beside ``F.cross_entropy``
 and from the number head, ``patch_model``), and the Triton kernels with and without
-``num_items_in_batch``. Rows are written after every route.
+``num_items_in_batch``. Its rows and report section are written after every route
+(``gpu_section``: into gpu.sh's report where it runs).
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import importlib
 import os
@@ -29,7 +29,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from gpu_common import NTL_WEIGHT, TESTS, short, synchronize, write, write_so_far
+import pytest
+
+from _gpu import Section
+from _host_syncs import HostSyncs
+
+pytestmark = pytest.mark.gpu
 
 
 def _site(stack: traceback.StackSummary) -> tuple[str, bool]:
@@ -64,9 +69,6 @@ def recorded_syncs(on_cuda: bool) -> Iterator[list[tuple[str, bool]]]:
 
     sites: list[tuple[str, bool]] = []
     if not on_cuda:
-        sys.path.insert(0, str(TESTS))
-        from _host_syncs import HostSyncs
-
         with HostSyncs() as counted:
             yield sites
         sites += [(f"{s.where} ({s.operation})", s.in_numtok) for s in counted.sites]
@@ -98,9 +100,14 @@ class Route(NamedTuple):
     strict: Callable[[Any], Callable[[], Any]] | None
 
 
-def sync(args: argparse.Namespace) -> int:
+def test_no_host_synchronisation_in_a_training_step(
+    gpu_device: Any, gpu_quick: bool, gpu_section: Section
+) -> None:
     import torch
     import torch.nn.functional as F
+
+    # benchmarks/gpu_common.py: on the path where gpu.sh runs this test (-p gpu_pytest_rows)
+    from gpu_common import NTL_WEIGHT, short, synchronize
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from numtok import (
@@ -112,10 +119,10 @@ def sync(args: argparse.Namespace) -> int:
     )
     from numtok.hf import patch_model
 
-    device = torch.device(args.device)
+    device = gpu_device
     on_cuda = device.type == "cuda"
     # (quick: 64 positions, for the dry run's interpreter, which runs a program per row)
-    vocab_size, batch, sequence = (4096, 2, 32) if args.quick else (32_768, 4, 512)
+    vocab_size, batch, sequence = (4096, 2, 32) if gpu_quick else (32_768, 4, 512)
     vocab = NumberVocab.from_values({100 + d: str(d) for d in range(10)}, vocab_size=vocab_size)
     config = LlamaConfig(
         vocab_size=vocab_size, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
@@ -251,7 +258,7 @@ def sync(args: argparse.Namespace) -> int:
             lines.append(f"| {name} | **failed**: {row['error']} | | | | | |")
             rows.append(row)
             ok = False
-            write_so_far(Path(args.out), rows, lines)
+            gpu_section(rows, lines, finished=False)
             continue
         row["seconds"] = round(time.perf_counter() - began, 2)
         row["syncs"] = len(sites)
@@ -287,12 +294,12 @@ def sync(args: argparse.Namespace) -> int:
         )
         rows.append(row)
         print(f"sync: {name}: {row['seconds']:.1f} s", file=sys.stderr, flush=True)
-        write_so_far(Path(args.out), rows, lines)
+        gpu_section(rows, lines, finished=False)
     lines += [
         "",
         f"**{'passed' if ok else 'FAILED'}** (no synchronisation from numtok on the capturable "
         "routes, nor on the Triton routes on CUDA, in the step and alone; the other routes' "
         "synchronisations are listed, not judged).",
     ]
-    write(Path(args.out), rows, lines)
-    return 0 if ok else 1
+    gpu_section(rows, lines, finished=True)
+    assert ok, "\n".join(lines)
