@@ -16,7 +16,7 @@ import pytest
 
 from numtok.cli import main
 
-from conftest import build_gpt2_tokenizer, build_mistral_tokenizer
+from conftest import build_gpt2_tokenizer, build_mistral_tokenizer, without_root_override
 
 
 def run(capsys: pytest.CaptureFixture[str], *arguments: str) -> tuple[int, str, str]:
@@ -148,17 +148,6 @@ def test_what_is_not_a_tokenizer_is_one_line_naming_the_path(
     assert __import__("re").search(message, line), line
 
 
-def _without_root_override() -> list[str]:
-    """The command prefix under which a folder without read permission cannot be read: none for
-    a plain user; as root, setpriv without the capabilities that bypass file permissions."""
-    if os.geteuid() != 0:
-        return []
-    setpriv = shutil.which("setpriv")
-    if setpriv is None:
-        pytest.skip("running as root without setpriv: no way to take away root's read access")
-    return [setpriv, "--bounding-set=-dac_override,-dac_read_search"]
-
-
 @pytest.mark.parametrize("what", ["folder", "file"])
 def test_an_unreadable_path_is_one_line(tmp_path: Path, what: str) -> None:
     """A folder or tokenizer.json without read permission, in a real process: one line."""
@@ -167,7 +156,7 @@ def test_an_unreadable_path_is_one_line(tmp_path: Path, what: str) -> None:
     path.chmod(0)
     try:
         done = subprocess.run(
-            [*_without_root_override(), sys.executable, "-m", "numtok.cli", "vocab", str(path)],
+            [*without_root_override(), sys.executable, "-m", "numtok.cli", "vocab", str(path)],
             capture_output=True, text=True, timeout=300, check=False,
             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
         )  # fmt: skip

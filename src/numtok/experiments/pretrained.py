@@ -110,6 +110,16 @@ def local_model_dir(directory: Path | str) -> Path:
     """``directory`` as a ``Path`` when it holds a saved model (:func:`holds_saved_model`); a
     ``ValueError`` naming it otherwise."""
     path = Path(directory)
+    if not path.exists():
+        raise ValueError(
+            f"model folder {os.fspath(path)!r} does not exist: give a local folder of a saved "
+            "causal LM (save_pretrained's), or smollm2 (`numtok model smollm2` builds it)"
+        )
+    if not path.is_dir():
+        raise ValueError(
+            f"model folder {os.fspath(path)!r} is a file, not a folder: give the folder that "
+            "save_pretrained wrote (config.json and the weights)"
+        )
     if not holds_saved_model(path):
         raise ValueError(
             f"model folder {os.fspath(path)!r} holds no saved model (config.json and "
