@@ -229,12 +229,18 @@ def _checked_gguf(install: Installer, log: Log) -> Path:
 
 
 def _check_new_folder(directory: Path) -> None:
-    """A ``ValueError`` naming ``directory`` when it exists and is not an empty folder."""
+    """A ``ValueError`` naming ``directory`` when it exists and is not an empty folder, or
+    cannot be made (before the slow rebuild, which writes it last)."""
+    from numtok.experiments.run_folder import why_not_creatable
+
     if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
         raise ValueError(
             f"model folder {os.fspath(directory)!r} exists and is not an empty folder; give a "
             "new or empty one"
         )
+    why = why_not_creatable(directory)
+    if why is not None:
+        raise ValueError(f"model folder {os.fspath(directory)!r} cannot be made: {why}")
 
 
 def rebuild_float32(gguf_file: Path, directory: Path) -> None:

@@ -11,7 +11,6 @@ not match.
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
@@ -229,26 +228,11 @@ def _log_lines(quiet: bool) -> Callable[[str], None]:
     return lambda line: print(line, flush=True)
 
 
-def _creatable(path: Path) -> str | None:
-    """Why the folder ``path`` cannot be made (its nearest existing ancestor is a file, or one
-    this process may not write into), or None when it exists as a folder or can be made."""
-    if path.is_dir():
-        return None
-    if path.exists():
-        return "it is a file, not a folder"
-    ancestor = path.parent
-    while not ancestor.exists() and ancestor != ancestor.parent:
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        return f"{ancestor} is a file, not a folder"
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        return f"no permission to write in {ancestor}"
-    return None
-
-
 def _check_paths(args: argparse.Namespace) -> None:
     """The flags that name paths, checked before anything slow (importing the harness, loading
     or building the model): a ValueError naming the flag."""
+    from numtok.experiments.run_folder import why_not_creatable
+
     if args.model is not None and args.model != "smollm2":
         model = Path(args.model)
         if not model.exists():
@@ -259,14 +243,14 @@ def _check_paths(args: argparse.Namespace) -> None:
         if not model.is_dir():
             raise ValueError(f"--model {model} is a file, not a model folder (save_pretrained's)")
     if args.out is not None:
-        why = _creatable(args.out)
+        why = why_not_creatable(args.out)
         if why is not None:
             raise ValueError(f"--out {args.out} cannot be the run folder: {why}")
     if args.preregister is not None:
         if args.preregister.is_dir():
             raise ValueError(f"--preregister {args.preregister} is a folder, not a file")
         if not args.preregister.exists():
-            why = _creatable(args.preregister.parent)
+            why = why_not_creatable(args.preregister.parent)
             if why is not None:
                 raise ValueError(f"--preregister {args.preregister} cannot be written: {why}")
 
@@ -316,13 +300,7 @@ def run_compare(
         if args.preregister is not None:
             check_registered(config, prepared, args.preregister)
         run_dir = args.out or Path("runs") / f"compare-{config.fingerprint()}"
-        try:
-            prepare_run_dir(config, run_dir)
-        except OSError as error:
-            flag = "--out" if args.out is not None else "the run folder"
-            raise ValueError(
-                f"{flag} {run_dir}: cannot create it ({error.strerror or error})"
-            ) from None
+        prepare_run_dir(config, run_dir)
     except (ValueError, TypeError, ModuleNotFoundError, DataError) as error:
         fail(str(error))
     # A progress bar, or (--no-progress, e.g. into a log file) a line every ten steps.
