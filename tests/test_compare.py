@@ -5,8 +5,10 @@ validation), the learnability gate, and pre-registration."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,8 @@ from numtok.experiments.finetune.preregistration import (
     write_preregistration,
 )
 from numtok.experiments.finetune.report import _gate_lines
+
+from conftest import without_root_override
 
 
 def _write(path: Path, lines: list[Any]) -> Path:
@@ -230,6 +234,84 @@ def test_compare_refuses_bad_data_in_one_line(
     assert stopped.value.code == 2 and error.count("\n") == 1
     assert __import__("re").search(message, error), error
     assert not (tmp_path / "run").exists()  # nothing written before the checks pass
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--out", "{tmp}/a-file"], "--out {tmp}/a-file cannot be the run folder: it is a file"),
+        (
+            ["--out", "{tmp}/a-file/x"],
+            "--out {tmp}/a-file/x cannot be the run folder: {tmp}/a-file is a file, not a folder",
+        ),
+        (["--model", "/nonexistent"], "--model /nonexistent: the folder does not exist"),
+        (["--model", "{tmp}/a-file"], "--model {tmp}/a-file is a file, not a model folder"),
+        (["--preregister", "{tmp}"], "--preregister {tmp} is a folder, not a file"),
+        (["--data", "{tmp}/missing.jsonl"], "{tmp}/missing.jsonl: no such file or folder"),
+        (["--data", "{tmp}/latin1.jsonl"], "{tmp}/latin1.jsonl: not UTF-8 text"),
+        (["--data", "{tmp}/bad.jsonl"], "{tmp}/bad.jsonl:1: not valid JSON"),
+    ],
+)
+def test_compare_refuses_bad_paths_in_one_line_before_loading_the_model(
+    tiny_llama_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch, flags: list[str], message: str,
+) -> None:  # fmt: skip
+    """Each path flag's error is one line naming the flag, and it comes before the model is
+    loaded or built (which took 6-21 s, 85 s where SmolLM2 was built first)."""
+    import numtok.experiments.finetune.runner as runner
+    import numtok.experiments.pretrained as pretrained
+    from numtok.cli import main
+
+    def too_late(*_: Any, **__: Any) -> Any:
+        pytest.fail("the model was loaded before the arguments and the data were checked")
+
+    monkeypatch.setattr(runner, "prepare", too_late)
+    monkeypatch.setattr(pretrained, "ensure_smollm2", too_late)
+    (tmp_path / "a-file").write_text("x\n")
+    (tmp_path / "latin1.jsonl").write_bytes('{"prompt": "é", "answer": 1}\n'.encode("latin-1"))
+    (tmp_path / "bad.jsonl").write_text("oops\n")
+    data = _write(tmp_path / "data.jsonl", _sums(30))
+    arguments = _compare(tiny_llama_dir, data, tmp_path / "run", "--max-value", "none")
+    arguments += [flag.format(tmp=tmp_path) for flag in flags]  # the last of a flag counts
+    with pytest.raises(SystemExit) as stopped:
+        main(arguments)
+    (line,) = capsys.readouterr().err.splitlines()
+    assert stopped.value.code == 2
+    assert line.startswith(f"numtok: error: {message.format(tmp=tmp_path)}"), line
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("what", ["out", "data file", "data folder"])
+def test_compare_refuses_paths_without_permission_in_one_line(tmp_path: Path, what: str) -> None:
+    """A run folder in a folder it may not write, data it may not read: one line, in a real
+    process (as root: without the capabilities that bypass file permissions)."""
+    (tmp_path / "data").mkdir()
+    data = _write(tmp_path / "data" / "data.jsonl", _sums(30))
+    (tmp_path / "locked").mkdir()
+    flags = {
+        "out": ["--data", str(data), "--out", str(tmp_path / "locked" / "run")],
+        "data file": ["--data", str(data)],
+        "data folder": ["--data", str(tmp_path / "data")],
+    }[what]
+    locked = {"out": tmp_path / "locked", "data file": data, "data folder": tmp_path / "data"}[what]
+    expected = {
+        "out": f"--out {tmp_path / 'locked' / 'run'} cannot be the run folder: no permission "
+        f"to write in {tmp_path / 'locked'}",
+        "data file": f"{data}: cannot read the file (Permission denied)",
+        "data folder": f"{tmp_path / 'data'}: cannot read the folder (Permission denied)",
+    }[what]
+    locked.chmod(0o555 if what == "out" else 0)
+    try:
+        done = subprocess.run(
+            [*without_root_override(), sys.executable, "-m", "numtok.cli", "compare", *flags,
+             "--model", str(tmp_path), "--max-value", "none"],  # a folder: checked later
+            capture_output=True, text=True, timeout=300, check=False,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        )  # fmt: skip
+    finally:
+        locked.chmod(0o755)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [f"numtok: error: {expected}"]
 
 
 def test_the_gate_passes_only_beyond_the_standard_error() -> None:

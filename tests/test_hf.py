@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from transformers import Trainer
 from transformers.modeling_outputs import BaseModelOutput, CausalLMOutput, Seq2SeqLMOutput
 
-from numtok import NumberVocab, number_token_loss
+from numtok import NumberVocab, cross_entropy_with_ntl, number_token_loss
 from numtok.hf import NTLossForTrainer
 
 from _hf_tiny import (
@@ -448,10 +448,14 @@ def test_vocabulary_mismatch_says_what_to_change(tokenizer: Any, tmp_path: Path)
         )
         return Trainer(model=LlamaForCausalLM(config), args=training_args(tmp_path))
 
-    with pytest.raises(ValueError, match=r"produces 64 logits.*vocab_size=64"):
-        NTLossForTrainer(tokenizer).attach(trainer_for(64))  # a padded output layer
     with pytest.raises(ValueError, match=r"produces 40 logits.*resize_token_embeddings"):
         NTLossForTrainer(tokenizer).attach(trainer_for(40))  # tokens the model lacks
+    # A NumberVocab (or an explicit vocab_size) states the size: a padded layer is a mismatch.
+    vocab = NumberVocab.from_tokenizer(tokenizer)
+    with pytest.raises(ValueError, match=r"produces 64 logits.*vocab_size=64"):
+        NTLossForTrainer(vocab).attach(trainer_for(64))
+    with pytest.raises(ValueError, match=r"produces 64 logits.*vocab_size=50"):
+        NTLossForTrainer(tokenizer, vocab_size=50).attach(trainer_for(64))
     # The same check when the loss is called, e.g. without attach.
     labels = torch.zeros(1, 3, dtype=torch.long)
     with pytest.raises(ValueError, match=r"produces 64 logits .* vocab_size=46"):
@@ -459,6 +463,31 @@ def test_vocabulary_mismatch_says_what_to_change(tokenizer: Any, tmp_path: Path)
     # A padded output layer is fine when the loss is told.
     loss_fn = NTLossForTrainer(tokenizer, vocab_size=64)
     assert loss_fn(CausalLMOutput(logits=torch.zeros(1, 3, 64)), labels) >= 0
+
+
+@pytest.mark.parametrize("logits_free", [False, True])
+def test_attach_reads_a_padded_output_layer_from_the_model(
+    tokenizer: Any, tmp_path: Path, logits_free: bool
+) -> None:
+    """The README's one line on the README's kind of model, whose output layer is padded beyond
+    the tokenizer (GPT-2's 50,257 tokens in 50,304 logits): attach() reads the number of logits
+    from the model, as patch_model does, and the step's loss is that of a NumberVocab built for
+    it."""
+    model = build_model(tokenizer, vocab_size=64)
+    _, logs, trainer = train_step(tokenizer, tmp_path, model=model, logits_free=logits_free)
+    loss_fn = trainer.compute_loss_func
+    assert loss_fn.vocab.vocab_size == loss_fn.spec.vocab_size == 64 != len(tokenizer)
+    vocab = NumberVocab.from_tokenizer(tokenizer, vocab_size=64)
+    assert loss_fn.vocab.ids.tolist() == vocab.ids.tolist()
+    batch = collate(build_dataset(tokenizer), tokenizer.pad_token_id)
+    with torch.no_grad():
+        logits = build_model(tokenizer, vocab_size=64)(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
+        ).logits  # the same initial weights (seed 0) on the whole batch: the step's one batch
+    labels = batch["labels"]
+    expected = cross_entropy_with_ntl(logits, labels, vocab, ntl_weight=NTL_WEIGHT, shift=True)
+    assert logs[0]["loss"] == pytest.approx(float(expected.loss), rel=TOLERANCE)
+    assert logs[0]["ntl"] == pytest.approx(float(expected.ntl), rel=TOLERANCE)
 
 
 def test_missing_labels_say_what_to_change(tokenizer: Any, tmp_path: Path) -> None:

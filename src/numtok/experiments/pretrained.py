@@ -110,6 +110,16 @@ def local_model_dir(directory: Path | str) -> Path:
     """``directory`` as a ``Path`` when it holds a saved model (:func:`holds_saved_model`); a
     ``ValueError`` naming it otherwise."""
     path = Path(directory)
+    if not path.exists():
+        raise ValueError(
+            f"model folder {os.fspath(path)!r} does not exist: give a local folder of a saved "
+            "causal LM (save_pretrained's), or smollm2 (`numtok model smollm2` builds it)"
+        )
+    if not path.is_dir():
+        raise ValueError(
+            f"model folder {os.fspath(path)!r} is a file, not a folder: give the folder that "
+            "save_pretrained wrote (config.json and the weights)"
+        )
     if not holds_saved_model(path):
         raise ValueError(
             f"model folder {os.fspath(path)!r} holds no saved model (config.json and "
@@ -219,12 +229,18 @@ def _checked_gguf(install: Installer, log: Log) -> Path:
 
 
 def _check_new_folder(directory: Path) -> None:
-    """A ``ValueError`` naming ``directory`` when it exists and is not an empty folder."""
+    """A ``ValueError`` naming ``directory`` when it exists and is not an empty folder, or
+    cannot be made (before the slow rebuild, which writes it last)."""
+    from numtok.experiments.run_folder import why_not_creatable
+
     if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
         raise ValueError(
             f"model folder {os.fspath(directory)!r} exists and is not an empty folder; give a "
             "new or empty one"
         )
+    why = why_not_creatable(directory)
+    if why is not None:
+        raise ValueError(f"model folder {os.fspath(directory)!r} cannot be made: {why}")
 
 
 def rebuild_float32(gguf_file: Path, directory: Path) -> None:

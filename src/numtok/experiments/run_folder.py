@@ -23,6 +23,7 @@ __all__ = [
     "prepare_run_dir",
     "read_result",
     "save_atomically",
+    "why_not_creatable",
 ]
 
 CONFIG, RESULT, CHECKPOINT, WEIGHTS = "config.json", "result.json", "checkpoint.pt", "model.pt"
@@ -32,10 +33,37 @@ class Settings(Protocol):
     def to_dict(self) -> dict[str, Any]: ...
 
 
+def why_not_creatable(path: Path) -> str | None:
+    """Why the folder ``path`` cannot be made (it is a file; its nearest existing ancestor is a
+    file, or a folder this process may not write into), or None when it is a folder already or
+    can be made. Checked before any slow work, so that a bad ``--out`` fails in seconds."""
+    path = Path(path)
+    if path.is_dir():
+        return None
+    if path.exists():
+        return "it is a file, not a folder"
+    ancestor = path.absolute().parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        return f"{ancestor} is a file, not a folder"
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        return f"no permission to write in {ancestor}"
+    return None
+
+
 def prepare_run_dir(config: Settings, run_dir: Path) -> None:
     """Create ``run_dir`` and record the settings; a folder that holds a run with other settings
-    is a ValueError (resuming it with these settings would mix two experiments)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
+    is a ValueError (resuming it with these settings would mix two experiments), and so is a
+    ``run_dir`` that cannot be made (:func:`why_not_creatable`)."""
+    why = why_not_creatable(run_dir)
+    try:
+        if why is None:
+            run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        why = error.strerror or str(error)
+    if why is not None:
+        raise ValueError(f"the run folder {run_dir} cannot be made: {why}; choose another --out")
     path = run_dir / CONFIG
     settings = config.to_dict()
     if not path.exists():

