@@ -391,3 +391,18 @@ def test_compare_preregisters_then_runs_only_the_registered_run(
     assert report.startswith("# Fine-tuning") and "**Pre-registered** in `plan.json`" in report
     assert "Hypothesis: WAS lowers log-MAE" in report
     assert report.index("Pre-registered") < report.index("## Primary endpoint")
+
+
+def test_a_preset_compare_cannot_run_is_named(capsys: pytest.CaptureFixture[str]) -> None:
+    """An unknown --preset lists the fine-tuning presets only (the ones compare runs); a preset
+    trained from scratch names the command that runs it."""
+    from numtok.cli import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main(["compare", "--preset", "bogus"])
+    error = capsys.readouterr().err
+    assert stopped.value.code == 2 and "unknown preset 'bogus'" in error
+    assert "smollm2-arithmetic:" in error and "  demo:" not in error and "  smoke:" not in error
+    with pytest.raises(SystemExit) as stopped:
+        main(["compare", "--preset", "demo"])
+    assert "(numtok repro --preset demo)" in capsys.readouterr().err

@@ -348,7 +348,7 @@ def test_command_line(data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixt
         (["--task", "rjokes", "--train-questions", "5"], "--train-questions does not apply"),
         (["--task", "rjokes", "--data-dir", str(tmp_path)], "lacks train.tsv(.gz)"),
         (["--preset", "demo", "--task", "rjokes"], "does not fit the preset 'demo'"),
-        (["--task", "rjokes", "--evaluate-on", "valid"], "invalid choice: 'valid'"),
+        (["--preset", "smollm2-rjokes", "--validation-only"], "numtok compare --preset"),
         (["--task", "rjokes", "--arms", "ce,ntl"], "arms must be chosen from"),
     ):
         with pytest.raises(SystemExit) as exit_info:
@@ -377,3 +377,19 @@ def test_demo_runs_rjokes_when_its_data_is_found_else_arithmetic(
         main(["demo", "--data-dir", str(tmp_path / "nowhere"), "--out", str(tmp_path / "run")])
     assert "lacks train.tsv(.gz)" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+def test_validation_only_scores_the_validation_split() -> None:
+    """demo and repro spell it as compare does: --validation-only sets evaluate_on, and a
+    fine-tuning preset under repro is sent to compare."""
+    import numtok.experiments.commands as harness
+    from numtok.cli import _build_config, _parser
+
+    def config(*flags: str, preset: str = "rjokes-smoke") -> Any:
+        return _build_config(_parser().parse_args(["repro", *flags]), preset, harness)
+
+    assert config().evaluate_on == "test"
+    assert config("--validation-only").evaluate_on == "validation"
+    assert config("--validation-only", preset="smoke").evaluate_on == "validation"
+    with pytest.raises(ValueError, match="run numtok compare --preset smollm2-rjokes"):
+        config("--validation-only", preset="smollm2-rjokes")

@@ -52,7 +52,6 @@ _FLAGS = {
     "batch_size": "--batch-size",
     "train_questions": "--train-questions",
     "eval_questions": "--eval-questions",
-    "evaluate_on": "--evaluate-on",
     "eval_jokes": "--eval-jokes",
     "device": "--device",
     "threads": "--threads",
@@ -124,11 +123,11 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--eval-questions", type=int, help="arithmetic: questions per split")
     parser.add_argument(
-        "--evaluate-on",
-        choices=("validation", "test"),
-        help="score the validation split (for choosing settings; rjokes: held out of the "
-        "training file, arithmetic: fresh questions at the training difficulties) or the test "
-        "splits (default)",
+        "--validation-only",
+        action="store_true",
+        help="score the validation split instead of the test splits, for choosing settings "
+        "(rjokes: held out of the training file; arithmetic: fresh questions at the training "
+        "difficulties), as numtok compare --validation-only",
     )
     parser.add_argument(
         "--eval-jokes", type=int, help="rjokes: jokes of that split to score (0: all)"
@@ -230,14 +229,14 @@ def _compare(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.preset is not None:
         harness = _experiments(parser)
         try:
-            base = harness.check_preset(args.preset).config
+            base = harness.check_preset(args.preset, fine_tuning=True).config
         except ValueError as error:
+            if args.preset in harness.PRESETS:
+                parser.exit(
+                    2, f"numtok: error: numtok compare runs the fine-tuning presets (smollm2-*), "
+                    f"not {args.preset!r} (numtok repro --preset {args.preset})\n",
+                )  # fmt: skip
             parser.exit(2, f"numtok: error: {error}\n")
-        if not isinstance(base, harness.FinetuneConfig):
-            parser.exit(
-                2, f"numtok: error: numtok compare runs the fine-tuning presets (smollm2-*), not "
-                f"{args.preset!r} (numtok repro --preset {args.preset})\n",
-            )  # fmt: skip
 
     def fail(message: str) -> NoReturn:
         parser.exit(2, f"numtok: error: {message}\n")
@@ -506,6 +505,13 @@ def _build_config(args: argparse.Namespace, preset_name: str, harness: ModuleTyp
             task = "rJokes" if is_rjokes else "arithmetic"
             raise ValueError(f"{flag} does not apply to the {task} task of {preset_name!r}")
         overrides[name] = value
+    if args.validation_only:
+        if "evaluate_on" not in known:
+            raise ValueError(
+                f"--validation-only does not apply to numtok repro's preset {preset_name!r}: "
+                f"run numtok compare --preset {preset_name} --validation-only"
+            )
+        overrides["evaluate_on"] = "validation"
     for flag, value in (("--data-dir", args.data_dir), ("--cache-dir", args.cache_dir)):
         if value is not None and (flag == "--data-dir") != is_rjokes:
             raise ValueError(f"{flag} does not apply to the preset {preset_name!r}")

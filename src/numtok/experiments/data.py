@@ -132,7 +132,7 @@ def check_evaluate_on(evaluate_on: object) -> str:
     if evaluate_on not in EVALUATE_ON:
         raise ValueError(
             f"evaluate_on must be one of {list(EVALUATE_ON)}, got {evaluate_on!r} (e.g. "
-            "--evaluate-on validation to choose settings)"
+            "--validation-only to choose settings)"
         )
     return str(evaluate_on)
 

@@ -286,9 +286,16 @@ DEFAULT_RJOKES_PRESET = "rjokes"
 DEFAULT_REPRO_PRESET = "add_or_sub-6k"
 
 
-def check_preset(name: object) -> Preset:
-    """The preset called ``name``; otherwise a ValueError listing the presets."""
-    if isinstance(name, str) and name in PRESETS:
-        return PRESETS[name]
-    listing = "\n".join(f"  {p.name}: {p.description}" for p in PRESETS.values())
+def check_preset(name: object, *, fine_tuning: bool | None = None) -> Preset:
+    """The preset called ``name``; otherwise a ValueError listing the presets a command can run:
+    ``fine_tuning`` True, those of a pretrained model (``numtok compare``); False, those trained
+    from scratch; None, all."""
+    eligible = {
+        key: preset
+        for key, preset in PRESETS.items()
+        if fine_tuning is None or isinstance(preset.config, FinetuneConfig) == fine_tuning
+    }
+    if isinstance(name, str) and name in eligible:
+        return eligible[name]
+    listing = "\n".join(f"  {p.name}: {p.description}" for p in eligible.values())
     raise ValueError(f"unknown preset {name!r}; the presets are:\n{listing}")
