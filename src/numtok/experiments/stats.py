@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 __all__ = [
+    "constant_answers",
     "finite",
     "paired_comparison",
     "paired_test",
@@ -30,6 +31,16 @@ _T_975 = (
     2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
     2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
 )  # fmt: skip
+
+
+def constant_answers(values: Sequence[float]) -> dict[str, float]:
+    """The constant answers every arm is measured against: the training answers' ``mean``,
+    ``median`` and ``mode``."""
+    return {
+        "mean": statistics.fmean(values),
+        "median": statistics.median(values),
+        "mode": statistics.mode(values),
+    }
 
 
 def t_critical(degrees_of_freedom: int) -> float:

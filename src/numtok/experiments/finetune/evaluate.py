@@ -6,15 +6,14 @@
 * ``head``: the regression head's prediction (the ``head`` arm's only readout).
 
 The metrics are computed from these answers (:mod:`numtok.experiments.item_metrics`), so that
-the report's bootstrap recomputes them on resamples of the items. :func:`constant_answers` are
-the answers of three constants every arm must beat: the training answers' mean (least squared
-error on them), median (least absolute error) and mode (most often exactly right).
+the report's bootstrap recomputes them on resamples of the items. The constant answers every arm
+must beat are the training answers' mean (least squared error on them), median (least absolute
+error) and mode (most often exactly right): :func:`numtok.experiments.stats.constant_answers`.
 """
 
 from __future__ import annotations
 
 import math
-import statistics
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -30,7 +29,7 @@ from numtok.numbers.text import last_number
 from numtok.readout.decoding import predict_numbers
 from numtok.readout.scorers import cache_argument
 
-__all__ = ["CONSTANTS", "constant_answers", "generate_answers", "score_split"]
+__all__ = ["CONSTANTS", "generate_answers", "score_split"]
 
 #: The constant answers, each the same for every example.
 CONSTANTS = ("mean", "median", "mode")
@@ -68,16 +67,6 @@ def generate_answers(
         new = generated[:, input_ids.shape[1] :]
         texts += tokenizer.batch_decode(new, skip_special_tokens=True)
     return texts
-
-
-def constant_answers(train: Sequence[Encoded]) -> dict[str, float]:
-    """The training answers' mean, median and mode."""
-    values = [e.value for e in train]
-    return {
-        "mean": statistics.fmean(values),
-        "median": statistics.median(values),
-        "mode": statistics.mode(values),
-    }
 
 
 @torch.no_grad()

@@ -27,16 +27,18 @@ from typing import Any
 import torch
 
 from numtok.experiments.finetune.choose import choose_weights
-from numtok.experiments.finetune.config import NUMBER_LOSS_ARMS, FinetuneConfig
+from numtok.experiments.finetune.config import FinetuneConfig
 from numtok.experiments.finetune.data import FinetuneData, load_finetune_data
-from numtok.experiments.finetune.evaluate import constant_answers, score_split
+from numtok.experiments.finetune.evaluate import score_split
 from numtok.experiments.finetune.models import model_digest, resolve_model
 from numtok.experiments.finetune.preregistration import check_preregistration, preregistration
 from numtok.experiments.finetune.report import write_report
 from numtok.experiments.finetune.train import Trained, load_trained, save_trained, train_arm
 from numtok.experiments.item_metrics import answer_values, item_metrics
+from numtok.experiments.objectives import NUMBER_LOSS_ARMS
 from numtok.experiments.parallel import progress_bar
 from numtok.experiments.run_folder import prepare_run_dir, save_atomically
+from numtok.experiments.stats import constant_answers
 from numtok.numbers.vocab import NumberVocab
 
 __all__ = [
@@ -321,7 +323,7 @@ def run_finetune(
             test = _test_phase(config, run_dir, prepared, choice["chosen"], log, bar)
     return write_report(
         run_dir, config, prepared.data, validation, choice, test,
-        constants=constant_answers(prepared.data.splits["train"]),
+        constants=constant_answers([e.value for e in prepared.data.splits["train"]]),
         preregistered=None if preregistered is None or registration is None
         else (Path(preregistered), registration),
         started=created,

@@ -40,7 +40,13 @@ from numtok.experiments.rjokes.evaluate import (
     regression_metrics,
 )
 from numtok.experiments.run_folder import arm_directory
-from numtok.experiments.stats import finite, paired_comparison, seeds_note, summarise
+from numtok.experiments.stats import (
+    constant_answers,
+    finite,
+    paired_comparison,
+    seeds_note,
+    summarise,
+)
 
 __all__ = ["LABELS", "PUBLISHED", "constant_predictions", "summary_table", "write_report"]
 
@@ -198,14 +204,9 @@ def _with_bootstrap(
 def constant_predictions(train: Sequence[int], truth: Sequence[int]) -> dict[str, Any]:
     """The metrics of predicting one constant for every score of ``truth``: the ``train``
     scores' mean, median and mode (correlations are undefined for a constant)."""
-    constants = {
-        "mean": statistics.fmean(train),
-        "median": statistics.median(train),
-        "mode": statistics.mode(train),
-    }
     return {
         name: {"value": value, **regression_metrics([float(value)] * len(truth), truth)}
-        for name, value in constants.items()
+        for name, value in constant_answers(train).items()
     }
 
 
