@@ -555,6 +555,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if workers < 1:
             raise ValueError(f"--workers must be at least 1, got {workers}")
         run_dir = args.out or Path("runs") / f"{preset_name}-{config.fingerprint()}"
+        from numtok.experiments.run_folder import why_not_creatable
+
+        why = None if args.cache_dir is None else why_not_creatable(args.cache_dir)
+        if why is not None:
+            raise ValueError(f"--cache-dir {args.cache_dir} cannot be the cache folder: {why}")
         nowhere = args.data_dir is None and harness.default_data_dir() is None
         if harness.reads_rjokes(config) and nowhere:
             _fetch_rjokes(args, harness)
