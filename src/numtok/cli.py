@@ -285,31 +285,27 @@ def _load_tokenizer(path: Path) -> Any:
         ) from None
     vocab_file = next((name for name in _GPT2_VOCAB_FILES if name in names), None)
     merges_file = next((name for name in _GPT2_MERGES_FILES if name in names), None)
-    if not names & set(_HF_TOKENIZER_FILES):
-        if vocab_file and merges_file:
-            return _gpt2_files(path / vocab_file, path / merges_file)
-        if vocab_file:
-            lacks = (
-                f"has {vocab_file} but no merges file beside it ({' or '.join(_GPT2_MERGES_FILES)})"
-            )
-        elif merges_file:
-            lacks = (
-                f"has {merges_file} but no vocabulary beside it ({' or '.join(_GPT2_VOCAB_FILES)})"
-            )
-        else:
-            lacks = (
-                "holds no tokenizer: no tokenizer.json or tokenizer_config.json (a folder saved "
-                "by save_pretrained), nor GPT-2's vocab.json/encoder.json with merges.txt/vocab.bpe"
-            )
-        raise TokenizerPathError(f"{path} {lacks}")
+    saved = names & set(_HF_TOKENIZER_FILES)
+    if vocab_file and merges_file and not saved:
+        return _gpt2_files(path / vocab_file, path / merges_file)
     from transformers import AutoTokenizer
 
-    try:
+    try:  # also a SentencePiece tokenizer.model alone, and whatever else transformers reads
         return AutoTokenizer.from_pretrained(os.fspath(path), local_files_only=True)
     except Exception as error:  # transformers raises many kinds; each is the folder's fault
-        raise TokenizerPathError(
-            f"{path}: transformers could not load the tokenizer saved there: {_one_line(error)}"
-        ) from None
+        if saved or "tokenizer.model" in names:
+            lacks = f": transformers could not load the tokenizer saved there: {_one_line(error)}"
+        elif vocab_file:
+            lacks = f" has {vocab_file} but no merges file beside it (merges.txt or vocab.bpe)"
+        elif merges_file:
+            lacks = f" has {merges_file} but no vocabulary beside it (vocab.json or encoder.json)"
+        else:
+            lacks = (
+                " holds no tokenizer: no tokenizer.json, tokenizer_config.json or tokenizer.model "
+                "(a folder saved by save_pretrained), nor GPT-2's vocab.json/encoder.json with "
+                "merges.txt/vocab.bpe"
+            )
+        raise TokenizerPathError(f"{path}{lacks}") from None
 
 
 def _tokenizer_file(path: Path) -> Any:
