@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.demo-installed
 DOCS_STAMP := $(VENV)/.docs-installed
 
-.PHONY: test test-slow lint docs demo bench gpu-wheels clean
+.PHONY: test test-slow lint docs demo bench wheel gpu-wheels clean
 
 # DS_BUILD_OPS=0: the dev extra's DeepSpeed installs as pure Python, no op compiled.
 define install
@@ -53,6 +53,13 @@ test-slow: $(STAMP)
 demo: $(DEMO_STAMP)
 	$(VENV)/bin/numtok demo $(DEMO_ARGS)
 
+# The sdist and the wheel a user installs, into dist/: the sdist from the tracked files, the wheel
+# built from the sdist (so the sdist is checked to hold what the wheel needs). tests/test_wheel.py
+# (slow) installs such a wheel into a fresh environment outside the checkout and runs it.
+wheel: $(STAMP)
+	rm -rf dist
+	$(PY) -m build --no-isolation --outdir dist .
+
 lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
@@ -84,4 +91,4 @@ gpu-wheels:
 		--implementation py --abi none --platform any -d benchmarks/wheels $(GPU_WHEELS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site dist

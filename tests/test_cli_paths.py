@@ -1,6 +1,7 @@
 """Every ``numtok`` command's bad paths are one error line naming the path and what is wrong with
-it (status 2), found before any slow work: ``demo`` and ``repro``'s ``--out``, ``model``'s
-folder. (``vocab``'s are in test_cli_vocab.py, ``compare``'s in test_compare.py.)"""
+it (status 2), found before any slow work: ``demo`` and ``repro``'s ``--out`` and
+``--cache-dir``, ``model``'s folder. (``vocab``'s are in test_cli_vocab.py, ``compare``'s in
+test_compare.py.)"""
 
 from __future__ import annotations
 
@@ -41,6 +42,25 @@ def test_demo_and_repro_name_an_out_that_cannot_be_made(
         f"numtok: error: the run folder {tmp_path / out} cannot be made: "
         f"{why.format(tmp=tmp_path)}; choose another --out"
     )
+
+
+def test_demo_names_a_cache_dir_that_cannot_be_made(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import numtok.experiments.commands as harness
+
+    def too_late(*_: Any, **__: Any) -> Any:
+        pytest.fail("the run started before --cache-dir was checked")
+
+    monkeypatch.setattr(harness, "run_and_summarise", too_late)
+    (tmp_path / "a-file").write_text("x\n")
+    arguments = ["demo", "--task", "arithmetic__add_or_sub", "--out", str(tmp_path / "run"),
+                 "--cache-dir", str(tmp_path / "a-file" / "cache")]  # fmt: skip
+    assert _error_line(capsys, arguments) == (
+        f"numtok: error: --cache-dir {tmp_path / 'a-file' / 'cache'} cannot be the cache folder: "
+        f"{tmp_path / 'a-file'} is a file, not a folder"
+    )
+    assert not (tmp_path / "run").exists()
 
 
 def test_model_names_a_folder_that_cannot_be_made_before_any_work(

@@ -100,6 +100,19 @@ def test_a_gpt2_style_folder(
     assert "1691 number tokens in a vocabulary of 50257" in out
 
 
+def test_a_folder_of_a_sentencepiece_model_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Mistral's tokenizer.model without a tokenizer_config.json: transformers reads it."""
+    import mistral_common
+
+    source = Path(mistral_common.__file__).parent / "data" / "tokenizer.model.v1"
+    shutil.copy(source, tmp_path / "tokenizer.model")
+    status, out, err = run(capsys, str(tmp_path))
+    assert status == 0, err
+    assert "in a vocabulary of 32000" in out and "WARNING" not in out
+
+
 def _make(kind: str, folder: Path) -> Path:
     """A path that holds no tokenizer numtok can read, of the given kind."""
     gpt2 = _gpt2_files()
@@ -130,7 +143,7 @@ def _make(kind: str, folder: Path) -> Path:
         ("not JSON", r"tokenizer.json is not a tokenizer.json .*: expected value at line 1"),
         ("JSON, not a tokenizer", r"tokenizer.json is not a tokenizer.json"),
         ("a FIFO", r"pipe is neither a file nor a folder"),
-        ("empty folder", r"holds no tokenizer: no tokenizer.json or tokenizer_config.json"),
+        ("empty folder", r"holds no tokenizer: no tokenizer.json, tokenizer_config.json or "),
         ("vocabulary alone", r"has encoder.json but no merges file beside it"),
         ("merges alone", r"has merges.txt but no vocabulary beside it"),
         ("GPT-2 files that are not", r"vocab.json and merges.txt are not GPT-2's vocabulary"),

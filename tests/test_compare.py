@@ -247,6 +247,7 @@ def test_compare_refuses_bad_data_in_one_line(
         (["--model", "/nonexistent"], "--model /nonexistent: the folder does not exist"),
         (["--model", "{tmp}/a-file"], "--model {tmp}/a-file is a file, not a model folder"),
         (["--preregister", "{tmp}"], "--preregister {tmp} is a folder, not a file"),
+        (["--preregister", "{tmp}/a-file"], "--preregister {tmp}/a-file is not a pre-registration"),
         (["--data", "{tmp}/missing.jsonl"], "{tmp}/missing.jsonl: no such file or folder"),
         (["--data", "{tmp}/latin1.jsonl"], "{tmp}/latin1.jsonl: not UTF-8 text"),
         (["--data", "{tmp}/bad.jsonl"], "{tmp}/bad.jsonl:1: not valid JSON"),
@@ -281,24 +282,29 @@ def test_compare_refuses_bad_paths_in_one_line_before_loading_the_model(
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("what", ["out", "data file", "data folder"])
+@pytest.mark.parametrize("what", ["out", "data file", "data folder", "preregistration"])
 def test_compare_refuses_paths_without_permission_in_one_line(tmp_path: Path, what: str) -> None:
     """A run folder in a folder it may not write, data it may not read: one line, in a real
     process (as root: without the capabilities that bypass file permissions)."""
     (tmp_path / "data").mkdir()
     data = _write(tmp_path / "data" / "data.jsonl", _sums(30))
     (tmp_path / "locked").mkdir()
+    registered = tmp_path / "registered.json"
+    registered.write_text("{}\n")
     flags = {
         "out": ["--data", str(data), "--out", str(tmp_path / "locked" / "run")],
         "data file": ["--data", str(data)],
         "data folder": ["--data", str(tmp_path / "data")],
+        "preregistration": ["--data", str(data), "--preregister", str(registered)],
     }[what]
-    locked = {"out": tmp_path / "locked", "data file": data, "data folder": tmp_path / "data"}[what]
+    locked = {"out": tmp_path / "locked", "data file": data, "data folder": tmp_path / "data",
+              "preregistration": registered}[what]  # fmt: skip
     expected = {
         "out": f"--out {tmp_path / 'locked' / 'run'} cannot be the run folder: no permission "
         f"to write in {tmp_path / 'locked'}",
         "data file": f"{data}: cannot read the file (Permission denied)",
         "data folder": f"{tmp_path / 'data'}: cannot read the folder (Permission denied)",
+        "preregistration": f"--preregister {registered}: cannot read the file (Permission denied)",
     }[what]
     locked.chmod(0o555 if what == "out" else 0)
     try:

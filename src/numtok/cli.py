@@ -284,31 +284,27 @@ def _load_tokenizer(path: Path) -> Any:
         ) from None
     vocab_file = next((name for name in _GPT2_VOCAB_FILES if name in names), None)
     merges_file = next((name for name in _GPT2_MERGES_FILES if name in names), None)
-    if not names & set(_HF_TOKENIZER_FILES):
-        if vocab_file and merges_file:
-            return _gpt2_files(path / vocab_file, path / merges_file)
-        if vocab_file:
-            lacks = (
-                f"has {vocab_file} but no merges file beside it ({' or '.join(_GPT2_MERGES_FILES)})"
-            )
-        elif merges_file:
-            lacks = (
-                f"has {merges_file} but no vocabulary beside it ({' or '.join(_GPT2_VOCAB_FILES)})"
-            )
-        else:
-            lacks = (
-                "holds no tokenizer: no tokenizer.json or tokenizer_config.json (a folder saved "
-                "by save_pretrained), nor GPT-2's vocab.json/encoder.json with merges.txt/vocab.bpe"
-            )
-        raise TokenizerPathError(f"{path} {lacks}")
+    saved = names & set(_HF_TOKENIZER_FILES)
+    if vocab_file and merges_file and not saved:
+        return _gpt2_files(path / vocab_file, path / merges_file)
     from transformers import AutoTokenizer
 
-    try:
+    try:  # also a SentencePiece tokenizer.model alone, and whatever else transformers reads
         return AutoTokenizer.from_pretrained(os.fspath(path), local_files_only=True)
     except Exception as error:  # transformers raises many kinds; each is the folder's fault
-        raise TokenizerPathError(
-            f"{path}: transformers could not load the tokenizer saved there: {_one_line(error)}"
-        ) from None
+        if saved or "tokenizer.model" in names:
+            lacks = f": transformers could not load the tokenizer saved there: {_one_line(error)}"
+        elif vocab_file:
+            lacks = f" has {vocab_file} but no merges file beside it (merges.txt or vocab.bpe)"
+        elif merges_file:
+            lacks = f" has {merges_file} but no vocabulary beside it (vocab.json or encoder.json)"
+        else:
+            lacks = (
+                " holds no tokenizer: no tokenizer.json, tokenizer_config.json or tokenizer.model "
+                "(a folder saved by save_pretrained), nor GPT-2's vocab.json/encoder.json with "
+                "merges.txt/vocab.bpe"
+            )
+        raise TokenizerPathError(f"{path}{lacks}") from None
 
 
 def _tokenizer_file(path: Path) -> Any:
@@ -561,6 +557,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if workers < 1:
             raise ValueError(f"--workers must be at least 1, got {workers}")
         run_dir = args.out or Path("runs") / f"{preset_name}-{config.fingerprint()}"
+        from numtok.experiments.run_folder import why_not_creatable
+
+        why = None if args.cache_dir is None else why_not_creatable(args.cache_dir)
+        if why is not None:
+            raise ValueError(f"--cache-dir {args.cache_dir} cannot be the cache folder: {why}")
         nowhere = args.data_dir is None and harness.default_data_dir() is None
         if harness.reads_rjokes(config) and nowhere:
             _fetch_rjokes(args, harness)

@@ -11,6 +11,7 @@ not match.
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
@@ -249,10 +250,33 @@ def _check_paths(args: argparse.Namespace) -> None:
     if args.preregister is not None:
         if args.preregister.is_dir():
             raise ValueError(f"--preregister {args.preregister} is a folder, not a file")
-        if not args.preregister.exists():
+        if args.preregister.exists():
+            _check_preregistration_file(args.preregister)
+        else:
             why = why_not_creatable(args.preregister.parent)
             if why is not None:
                 raise ValueError(f"--preregister {args.preregister} cannot be written: {why}")
+
+
+def _check_preregistration_file(path: Path) -> None:
+    """An existing ``--preregister`` file: readable, and a JSON object (as
+    :func:`~numtok.experiments.finetune.preregistration.write_preregistration` writes it)."""
+    try:
+        stored = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise ValueError(
+            f"--preregister {path}: cannot read the file ({error.strerror or error})"
+        ) from None
+    except ValueError as error:  # not JSON, or not UTF-8
+        raise ValueError(
+            f"--preregister {path} is not a pre-registration that numtok compare wrote (not "
+            f"JSON: {error}); give a new file to write one"
+        ) from None
+    if not isinstance(stored, dict):
+        raise ValueError(
+            f"--preregister {path} is not a pre-registration that numtok compare wrote (a JSON "
+            f"{type(stored).__name__}, not an object); give a new file to write one"
+        )
 
 
 def run_compare(
