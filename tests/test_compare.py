@@ -15,14 +15,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from numtok.experiments.finetune.analysis import learnability_gate
-from numtok.experiments.finetune.jsonl import DataError, read_records, read_user_data
+from numtok.experiments.analysis import learnability_gate
 from numtok.experiments.finetune.preregistration import (
     check_preregistration,
     git_provenance,
     write_preregistration,
 )
 from numtok.experiments.finetune.report import _gate_lines
+from numtok.experiments.tasks.jsonl import DataError, read_records, read_user_data
 
 from conftest import without_root_override
 

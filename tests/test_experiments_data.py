@@ -12,9 +12,8 @@ import pytest
 
 pytest.importorskip("mathematics_dataset", reason="needs the demo extra: pip install numtok[demo]")
 
-from numtok.experiments.compat import load_mathematics_dataset
 from numtok.experiments.config import ExperimentConfig
-from numtok.experiments.data import (
+from numtok.experiments.tasks.mathematics import (
     TASKS,
     _draw,
     cache_path,
@@ -23,6 +22,7 @@ from numtok.experiments.data import (
     generate,
     load_data,
 )
+from numtok.experiments.tasks.mathematics_compat import load_mathematics_dataset
 
 Problem = collections.namedtuple("Problem", ["question", "answer"])
 

@@ -22,13 +22,6 @@ from numtok.cli import main
 from numtok.experiments.evaluate import CachedScorer
 from numtok.experiments.presets import PRESETS
 from numtok.experiments.rjokes import RJokesConfig, run_rjokes
-from numtok.experiments.rjokes.data import (
-    RJokesData,
-    evaluation_subset,
-    find_data_dir,
-    load_rjokes,
-    read_jokes,
-)
 from numtok.experiments.rjokes.evaluate import (
     mean_by_score,
     regression_metrics,
@@ -42,6 +35,13 @@ from numtok.experiments.rjokes.train import (
     build_arm,
     build_tokenizer,
     train_arm,
+)
+from numtok.experiments.tasks.rjokes import (
+    RJokesData,
+    evaluation_subset,
+    find_data_dir,
+    load_rjokes,
+    read_jokes,
 )
 from numtok.experiments.tokenizer import WordTokenizer
 from numtok.readout.distribution import number_distribution

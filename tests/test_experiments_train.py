@@ -22,12 +22,12 @@ pytest.importorskip("mathematics_dataset", reason="needs the demo extra: pip ins
 from numtok import number_token_loss
 from numtok.experiments.batches import TrainingSet
 from numtok.experiments.config import ExperimentConfig
-from numtok.experiments.data import MathData, load_data
 from numtok.experiments.loop import learning_rate_at
 from numtok.experiments.objectives import GLS_SIGMA, NUMBER_LOSS_ARMS
 from numtok.experiments.presets import PRESETS
 from numtok.experiments.run_folder import arm_directory
 from numtok.experiments.runner import run_experiment
+from numtok.experiments.tasks.mathematics import MathData, load_data
 from numtok.experiments.tokenizer import CharTokenizer
 from numtok.experiments.train import build_arm, train_arm, train_step
 from numtok.losses.smoothing import gaussian_label_smoothing_ce

@@ -7,9 +7,7 @@ import importlib.util
 from pathlib import Path
 
 from numtok._common.extras import require_extra
-from numtok.experiments.compat import load_mathematics_dataset
 from numtok.experiments.config import ExperimentConfig, TrainingConfig
-from numtok.experiments.data import TASKS
 from numtok.experiments.finetune.command import summary_lines
 from numtok.experiments.finetune.config import FinetuneConfig
 from numtok.experiments.finetune.runner import run_finetune
@@ -21,12 +19,14 @@ from numtok.experiments.presets import (
 )
 from numtok.experiments.report import format_table, overhead_lines
 from numtok.experiments.rjokes.config import RJokesConfig
-from numtok.experiments.rjokes.data import default_data_dir, find_data_dir
 from numtok.experiments.rjokes.download import DownloadError, fetch_rjokes
 from numtok.experiments.rjokes.report import summary_table, verdict_lines
 from numtok.experiments.rjokes.runner import run_rjokes
 from numtok.experiments.run_folder import prepare_run_dir
 from numtok.experiments.runner import run_experiment
+from numtok.experiments.tasks.mathematics import TASKS
+from numtok.experiments.tasks.mathematics_compat import load_mathematics_dataset
+from numtok.experiments.tasks.rjokes import default_data_dir, find_data_dir
 
 __all__ = [
     "DEFAULT_REPRO_PRESET",

@@ -10,10 +10,10 @@ from typing import Any, ClassVar, TypeVar
 import torch
 
 from numtok._common.validation import check_int, check_number
-from numtok.experiments.data import check_evaluate_on, check_task, evaluation_splits
 from numtok.experiments.model import ModelConfig
 from numtok.experiments.objectives import ARMS as ARITHMETIC_ARMS
 from numtok.experiments.objectives import NUMBER_LOSS_ARMS
+from numtok.experiments.tasks.mathematics import check_evaluate_on, check_task, evaluation_splits
 
 __all__ = [
     "ExperimentConfig",
@@ -182,7 +182,7 @@ class ExperimentConfig(TrainingConfig):
     train_questions: int = 32_000
     eval_questions: int = 300
     #: ``"test"``: the held-out test splits; ``"validation"``: the validation split, for choosing
-    #: settings (:mod:`numtok.experiments.data`).
+    #: settings (:mod:`numtok.experiments.tasks.mathematics`).
     evaluate_on: str = "test"
 
     def validate(self) -> None:

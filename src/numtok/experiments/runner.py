@@ -12,9 +12,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from numtok.experiments.compat import load_mathematics_dataset
 from numtok.experiments.config import ExperimentConfig
-from numtok.experiments.data import (
+from numtok.experiments.parallel import (
+    Executor,
+    Job,
+    open_executor,
+    progress_bar,
+    report_progress,
+)
+from numtok.experiments.report import write_report
+from numtok.experiments.run_folder import prepare_run_dir
+from numtok.experiments.tasks.mathematics import (
     TASKS,
     Example,
     MathData,
@@ -27,15 +35,7 @@ from numtok.experiments.data import (
     training_shares,
     write_cache,
 )
-from numtok.experiments.parallel import (
-    Executor,
-    Job,
-    open_executor,
-    progress_bar,
-    report_progress,
-)
-from numtok.experiments.report import write_report
-from numtok.experiments.run_folder import prepare_run_dir
+from numtok.experiments.tasks.mathematics_compat import load_mathematics_dataset
 from numtok.experiments.timing import measure_step_times
 from numtok.experiments.train import train_arm
 

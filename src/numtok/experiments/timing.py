@@ -13,8 +13,8 @@ import torch
 
 from numtok.experiments.batches import TrainingSet
 from numtok.experiments.config import ExperimentConfig
-from numtok.experiments.data import MathData
 from numtok.experiments.loop import Step, learning_rate_at
+from numtok.experiments.tasks.mathematics import MathData
 from numtok.experiments.tokenizer import CharTokenizer
 from numtok.experiments.train import build_arm, train_step
 

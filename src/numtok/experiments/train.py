@@ -17,7 +17,6 @@ import torch
 
 from numtok.experiments.batches import PackedBatch, TrainingSet
 from numtok.experiments.config import ExperimentConfig
-from numtok.experiments.data import MathData
 from numtok.experiments.evaluate import evaluate
 from numtok.experiments.loop import (
     Progress,
@@ -28,6 +27,7 @@ from numtok.experiments.loop import (
 from numtok.experiments.model import Transformer
 from numtok.experiments.objectives import Objective
 from numtok.experiments.run_folder import arm_directory, finish_arm, read_result
+from numtok.experiments.tasks.mathematics import MathData
 from numtok.experiments.tokenizer import CharTokenizer
 
 __all__ = ["build_arm", "train_arm", "train_step"]

@@ -142,7 +142,7 @@ def distribution_bound(data: Path) -> tuple[int | None, int]:
     """``(max_value, max_digits)`` of ``--max-value auto``: the largest training answer when
     every training answer is an integer from 0 to :data:`AUTO_MAX_VALUE`, else no
     distribution readouts."""
-    from numtok.experiments.finetune.jsonl import read_user_data
+    from numtok.experiments.tasks.jsonl import read_user_data
 
     train = read_user_data(data).splits["train"]
     values = [record.value for record in train]
@@ -285,7 +285,7 @@ def run_compare(
     """``numtok compare``: ``fail(message)`` exits with status 2 and one error line. The flags
     and the data are checked first, in seconds; the data against the model's tokenizer and
     context (a prompt too long) once the model is found or built."""
-    from numtok.experiments.finetune.jsonl import DataError, read_user_data
+    from numtok.experiments.tasks.jsonl import DataError, read_user_data
 
     try:
         _check_paths(args)

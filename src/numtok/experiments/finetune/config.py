@@ -22,9 +22,9 @@ __all__ = [
     "FinetuneConfig",
 ]
 
-#: The tasks: arithmetic questions (:mod:`numtok.experiments.finetune.arithmetic`), the rJokes
-#: scores (:mod:`numtok.experiments.rjokes.data`) and a user's JSON Lines
-#: (:mod:`numtok.experiments.finetune.jsonl`).
+#: The tasks: arithmetic questions (:mod:`numtok.experiments.tasks.arithmetic`), the rJokes
+#: scores (:mod:`numtok.experiments.tasks.rjokes`) and a user's JSON Lines
+#: (:mod:`numtok.experiments.tasks.jsonl`).
 FINETUNE_TASKS = ("arithmetic", "rjokes", "jsonl")
 #: ``base``: the model before fine-tuning (no training); ``ce``: cross-entropy on the answer;
 #: ``was``, ``mse``, ``number``: CE + λ·NTL-WAS, NTL-MSE, the number-level NTL; ``del``,
@@ -38,7 +38,7 @@ ADAPTATIONS = ("full", "lora")
 #: distribution over the numbers 0 to ``max_value`` (``expected``, ``median``); the regression
 #: head's output (``head``).
 READOUTS = ("greedy", "expected", "median", "head")
-#: The arithmetic test splits (:mod:`numtok.experiments.finetune.arithmetic`).
+#: The arithmetic test splits (:mod:`numtok.experiments.tasks.arithmetic`).
 ARITHMETIC_TEST_SPLITS = ("test", "test_harder", "test_fresh_4_digit")
 _Config = TypeVar("_Config", bound="FinetuneConfig")
 

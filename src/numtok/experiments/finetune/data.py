@@ -1,18 +1,18 @@
 """The examples of a fine-tuning comparison, encoded for the model's tokenizer.
 
-* ``arithmetic``: :func:`numtok.experiments.finetune.arithmetic.arithmetic_splits` (every split
+* ``arithmetic``: :func:`numtok.experiments.tasks.arithmetic.arithmetic_splits` (every split
   up to the last one scored is drawn, so that a later split never repeats an earlier one's
   question);
-* ``rjokes``: the rJokes data (:func:`numtok.experiments.rjokes.data.load_rjokes`): the
+* ``rjokes``: the rJokes data (:func:`numtok.experiments.tasks.rjokes.load_rjokes`): the
   training jokes (``train_examples`` of them, a fixed subset), the held-out validation jokes and
   the test jokes (``validation_examples`` / ``test_examples`` of them, fixed subsets), each cut
   to its first ``max_prompt_tokens`` tokens and asked as ``"How funny is this joke, on a scale
   from 0 to 11? ..."``; the answer is the score;
-* ``jsonl``: a user's JSON Lines (:mod:`numtok.experiments.finetune.jsonl`), every example.
+* ``jsonl``: a user's JSON Lines (:mod:`numtok.experiments.tasks.jsonl`), every example.
 
 Every task has ``train`` and ``validation``, and its test splits (``config.evaluation_splits``).
 A prompt that with its answer (or with the tokens generated after it) would not fit the model's
-context is a :class:`~numtok.experiments.finetune.jsonl.DataError` naming the example.
+context is a :class:`~numtok.experiments.tasks.jsonl.DataError` naming the example.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from numtok.experiments.finetune.arithmetic import SPLITS as ARITHMETIC_SPLITS
-from numtok.experiments.finetune.arithmetic import arithmetic_splits
 from numtok.experiments.finetune.config import FinetuneConfig
 from numtok.experiments.finetune.examples import Encoded, encode
-from numtok.experiments.finetune.jsonl import DataError, read_user_data
+from numtok.experiments.tasks.arithmetic import SPLITS as ARITHMETIC_SPLITS
+from numtok.experiments.tasks.arithmetic import arithmetic_splits
+from numtok.experiments.tasks.jsonl import DataError, read_user_data
 
 __all__ = ["HIGHEST_SCORE", "JOKE_QUESTION", "FinetuneData", "load_finetune_data"]
 
@@ -71,7 +71,7 @@ def _joke_question(tokenizer: Any, joke: str, max_tokens: int) -> tuple[str, boo
 
 
 def _rjokes(config: FinetuneConfig, tokenizer: Any, data_dir: Path | str | None) -> FinetuneData:
-    from numtok.experiments.rjokes.data import evaluation_subset, load_rjokes
+    from numtok.experiments.tasks.rjokes import evaluation_subset, load_rjokes
 
     jokes = load_rjokes(data_dir, validation_jokes=config.validation_examples)
     chosen = {
@@ -141,7 +141,7 @@ def load_finetune_data(
     context: int | None = None,
 ) -> FinetuneData:
     """The encoded splits of ``config``'s task (see the module docstring); ``data_dir``: the
-    rJokes data folder (None: where :mod:`numtok.experiments.rjokes.data` finds it);
+    rJokes data folder (None: where :mod:`numtok.experiments.tasks.rjokes` finds it);
     ``context``: the model's context length in tokens, which a user's examples must fit."""
     if config.task == "arithmetic":
         return _arithmetic(config, tokenizer)

@@ -8,7 +8,7 @@ was not learnt at this budget and gives no verdict on any loss — then the λ c
 validation, and per split every arm's metrics (every seed shown), the constant answers, and the
 paired differences from CE with the paired-seed t interval, the seed × item bootstrap interval,
 the bootstrap's minimal detectable effect (MDE) and the verdict
-(:mod:`~numtok.experiments.finetune.analysis`).
+(:mod:`~numtok.experiments.analysis`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from numtok.experiments.finetune.analysis import (
+from numtok.experiments.analysis import (
     BOOTSTRAP_REPLICATES,
     comparisons,
     learnability_gate,

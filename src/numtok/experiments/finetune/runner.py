@@ -5,7 +5,7 @@ this process, in three phases:
    scored on the validation split; what training changed is kept (``trained.pt``).
 2. **Choice and gate.** The rule of :mod:`~numtok.experiments.finetune.choose` picks each
    number-loss arm's λ from the validation answers alone; the learnability gate
-   (:func:`~numtok.experiments.finetune.analysis.learnability_gate`) reads them too.
+   (:func:`~numtok.experiments.analysis.learnability_gate`) reads them too.
 3. **Test.** Each seed's arm at its chosen λ is scored once on the test splits; its
    ``trained.pt`` is then deleted (those of the λ not chosen, after the choice).
 

@@ -18,8 +18,8 @@ import torch
 
 from numtok.experiments.evaluate import CachedScorer, greedy_answers
 from numtok.experiments.model import Transformer
-from numtok.experiments.rjokes.data import Joke
 from numtok.experiments.rjokes.model import ScoreRegressor
+from numtok.experiments.tasks.rjokes import Joke
 from numtok.experiments.tokenizer import WordTokenizer
 from numtok.numbers.text import last_number
 from numtok.readout.distribution import number_distribution

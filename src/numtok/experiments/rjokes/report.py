@@ -13,7 +13,7 @@ Each comparison of RMSE, MAE and Pearson's r carries, beside the paired-seed t i
 × item bootstrap interval (:mod:`numtok.experiments.bootstrap`: the evaluated jokes' own noise
 too) and a verdict only where both exclude 0. The learnability check asks whether some trained
 arm beats the best constant answer by more than the bootstrap standard error
-(:func:`numtok.experiments.finetune.analysis.learnability_gate`): a run that learnt nothing
+(:func:`numtok.experiments.analysis.learnability_gate`): a run that learnt nothing
 from the jokes gets no verdict. It reads the evaluated split (these runs score no validation split
 beside it); it chooses nothing, it only withholds verdicts.
 """
@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from numtok.experiments.analysis import learnability_gate, resamples_of, verdict
 from numtok.experiments.bootstrap import seed_item_difference
-from numtok.experiments.finetune.analysis import learnability_gate, resamples_of, verdict
 from numtok.experiments.item_metrics import answer_values
 from numtok.experiments.objectives import ARM_LABELS
 from numtok.experiments.report_format import ARM_COLOURS, json_safe, run_header, signed, table

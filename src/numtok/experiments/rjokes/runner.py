@@ -16,7 +16,6 @@ import torch
 from numtok.experiments.loop import learning_rate_at
 from numtok.experiments.parallel import Job, open_executor, progress_bar, report_progress
 from numtok.experiments.rjokes.config import RJokesConfig
-from numtok.experiments.rjokes.data import RJokesData, find_data_dir, load_rjokes
 from numtok.experiments.rjokes.report import constant_predictions, write_report
 from numtok.experiments.rjokes.train import (
     arm_step,
@@ -27,6 +26,7 @@ from numtok.experiments.rjokes.train import (
     train_arm,
 )
 from numtok.experiments.run_folder import prepare_run_dir
+from numtok.experiments.tasks.rjokes import RJokesData, find_data_dir, load_rjokes
 from numtok.experiments.timing import interleaved_step_times
 
 __all__ = ["run_rjokes"]
@@ -91,7 +91,7 @@ def run_rjokes(
 
     Args:
         data_dir: the rJokes ``data/`` folder (default:
-            :func:`~numtok.experiments.rjokes.data.default_data_dir`).
+            :func:`~numtok.experiments.tasks.rjokes.default_data_dir`).
         workers: processes that train arms at the same time; each uses ``config.threads``
             threads. Results do not depend on it.
         command: the command line, recorded in the report.

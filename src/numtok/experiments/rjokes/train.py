@@ -33,7 +33,6 @@ from numtok.experiments.loop import (
 from numtok.experiments.model import Transformer
 from numtok.experiments.objectives import Objective
 from numtok.experiments.rjokes.config import RJokesConfig
-from numtok.experiments.rjokes.data import Joke, RJokesData, evaluation_subset
 from numtok.experiments.rjokes.evaluate import (
     head_predictions,
     mean_by_score,
@@ -43,6 +42,7 @@ from numtok.experiments.rjokes.evaluate import (
 )
 from numtok.experiments.rjokes.model import ScoreRegressor
 from numtok.experiments.run_folder import arm_directory, finish_arm, read_result
+from numtok.experiments.tasks.rjokes import Joke, RJokesData, evaluation_subset
 from numtok.experiments.tokenizer import WordTokenizer
 
 __all__ = [

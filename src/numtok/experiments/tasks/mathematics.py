@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from numtok.experiments.compat import load_mathematics_dataset
+from numtok.experiments.tasks.mathematics_compat import load_mathematics_dataset
 
 __all__ = [
     "EVALUATE_ON",
