@@ -15,7 +15,8 @@ import torch
 import numtok.losses.fused
 from _host_syncs import HostSyncs
 from numtok import (
-    CEWithNTLOutput,
+    CrossEntropyWithNTL,
+    LinearCrossEntropyWithNTL,
     LinearNumberTokenLoss,
     NumberTokenLoss,
     cross_entropy_with_ntl,
@@ -62,10 +63,25 @@ ENTRIES = [
     "number_token_loss",
     "NumberTokenLoss",
     "cross_entropy_with_ntl",
+    "CrossEntropyWithNTL",
     "linear_cross_entropy_with_ntl",
+    "LinearCrossEntropyWithNTL",
     "linear_number_token_loss",
     "LinearNumberTokenLoss",
 ]
+#: The modules among them, and their call on the inputs.
+MODULES: dict[str, tuple[type[torch.nn.Module], Callable[..., Any]]] = {
+    "NumberTokenLoss": (NumberTokenLoss, lambda m, x, **g: m(x.logits, x.labels, **g)),
+    "CrossEntropyWithNTL": (CrossEntropyWithNTL, lambda m, x, **g: m(x.logits, x.labels, **g).loss),
+    "LinearCrossEntropyWithNTL": (
+        LinearCrossEntropyWithNTL,
+        lambda m, x, **g: m(x.hidden, x.weight, x.labels, bias=x.bias, **g).loss,
+    ),
+    "LinearNumberTokenLoss": (
+        LinearNumberTokenLoss,
+        lambda m, x, **g: m(x.hidden, x.weight, x.labels, bias=x.bias, lse=x.lse, **g),
+    ),
+}
 _FORWARD = ("loss_weights", "num_items_in_batch")  # what a module's forward takes
 
 
@@ -80,12 +96,13 @@ def loss_function(entry: str, device: torch.device, **s: Any) -> Callable[[Input
     """``entry``'s loss of the inputs with the settings ``s`` (a scalar, or per position for
     "none"; CE + NTL's ``.loss``); a module is built here, so that a compiled loss is its call."""
     given = {k: v for k, v in s.items() if k in _FORWARD}
-    if entry in ("NumberTokenLoss", "LinearNumberTokenLoss"):
-        kind = NumberTokenLoss if entry == "NumberTokenLoss" else LinearNumberTokenLoss
-        module = _module(kind, device, **{k: v for k, v in s.items() if k not in _FORWARD})
-        if entry == "LinearNumberTokenLoss":
-            return lambda x: module(x.hidden, x.weight, x.labels, bias=x.bias, lse=x.lse, **given)
-        return lambda x: _loss_of(module(x.logits, x.labels, **given))
+    if entry in MODULES:
+        kind, call = MODULES[entry]
+        built = {k: v for k, v in s.items() if k not in _FORWARD}
+        if entry == "LinearCrossEntropyWithNTL":
+            built["chunk_size"] = 4
+        module = _module(kind, device, **built)
+        return lambda x: call(module, x, **given)
     return {
         "number_token_loss": lambda x: number_token_loss(x.logits, x.labels, VOCAB, **s),
         "cross_entropy_with_ntl": lambda x: (
@@ -100,10 +117,6 @@ def loss_function(entry: str, device: torch.device, **s: Any) -> Callable[[Input
             x.hidden, x.weight, x.labels, VOCAB, bias=x.bias, lse=x.lse, **s
         ),
     }[entry]
-
-
-def _loss_of(out: Any) -> torch.Tensor:
-    return out.loss if isinstance(out, CEWithNTLOutput) else out  # with ntl_weight: CE + NTL
 
 
 @pytest.fixture
@@ -128,11 +141,11 @@ def _settings(inputs: Inputs, name: str) -> dict[str, Any]:
     }[name]
 
 
-#: (entry point, route): each entry point on the route its device takes, and the two that take
-#: given logits with ``ntl_weight`` also on CUDA's default route, F.cross_entropy with NTL beside.
+#: (entry point, route): each entry point on the route its device takes, and the two of CE + NTL
+#: from given logits also on CUDA's default route, F.cross_entropy with NTL beside.
 ROUTES = [(entry, "default") for entry in ENTRIES] + [
     ("cross_entropy_with_ntl", "beside F.cross_entropy"),
-    ("NumberTokenLoss", "beside F.cross_entropy"),
+    ("CrossEntropyWithNTL", "beside F.cross_entropy"),
 ]
 
 SETTINGS = [
@@ -162,12 +175,10 @@ def _gradients(loss: torch.Tensor, inputs: Inputs) -> tuple[torch.Tensor, list[t
     return loss.detach(), [z if g is None else g for g, z in zip(gradients, zeros, strict=True)]
 
 
-def _on_route(entry: str, route: str, request: pytest.FixtureRequest) -> dict[str, Any]:
-    """Takes ``route`` for the test; the settings the entry point needs on it."""
-    if route == "default":
-        return {}
-    request.getfixturevalue("beside_cross_entropy")
-    return {"ntl_weight": 0.3} if entry == "NumberTokenLoss" else {}
+def _on_route(route: str, request: pytest.FixtureRequest) -> None:
+    """Takes ``route`` for the test."""
+    if route != "default":
+        request.getfixturevalue("beside_cross_entropy")
 
 
 @pytest.mark.parametrize("setting", SETTINGS)
@@ -178,9 +189,9 @@ def test_the_same_values_and_gradients(
     """capturable=True gives the values and gradients (float64, to 1e-12) of the default
     path, for every entry point and a spread of settings, on the route the device takes and on
     the one CUDA takes by default (F.cross_entropy with NTL beside it)."""
-    extra = _on_route(entry, route, request)
+    _on_route(route, request)
     inputs = make_inputs(device)
-    settings = _settings(inputs, setting) | extra
+    settings = _settings(inputs, setting)
     expected = _value_and_gradients(entry, inputs, **settings)
     got = _value_and_gradients(entry, inputs, capturable=True, **settings)
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
@@ -194,9 +205,9 @@ def test_no_host_synchronisation(entry: str, route: str, request: pytest.Fixture
     gather of the number positions). Counted on CPU tensors at the dispatcher
     (tests/_host_syncs.py); on CUDA ``benchmarks/gpu.sh`` counts with
     ``set_sync_debug_mode``."""
-    extra = _on_route(entry, route, request)
+    _on_route(route, request)
     inputs = make_inputs(torch.device("cpu"), torch.float32)
-    settings = {"reweigh": True, "shift": True, "loss_weights": inputs.weights} | extra
+    settings = {"reweigh": True, "shift": True, "loss_weights": inputs.weights}
     counts = {}
     for capturable in (False, True):
         _value_and_gradients(entry, inputs, capturable=capturable, **settings)  # warm-up
@@ -274,17 +285,21 @@ def test_one_graph_under_torch_compile_with_inductor(
     capturable loss into one graph, forward and backward, with the eager values and gradients
     (float32, on CPU). The default path cannot be one graph where it gathers the number
     positions (``nonzero``, a shape that depends on the labels): fullgraph raises there."""
-    extra = _on_route(entry, route, request)
+    _on_route(route, request)
     inputs = make_inputs(torch.device("cpu"), torch.float32)
-    settings = {"reweigh": True, "shift": True, "loss_weights": inputs.weights} | extra
+    settings = {"reweigh": True, "shift": True, "loss_weights": inputs.weights}
     cpu = torch.device("cpu")
     torch._dynamo.reset()
     loss = loss_function(entry, cpu, capturable=True, **settings)
     got = _gradients(torch.compile(loss, backend="inductor", fullgraph=True)(inputs), inputs)
     expected = _value_and_gradients(entry, inputs, **settings)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
-    gathers = entry in ("number_token_loss", "linear_number_token_loss", "LinearNumberTokenLoss")
-    gathers |= route != "default" or (entry == "NumberTokenLoss" and "ntl_weight" not in extra)
+    gathers = route != "default" or entry in (
+        "number_token_loss",
+        "NumberTokenLoss",
+        "linear_number_token_loss",
+        "LinearNumberTokenLoss",
+    )
     if gathers:
         torch._dynamo.reset()
         default = torch.compile(loss_function(entry, cpu, **settings), fullgraph=True)
