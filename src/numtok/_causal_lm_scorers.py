@@ -56,12 +56,14 @@ class WholeSequenceScorer:
         self, model: Any, prompts: list[list[int]], *, pad_id: int, batch_size: int | None
     ) -> None:
         self.model = model
+        self.prompts = prompts
         self.sequences = prompts
         self.pad_id = pad_id
         self.batch_size = batch_size or WHOLE_SEQUENCE_BATCH
         self.device = next(model.parameters()).device
 
     def start(self) -> torch.Tensor:
+        self.sequences = self.prompts
         return self._score()
 
     def extend(self, parents: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -176,6 +178,10 @@ class CachedScorer:
     positions are those of the sequence scored alone. The last k + 1 cached positions become the
     new prefixes' suffix.
 
+    ``start()`` runs the prompts once: a later call returns the same logits and starts a new tree
+    on the kept cache, so that a greedy decode (:func:`numtok.decoding.greedy_tokens`) and the
+    number tree share one prompt pass.
+
     Raises :class:`CacheUnsupportedError` from ``start()`` when the model's cache is not a
     ``DynamicCache`` of full-attention layers (sliding-window and hybrid models, state-space
     models, custom caches).
@@ -204,6 +210,7 @@ class CachedScorer:
         self.row_prompt = torch.zeros(0, dtype=torch.long)  # (M,): the prompt of each prefix
         self.suffix: KeysValues = []  # per layer (M, H, k, d)
         self.depth = 0
+        self.first_logits: torch.Tensor | None = None  # (P, V), start()'s
 
     def _forward(self, cache: Any = None, **tensors: torch.Tensor) -> tuple[torch.Tensor, Any]:
         """The model's logits (B, T, V), at least float32, and the cache it returns."""
@@ -215,6 +222,18 @@ class CachedScorer:
         return (logits if logits.dtype == torch.float64 else logits.float()), returned_cache(output)
 
     def start(self) -> torch.Tensor:
+        if self.first_logits is None:
+            self.first_logits = self._run_prompts()
+        self.row_prompt = torch.arange(len(self.prompts))
+        self.suffix = [
+            (k.new_zeros(len(self.prompts), k.shape[1], 0, k.shape[3]),) * 2
+            for k, _ in self.prompt_cache
+        ]
+        self.depth = 0
+        return self.first_logits
+
+    def _run_prompts(self) -> torch.Tensor:
+        """Each prompt's next-token logits (P, V); keeps the prompts' cache."""
         self.cache_argument = cache_argument(self.model)
         self.prompt_lengths = torch.tensor([len(prompt) for prompt in self.prompts])
         longest = int(self.prompt_lengths.max())
@@ -252,12 +271,6 @@ class CachedScorer:
             (torch.cat([c[layer][0] for c in caches]), torch.cat([c[layer][1] for c in caches]))
             for layer in range(len(caches[0]))
         ]
-        self.row_prompt = torch.arange(len(self.prompts))
-        self.suffix = [
-            (k.new_zeros(len(self.prompts), k.shape[1], 0, k.shape[3]),) * 2
-            for k, _ in self.prompt_cache
-        ]
-        self.depth = 0
         return torch.cat(rows)
 
     def _rows_per_forward(self) -> int:
