@@ -157,7 +157,7 @@ def test_compare_runs_reports_and_resumes_from_the_command_line(
     results = _strict_json(out / "results.json")
     largest = max(r.value for r in read_user_data(data).splits["train"])
     assert results["config"]["max_value"] == largest  # --max-value auto: the largest training sum
-    assert set(results["answers"]["test"]["ce"]) == {"greedy", "expected", "median"}
+    assert set(results["answers"]["test"]["ce"]) == {"greedy", "expected", "median", "mode"}
     assert results["gate"]["constant"] in ("mean", "median", "mode")
     report = (out / "report.md").read_text()
     for heading in ("## Primary endpoint", "## Learnability gate", "## Settings", "## test",

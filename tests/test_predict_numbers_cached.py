@@ -406,3 +406,25 @@ def test_greedy_tokens_end_at_the_end_of_sequence_token() -> None:
         greedy_tokens(scorer, 0, eos_id=None)
     with pytest.raises(ValueError, match="new_tokens must be a non-negative int, got -1"):
         predict_numbers(model, vocab, PROMPTS, new_tokens=-1)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_prompts_that_share_their_first_tokens_run_them_once(kind: str) -> None:
+    """The leading tokens the prompts share run once, for one row, the rest after them; in
+    float64 the table is the brute force's over each prompt scored whole."""
+    prompts = [[15, 16, 15, 3], [15, 16, 15], [15, 16, 15, 16, 16, 2, 15]]
+    model, vocab = tiny_model(kind, seed=15).double(), mixed_vocab()
+    batches: list[tuple[int, int]] = []
+    forward = model.forward
+
+    @functools.wraps(forward)
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        batches.append(tuple(kwargs["input_ids"].shape))
+        return forward(*args, **kwargs)
+
+    model.forward = recording
+    result = predict_numbers(model, vocab, prompts, max_digits=2)
+    assert batches[:2] == [(1, 2), (3, 5)]  # the shared tokens but the shortest's last; the rest
+    for row, prompt in enumerate(prompts):
+        expected = expected_table(model, vocab, prompt, 2)
+        torch.testing.assert_close(result.probabilities[row], expected, rtol=1e-10, atol=1e-15)

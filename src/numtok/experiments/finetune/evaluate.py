@@ -1,8 +1,11 @@
 """Scoring a fine-tuned arm: the answers it gives each example of a split, by every readout.
 
 * ``greedy``: the generated text's last number, as the paper reads answers (None: no number);
-* ``expected`` and ``median``: the mean and median of the model's distribution over the numbers
-  0 to ``max_value`` (:func:`numtok.predict_numbers`; only with ``config.max_value``);
+* ``expected``, ``median`` and ``mode``: the mean, median and mode of the model's distribution
+  over the numbers 0 to ``max_value`` (:func:`numtok.predict_numbers`; only with
+  ``config.max_value``), read with :data:`READOUT_TOLERANCE` and :data:`READOUT_PREFIXES`, and
+  with the greedy text from the same prompt pass: one pass over a split scores every readout.
+  Each item's unexplored mass (``pruned``) is kept beside the answers (``unexplored``);
 * ``head``: the regression head's prediction (the ``head`` arm's only readout).
 
 The metrics are computed from these answers (:mod:`numtok.experiments.item_metrics`), so that
@@ -27,12 +30,28 @@ from numtok.experiments.finetune.config import FinetuneConfig
 from numtok.experiments.finetune.examples import Encoded, prompt_batch, training_batch
 from numtok.experiments.finetune.prefix import prefix_cache, shared_prefix_length
 from numtok.experiments.finetune.train import Trained, causal_lm_of, prompt_states
+from numtok.readout import FAST_TOLERANCE
 from numtok.text_numbers import last_number
 
-__all__ = ["CONSTANTS", "constant_answers", "generate_answers", "score_split"]
+__all__ = [
+    "CONSTANTS",
+    "READOUT_PREFIXES",
+    "READOUT_TOLERANCE",
+    "constant_answers",
+    "generate_answers",
+    "score_split",
+]
 
 #: The constant answers, each the same for every example.
 CONSTANTS = ("mean", "median", "mode")
+#: The distribution readouts leave unexplored at most this share of each item's number mass
+#: (:func:`numtok.readout.number_distribution`'s ``tolerance``): the mean moves by about a
+#: thousandth of 0..``max_value`` at most.
+READOUT_TOLERANCE = FAST_TOLERANCE
+#: ... and extend at most this many prefixes of an item per digit (its ``max_prefixes``): the
+#: cost of a flat distribution stays that of a few greedy decodes; what it leaves out is counted
+#: in the item's unexplored mass.
+READOUT_PREFIXES = 16
 
 
 @torch.no_grad()
@@ -98,23 +117,31 @@ def score_split(
     trained: Trained, tokenizer: Any, config: FinetuneConfig, examples: Sequence[Encoded]
 ) -> dict[str, Any]:
     """``{"answers": {readout: [value or None per example]}, "texts": [greedy text, ...]}`` of
-    one trained arm on one split (the head arm: ``head`` answers, no texts)."""
+    one trained arm on one split (the head arm: ``head`` answers, no texts); with
+    ``config.max_value``, also ``"unexplored": [pruned mass per example]``."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if trained.head is not None:
         head = _head_predictions(trained, examples, config.eval_batch_size, pad)
         return {"answers": {"head": head}, "texts": []}
-    texts = generate_answers(
-        trained.model, tokenizer, examples, config.eval_batch_size, config.max_new_tokens
-    )
-    answers = {"greedy": _storable([last_number(t) for t in texts])}
-    if config.max_value is not None:
-        read = predict_numbers(
-            trained.model, tokenizer, [list(e.prompt) for e in examples],
-            max_digits=config.max_digits, max_value=config.max_value,
-        )  # fmt: skip
-        answers["expected"] = _storable(read.mean.tolist())
-        answers["median"] = _storable(read.median.tolist())
-    return {"answers": answers, "texts": texts}
+    if config.max_value is None:
+        texts = generate_answers(
+            trained.model, tokenizer, examples, config.eval_batch_size, config.max_new_tokens
+        )
+        return {"answers": {"greedy": _storable([last_number(t) for t in texts])}, "texts": texts}
+    read = predict_numbers(
+        trained.model, tokenizer, [list(e.prompt) for e in examples],
+        max_digits=config.max_digits, max_value=config.max_value,
+        tolerance=READOUT_TOLERANCE, max_prefixes=READOUT_PREFIXES,
+        new_tokens=config.max_new_tokens,
+    )  # fmt: skip
+    texts = tokenizer.batch_decode([list(t) for t in read.greedy], skip_special_tokens=True)
+    answers = {
+        "greedy": _storable([last_number(t) for t in texts]),
+        "expected": _storable(read.mean.tolist()),
+        "median": _storable(read.median.tolist()),
+        "mode": _storable(read.mode.tolist()),
+    }
+    return {"answers": answers, "texts": texts, "unexplored": read.pruned.tolist()}
 
 
 def _storable(values: Sequence[float | None]) -> list[float | None]:
