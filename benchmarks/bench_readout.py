@@ -6,19 +6,21 @@ out of a causal LM's distribution, exactly (every spelling of every number score
     python benchmarks/bench_readout.py --model smollm2-135m   # a local model folder
     python benchmarks/bench_readout.py --device cuda
 
-Cases: 1 to 5 digits, 8 prompts, digits + 1 new tokens for the greedy generate(). Variants, each
-on the same prompts: ``generate`` (greedy, exactly that many new tokens: the base of the
-ratios); ``fast`` (``predict_numbers`` with ``tolerance=FAST_TOLERANCE`` and
-``max_prefixes=FAST_PREFIXES``, as ``numtok compare`` reads); ``fast + greedy`` (the same with
-``new_tokens``: the greedy continuation and the readouts from one prompt pass, what compare runs
-per split); up to ``--exact-digits`` (default 3) ``exact`` (``predict_numbers`` with no
-tolerance: the prompt's key/value cache, one batched one-token forward per level of the tree);
-and up to ``--whole-sequence-digits`` (default 0) ``whole sequence``: every continuation scored
-from the first prompt token, as predict_numbers did before the cache (and still does for models
-whose cache it cannot rebuild). Checks, from the untimed warm-up calls: the fast readout's
-largest unexplored mass (``pruned``) and its largest ``pruned / (mass + pruned)`` (the bound on
-the mean's move as a share of the values' range); against exact, the largest difference of the
-means as a share of the range (10**digits - 1); the covered mass; whole sequence - exact.
+Cases: 1 to 5 digits, 8 prompts, digits + 1 new tokens for the greedy generate(). Variants, each on
+the same prompts: ``generate`` (greedy, exactly that many new tokens: the base of the ratios); up
+to ``--fast-digits`` (default 5) ``fast`` (``predict_numbers`` with ``tolerance=FAST_TOLERANCE``,
+as ``numtok compare`` reads) and ``fast + greedy`` (the same with ``new_tokens``: the greedy
+continuation and the readouts from one prompt pass, what compare runs per split); with
+``--max-prefixes N`` (default 16; 0: none) ``fast, max_prefixes=N`` (at most N prefixes per prompt
+and level: the cost bounded, the unexplored mass whatever it is); up to ``--exact-digits`` (default
+3) ``exact`` (``predict_numbers`` with no tolerance: the prompt's key/value cache, one batched
+one-token forward per level of the tree); and up to ``--whole-sequence-digits`` (default 0) ``whole
+sequence``: every continuation scored from the first prompt token, as predict_numbers did before
+the cache (and still does for models whose cache it cannot rebuild). Checks, from the untimed
+warm-up calls: the fast readout's largest unexplored mass (``pruned``) and its largest ``pruned /
+(mass + pruned)`` (the bound on the mean's move as a share of the values' range); against exact,
+the largest difference of the means as a share of the range (10**digits - 1); the covered mass;
+whole sequence - exact.
 
 The random model (no ``--model``): a 2-layer Llama (hidden 256, MLP 512, 4 heads, 2 KV heads,
 float32) with V = 128,256 and a Llama-3-style number vocabulary, the 1,110 tokens "0".."9",
@@ -49,7 +51,10 @@ from bench_common import provenance, quantiles
 from numtok import NumberVocab
 from numtok._causal_lm_scorers import WholeSequenceScorer
 from numtok.decoding import predict_numbers
-from numtok.readout import FAST_PREFIXES, FAST_TOLERANCE, number_distribution
+from numtok.readout import FAST_TOLERANCE, number_distribution
+
+#: The default of ``--max-prefixes``.
+CAPPED = 16
 
 RESULTS = Path(__file__).resolve().parent / "results"
 #: (digits, prompts, new tokens of the greedy generate()).
@@ -143,37 +148,47 @@ def run_case(
     case: tuple[int, int, int],
     rounds: int,
     max_prefixes: int | None,
+    fast_digits: int,
     exact_digits: int,
     whole_digits: int,
     timer: Timer,
 ) -> tuple[dict[str, list[float]], dict[str, float]]:
     digits, _, new_tokens = case
     ids = prompts if tokenizer is None else [tokenizer(p)["input_ids"] for p in prompts]
-    fast = {"max_digits": digits, "tolerance": FAST_TOLERANCE, "max_prefixes": max_prefixes}
+    fast = {"max_digits": digits, "tolerance": FAST_TOLERANCE}
     # predict_numbers ends the greedy text at the tokenizer's end-of-sequence token.
     reader = vocab if tokenizer is None else tokenizer
-    variants = {
-        "generate": lambda: greedy(model, tokenizer, prompts, new_tokens),
-        "fast": lambda: predict_numbers(model, vocab, ids, **fast),
-        "fast + greedy": lambda: predict_numbers(model, reader, ids, new_tokens=new_tokens, **fast),
-    }
+    variants = {"generate": lambda: greedy(model, tokenizer, prompts, new_tokens)}
+    if digits <= fast_digits:
+        variants["fast"] = lambda: predict_numbers(model, vocab, ids, **fast)
+        variants["fast + greedy"] = lambda: predict_numbers(
+            model, reader, ids, new_tokens=new_tokens, **fast
+        )
+    capped = f"fast, max_prefixes={max_prefixes}"
+    if max_prefixes is not None:
+        variants[capped] = lambda: predict_numbers(
+            model, vocab, ids, max_prefixes=max_prefixes, **fast
+        )
     if digits <= exact_digits:
         variants["exact"] = lambda: predict_numbers(model, vocab, ids, max_digits=digits)
     if digits <= whole_digits:
         variants["whole sequence"] = lambda: whole_sequence(model, vocab, ids, digits)
     results = {name: work() for name, work in variants.items()}  # warm-up, and the checks
-    read = results["fast"]
-    checks = {
-        "fast: largest unexplored mass": float(read.pruned.max()),
-        "fast: largest pruned / (mass + pruned)": float(
-            (read.pruned / (read.mass + read.pruned)).max()
-        ),
-        "fast: covered mass (median)": float(read.mass.median()),
-    }
+    checks: dict[str, float] = {}
+    for name in ("fast", capped):
+        if name not in results:
+            continue
+        read = results[name]
+        checks[f"{name}: largest unexplored mass"] = float(read.pruned.max())
+        bound = (read.pruned / (read.mass + read.pruned)).max()
+        checks[f"{name}: largest pruned / (mass + pruned)"] = float(bound)
+        checks[f"{name}: covered mass (median)"] = float(read.mass.median())
+        if "exact" in results:
+            moved = (read.mean - results["exact"].mean).abs().max()
+            checks[f"{name} - exact: largest |mean difference| / range"] = float(
+                moved / (10**digits - 1)
+            )
     if "exact" in results:
-        spread = 10**digits - 1
-        moved = (read.mean - results["exact"].mean).abs().max()
-        checks["fast - exact: largest |mean difference| / range"] = float(moved / spread)
         checks["exact: covered mass (median)"] = float(results["exact"].mass.median())
     if "whole sequence" in results and "exact" in results:
         difference = results["whole sequence"].probabilities - results["exact"].probabilities
@@ -215,6 +230,12 @@ def main() -> None:
         "--digits", type=lambda t: [int(d) for d in t.split(",")], default=[1, 2, 3, 4, 5]
     )
     parser.add_argument(
+        "--fast-digits",
+        type=int,
+        default=5,
+        help="time the fast readout without a prefix limit up to this many digits (default 5)",
+    )
+    parser.add_argument(
         "--exact-digits",
         type=int,
         default=3,
@@ -229,8 +250,8 @@ def main() -> None:
     parser.add_argument(
         "--max-prefixes",
         type=int,
-        default=FAST_PREFIXES,
-        help=f"the fast readout's max_prefixes (default {FAST_PREFIXES}; 0: no limit)",
+        default=CAPPED,
+        help=f"also time the fast readout with this max_prefixes (default {CAPPED}; 0: not)",
     )
     parser.add_argument("--note", default="", help="stored in every row (e.g. 'machine busy')")
     parser.add_argument("--out", type=Path, help="JSONL file (default: results/...)")
@@ -260,7 +281,6 @@ def main() -> None:
         "model": label,
         "number_tokens": len(vocab),
         "tolerance": FAST_TOLERANCE,
-        "max_prefixes": args.max_prefixes or None,
         "note": args.note,
     }
     timer = Timer(device)
@@ -282,6 +302,7 @@ def main() -> None:
             case,
             args.rounds,
             args.max_prefixes or None,
+            args.fast_digits,
             args.exact_digits,
             args.whole_sequence_digits,
             timer,

@@ -20,7 +20,7 @@ from numtok.experiments.finetune.evaluate import generate_answers, score_split
 from numtok.experiments.finetune.examples import IGNORE_INDEX, encode, prompt_batch, training_batch
 from numtok.experiments.finetune.prefix import decoder_states, shared_prefix_length
 from numtok.experiments.finetune.train import Trained, answer_logits, load_model, prompt_states
-from numtok.readout import FAST_PREFIXES, FAST_TOLERANCE
+from numtok.readout import FAST_TOLERANCE
 
 from _hf_tiny import build_tokenizer
 
@@ -154,7 +154,7 @@ def test_a_split_is_scored_by_every_readout_in_one_pass(tiny_llama_dir: Path) ->
     exact = predict_numbers(model, tokenizer, prompts, max_digits=2, max_value=99)
     fast = predict_numbers(
         model, tokenizer, prompts, max_digits=2, max_value=99,
-        tolerance=FAST_TOLERANCE, max_prefixes=FAST_PREFIXES,
+        tolerance=FAST_TOLERANCE,
     )  # fmt: skip
     answers = scored["answers"]
     assert answers["expected"] == fast.mean.tolist()

@@ -18,7 +18,6 @@ from numtok.spans import span_tables
 from numtok.vocab import NumberVocab, check_number_vocab
 
 __all__ = [
-    "FAST_PREFIXES",
     "FAST_TOLERANCE",
     "MAX_DIGITS",
     "NextTokenScorer",
@@ -35,9 +34,6 @@ MAX_DIGITS = 5
 #: A ``tolerance`` with which the mean moves by less than 1e-3 of the values' range when the
 #: covered mass is most of the number mass (see :func:`number_distribution`).
 FAST_TOLERANCE = 1e-3
-#: A ``max_prefixes`` that keeps a flat distribution's cost near a few greedy decodes (at most
-#: 16 one-token rows per prompt and level); what it leaves out is counted in ``pruned``.
-FAST_PREFIXES = 16
 
 
 class NextTokenScorer(Protocol):

@@ -3,9 +3,9 @@
 * ``greedy``: the generated text's last number, as the paper reads answers (None: no number);
 * ``expected``, ``median`` and ``mode``: the mean, median and mode of the model's distribution
   over the numbers 0 to ``max_value`` (:func:`numtok.predict_numbers`; only with
-  ``config.max_value``), read fast (:data:`numtok.readout.FAST_TOLERANCE`,
-  :data:`numtok.readout.FAST_PREFIXES`) and with the greedy text from the same prompt pass: one
-  pass over a split scores every readout.
+  ``config.max_value``), read with :data:`numtok.readout.FAST_TOLERANCE` (no limit on the
+  prefixes: the bound holds; a flat distribution costs what it costs) and with the greedy text
+  from the same prompt pass: one pass over a split scores every readout.
   Each item's unexplored mass (``pruned``) is kept beside the answers (``unexplored``);
 * ``head``: the regression head's prediction (the ``head`` arm's only readout).
 
@@ -31,7 +31,7 @@ from numtok.experiments.finetune.config import FinetuneConfig
 from numtok.experiments.finetune.examples import Encoded, prompt_batch, training_batch
 from numtok.experiments.finetune.prefix import prefix_cache, shared_prefix_length
 from numtok.experiments.finetune.train import Trained, causal_lm_of, prompt_states
-from numtok.readout import FAST_PREFIXES, FAST_TOLERANCE
+from numtok.readout import FAST_TOLERANCE
 from numtok.text_numbers import last_number
 
 __all__ = ["CONSTANTS", "constant_answers", "generate_answers", "score_split"]
@@ -117,7 +117,7 @@ def score_split(
     read = predict_numbers(
         trained.model, tokenizer, [list(e.prompt) for e in examples],
         max_digits=config.max_digits, max_value=config.max_value,
-        tolerance=FAST_TOLERANCE, max_prefixes=FAST_PREFIXES,
+        tolerance=FAST_TOLERANCE,
         new_tokens=config.max_new_tokens,
     )  # fmt: skip
     texts = tokenizer.batch_decode([list(t) for t in read.greedy], skip_special_tokens=True)
