@@ -1,20 +1,26 @@
 """predict_numbers against a greedy generate() on the same prompts: the time of reading a number
-out of a causal LM's distribution (every spelling of every number of 1, 2 or 3 digits scored)
-as a multiple of decoding it greedily.
+out of a causal LM's distribution, exactly (every spelling of every number scored) and fast
+(the likely prefixes only, the unexplored mass reported), as a multiple of decoding it greedily.
 
     python benchmarks/bench_readout.py                        # a random Llama, V = 128,256
     python benchmarks/bench_readout.py --model smollm2-135m   # a local model folder
     python benchmarks/bench_readout.py --device cuda
 
-Cases (the issue's): 1 digit, 8 prompts, 2 new tokens; 2 digits, 8 prompts, 3 new tokens;
-3 digits, 2 prompts, 4 new tokens. Variants, each on the same prompts: ``generate`` (greedy,
-exactly that many new tokens: the base of the ratios), ``cached`` (``predict_numbers``, exact:
-the prompt's key/value cache, one batched one-token forward per level of the tree),
-``cached, min_probability=1e-4`` (prefixes below 1e-4 not extended; the largest ``pruned`` is
-reported) and, with ``--whole-sequence-digits`` (default 2), ``whole sequence``: every
-continuation scored from the first prompt token, as predict_numbers did before the cache (and
-still does for models whose cache it cannot rebuild); the largest difference of its
-probabilities from the cached ones is the check.
+Cases: 1 to 5 digits, 8 prompts, digits + 1 new tokens for the greedy generate(). Variants, each on
+the same prompts: ``generate`` (greedy, exactly that many new tokens: the base of the ratios); up
+to ``--fast-digits`` (default 5) ``fast`` (``predict_numbers`` with ``tolerance=FAST_TOLERANCE``,
+as ``numtok compare`` reads) and ``fast + greedy`` (the same with ``new_tokens``: the greedy
+continuation and the readouts from one prompt pass, what compare runs per split); with
+``--max-prefixes N`` (default 16; 0: none) ``fast, max_prefixes=N`` (at most N prefixes per prompt
+and level: the cost bounded, the unexplored mass whatever it is); up to ``--exact-digits`` (default
+3) ``exact`` (``predict_numbers`` with no tolerance: the prompt's key/value cache, one batched
+one-token forward per level of the tree); and up to ``--whole-sequence-digits`` (default 0) ``whole
+sequence``: every continuation scored from the first prompt token, as predict_numbers did before
+the cache (and still does for models whose cache it cannot rebuild). Checks, from the untimed
+warm-up calls: the fast readout's largest unexplored mass (``pruned``) and its largest ``pruned /
+(mass + pruned)`` (the bound on the mean's move as a share of the values' range); against exact,
+the largest difference of the means as a share of the range (10**digits - 1); the covered mass;
+whole sequence - exact.
 
 The random model (no ``--model``): a 2-layer Llama (hidden 256, MLP 512, 4 heads, 2 KV heads,
 float32) with V = 128,256 and a Llama-3-style number vocabulary, the 1,110 tokens "0".."9",
@@ -25,7 +31,7 @@ answer is "), of different lengths, left-padded for generate().
 Method: ``--rounds`` interleaved rounds (the variants' order rotating between rounds) after one
 untimed warm-up of each; medians with p20/p80; on CUDA a synchronisation at both ends of each
 call. Results go to ``benchmarks/results/<date>T<time>-readout-<model>-<device>.{jsonl,md}``,
-rewritten after each case.
+rewritten after each case; ``--note`` is stored in every row (e.g. that the machine was busy).
 """
 
 from __future__ import annotations
@@ -44,13 +50,15 @@ from bench_common import provenance, quantiles
 
 from numtok import NumberVocab
 from numtok.readout.decoding import predict_numbers
-from numtok.readout.distribution import number_distribution
+from numtok.readout.distribution import FAST_TOLERANCE, number_distribution
 from numtok.readout.scorers import WholeSequenceScorer
+
+#: The default of ``--max-prefixes``.
+CAPPED = 16
 
 RESULTS = Path(__file__).resolve().parent / "results"
 #: (digits, prompts, new tokens of the greedy generate()).
-CASES = [(1, 8, 2), (2, 8, 3), (3, 2, 4)]
-PRUNE = 1e-4
+CASES = [(digits, 8, digits + 1) for digits in range(1, 6)]
 FIRST_NUMBER_ID = 100
 RANDOM_VOCAB = 128_256
 RANDOM_PROMPT_TOKENS = 32
@@ -139,28 +147,52 @@ def run_case(
     prompts: list[Any],
     case: tuple[int, int, int],
     rounds: int,
+    max_prefixes: int | None,
+    fast_digits: int,
+    exact_digits: int,
     whole_digits: int,
     timer: Timer,
 ) -> tuple[dict[str, list[float]], dict[str, float]]:
     digits, _, new_tokens = case
     ids = prompts if tokenizer is None else [tokenizer(p)["input_ids"] for p in prompts]
-    variants = {
-        "generate": lambda: greedy(model, tokenizer, prompts, new_tokens),
-        "cached": lambda: predict_numbers(model, vocab, ids, max_digits=digits),
-        f"cached, min_probability={PRUNE:g}": lambda: predict_numbers(
-            model, vocab, ids, max_digits=digits, min_probability=PRUNE
-        ),
-    }
+    fast = {"max_digits": digits, "tolerance": FAST_TOLERANCE}
+    # predict_numbers ends the greedy text at the tokenizer's end-of-sequence token.
+    reader = vocab if tokenizer is None else tokenizer
+    variants = {"generate": lambda: greedy(model, tokenizer, prompts, new_tokens)}
+    if digits <= fast_digits:
+        variants["fast"] = lambda: predict_numbers(model, vocab, ids, **fast)
+        variants["fast + greedy"] = lambda: predict_numbers(
+            model, reader, ids, new_tokens=new_tokens, **fast
+        )
+    capped = f"fast, max_prefixes={max_prefixes}"
+    if max_prefixes is not None:
+        variants[capped] = lambda: predict_numbers(
+            model, vocab, ids, max_prefixes=max_prefixes, **fast
+        )
+    if digits <= exact_digits:
+        variants["exact"] = lambda: predict_numbers(model, vocab, ids, max_digits=digits)
     if digits <= whole_digits:
         variants["whole sequence"] = lambda: whole_sequence(model, vocab, ids, digits)
     results = {name: work() for name, work in variants.items()}  # warm-up, and the checks
-    checks = {
-        "largest pruned": float(results[f"cached, min_probability={PRUNE:g}"].pruned.max()),
-        "covered mass (median)": float(results["cached"].mass.median()),
-    }
-    if "whole sequence" in results:
-        difference = results["whole sequence"].probabilities - results["cached"].probabilities
-        checks["whole sequence - cached, largest |difference|"] = float(difference.abs().max())
+    checks: dict[str, float] = {}
+    for name in ("fast", capped):
+        if name not in results:
+            continue
+        read = results[name]
+        checks[f"{name}: largest unexplored mass"] = float(read.pruned.max())
+        bound = (read.pruned / (read.mass + read.pruned)).max()
+        checks[f"{name}: largest pruned / (mass + pruned)"] = float(bound)
+        checks[f"{name}: covered mass (median)"] = float(read.mass.median())
+        if "exact" in results:
+            moved = (read.mean - results["exact"].mean).abs().max()
+            checks[f"{name} - exact: largest |mean difference| / range"] = float(
+                moved / (10**digits - 1)
+            )
+    if "exact" in results:
+        checks["exact: covered mass (median)"] = float(results["exact"].mass.median())
+    if "whole sequence" in results and "exact" in results:
+        difference = results["whole sequence"].probabilities - results["exact"].probabilities
+        checks["whole sequence - exact, largest |difference|"] = float(difference.abs().max())
     samples: dict[str, list[float]] = {name: [] for name in variants}
     names = list(variants)
     for round_index in range(rounds):
@@ -195,14 +227,33 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds per variant")
     parser.add_argument(
-        "--digits", type=lambda t: [int(d) for d in t.split(",")], default=[1, 2, 3]
+        "--digits", type=lambda t: [int(d) for d in t.split(",")], default=[1, 2, 3, 4, 5]
+    )
+    parser.add_argument(
+        "--fast-digits",
+        type=int,
+        default=5,
+        help="time the fast readout without a prefix limit up to this many digits (default 5)",
+    )
+    parser.add_argument(
+        "--exact-digits",
+        type=int,
+        default=3,
+        help="time the exact readout up to this many digits (default 3)",
     )
     parser.add_argument(
         "--whole-sequence-digits",
         type=int,
-        default=2,
-        help="time the whole-sequence scorer up to this many digits (default 2; 0: never)",
+        default=0,
+        help="time the whole-sequence scorer up to this many digits (default 0: never)",
     )
+    parser.add_argument(
+        "--max-prefixes",
+        type=int,
+        default=CAPPED,
+        help=f"also time the fast readout with this max_prefixes (default {CAPPED}; 0: not)",
+    )
+    parser.add_argument("--note", default="", help="stored in every row (e.g. 'machine busy')")
     parser.add_argument("--out", type=Path, help="JSONL file (default: results/...)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -229,6 +280,8 @@ def main() -> None:
         "threads": args.threads,
         "model": label,
         "number_tokens": len(vocab),
+        "tolerance": FAST_TOLERANCE,
+        "note": args.note,
     }
     timer = Timer(device)
     out = args.out
@@ -242,7 +295,17 @@ def main() -> None:
         digits, count, new_tokens = case
         prompts = random_prompts(count) if tokenizer is None else arithmetic_prompts(count)
         samples, checks = run_case(
-            model, tokenizer, vocab, prompts, case, args.rounds, args.whole_sequence_digits, timer
+            model,
+            tokenizer,
+            vocab,
+            prompts,
+            case,
+            args.rounds,
+            args.max_prefixes or None,
+            args.fast_digits,
+            args.exact_digits,
+            args.whole_sequence_digits,
+            timer,
         )
         base = quantiles(samples["generate"])[1]
         for variant, seconds in samples.items():
@@ -265,7 +328,8 @@ def main() -> None:
         print(summary([r for r in rows if r["digits"] == digits]), flush=True)
         # Written after every case, so that a run stopped at a time limit keeps what it measured.
         out.write_text("".join(json.dumps(row) + "\n" for row in rows))
-        out.with_suffix(".md").write_text(summary(rows) + "\n")
+        note = f"Note: {args.note}\n\n" if args.note else ""
+        out.with_suffix(".md").write_text(note + summary(rows) + "\n")
     print(f"results: {out}", file=sys.stderr)
 
 

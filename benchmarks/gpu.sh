@@ -215,7 +215,7 @@ step trainer 60 "A Trainer step, logits and logits-free (\`bench_trainer_step.py
     --modes logits,logits_free --out "$WORK/trainer.jsonl"
 if [[ -n "$QUICK" ]]; then readout=(--digits 2 --rounds 1); else readout=(--digits 2,3 --rounds 3); fi
 step readout 40 "predict_numbers against generate() (\`bench_readout.py\`)" \
-    "$PY" benchmarks/bench_readout.py "${readout[@]}" --whole-sequence-digits 0 \
+    "$PY" benchmarks/bench_readout.py "${readout[@]}" --fast-digits 2 \
     --device "$DEVICE" --threads "${THREADS/max/$(nproc)}" --out "$WORK/readout.jsonl"
 step head 70 "The number head beside each cross-entropy (\`bench_number_head.py\`)" \
     "$PY" benchmarks/bench_number_head.py $QUICK "${on_cpu[@]}" --device "$DEVICE" --rounds 3 \

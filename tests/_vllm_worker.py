@@ -104,6 +104,7 @@ def main() -> None:
     scenario("one-digit", max_digits=1)
     scenario("two-digits", max_digits=2, readout="median")
     scenario("up-to-eleven", max_digits=2, max_value=11)
+    scenario("most-likely-three", max_digits=2, max_prefixes=3)
 
     began = time.perf_counter()
     vocab = NumberVocab.from_tokenizer(tokenizer, vocab_size=50304)
@@ -137,7 +138,7 @@ def main() -> None:
 
     refusals = [
         (lambda: predict_numbers(llm, prompts, readout="mean"), ValueError, "readout"),
-        (lambda: predict_numbers(llm, prompts, max_digits=5), ValueError, "max_digits"),
+        (lambda: predict_numbers(llm, prompts, max_digits=6), ValueError, "max_digits"),
         (lambda: predict_numbers(llm, "Score:"), TypeError, "list of strings"),
         (lambda: predict_numbers(llm, []), ValueError, "at least one"),
         (lambda: predict_numbers(model, prompts), TypeError, "vllm.LLM"),

@@ -161,12 +161,16 @@ def test_compare_runs_reports_and_resumes_from_the_command_line(
     results = _strict_json(out / "results.json")
     largest = max(r.value for r in read_user_data(data).splits["train"])
     assert results["config"]["max_value"] == largest  # --max-value auto: the largest training sum
-    assert set(results["answers"]["test"]["ce"]) == {"greedy", "expected", "median"}
+    assert set(results["answers"]["test"]["ce"]) == {"greedy", "expected", "median", "mode"}
     assert results["gate"]["constant"] in ("mean", "median", "mode")
+    unexplored = [u for path in out.glob("seed*/*/*.json")
+                  for u in json.loads(path.read_text()).get("unexplored", [])]  # fmt: skip
+    assert unexplored and results["largest_unexplored"] == max(unexplored)
     report = (out / "report.md").read_text()
     for heading in ("## Primary endpoint", "## Learnability gate", "## Settings", "## test",
                     "## validation", "Not pre-registered"):  # fmt: skip
         assert heading in report
+    assert f"left at most {results['largest_unexplored']:.2g} of an item's probability" in report
     import numtok.experiments.finetune.runner as runner
 
     monkeypatch.setattr(runner, "train_arm", lambda *a, **k: pytest.fail("trained again"))

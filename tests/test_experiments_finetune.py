@@ -201,7 +201,7 @@ def test_rjokes_with_the_regression_head_and_the_readouts(
         metric="rmse", head_learning_rate=0.05,
     )  # fmt: skip
     results = run_finetune(config, tmp_path / "run", data_dir=jokes_dir, log=lambda _: None)
-    assert set(results["answers"]["test"]["ce"]) == {"greedy", "expected", "median"}
+    assert set(results["answers"]["test"]["ce"]) == {"greedy", "expected", "median", "mode"}
     head = results["answers"]["test"]["head"]["head"][0]
     assert len(head) == SIZES["test"] and all(isinstance(v, float) for v in head)
     baselines = {c["baseline"] for c in results["comparisons"] if c["arm"] == "head"}

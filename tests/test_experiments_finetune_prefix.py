@@ -14,11 +14,14 @@ import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
 
+import numtok.readout.decoding
 from numtok.experiments.finetune.config import FinetuneConfig
-from numtok.experiments.finetune.evaluate import generate_answers
+from numtok.experiments.finetune.evaluate import generate_answers, score_split
 from numtok.experiments.finetune.examples import IGNORE_INDEX, encode, prompt_batch, training_batch
 from numtok.experiments.finetune.prefix import decoder_states, shared_prefix_length
-from numtok.experiments.finetune.train import answer_logits, load_model, prompt_states
+from numtok.experiments.finetune.train import Trained, answer_logits, load_model, prompt_states
+from numtok.readout.decoding import predict_numbers
+from numtok.readout.distribution import FAST_TOLERANCE
 
 from _hf_tiny import build_tokenizer
 
@@ -134,3 +137,42 @@ def test_greedy_answers_are_those_of_whole_prompts(
     )
     assert any(text for text in expected)
     assert generate_answers(model, tokenizer, examples, batch_size=3, new_tokens=6) == expected
+
+
+def test_a_split_is_scored_by_every_readout_in_one_pass(
+    tiny_llama_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """score_split with ``max_value``: the greedy texts are ``generate``'s (through the shared
+    prompt pass), expected, median and mode those of the exact distribution within the
+    unexplored mass it reports (mean: at most ``unexplored / (mass + unexplored)`` of 0..99)."""
+    tokenizer = build_tokenizer()
+    model = float64_model(tiny_llama_dir, "lora").eval()
+    examples = [encode(tokenizer, question, answer) for question, answer in SHARED + UNSHARED]
+    config = FinetuneConfig(model=str(tiny_llama_dir), max_value=99, max_digits=2, threads=1)
+    trained = Trained(model, None, (0.0, 1.0), [], 0.0)
+    tolerances: list[float] = []
+    distribution = numtok.readout.decoding.number_distribution
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        tolerances.append(kwargs["tolerance"])
+        return distribution(*args, **kwargs)
+
+    monkeypatch.setattr(numtok.readout.decoding, "number_distribution", recording)
+    scored = score_split(trained, tokenizer, config, examples)
+    monkeypatch.undo()
+    assert tolerances == [FAST_TOLERANCE]  # one pass over the split, read fast
+    generated = generate_answers(model, tokenizer, examples, batch_size=3, new_tokens=8)
+    assert scored["texts"] == generated and any(generated)
+    prompts = [list(e.prompt) for e in examples]
+    exact = predict_numbers(model, tokenizer, prompts, max_digits=2, max_value=99)
+    fast = predict_numbers(
+        model, tokenizer, prompts, max_digits=2, max_value=99,
+        tolerance=FAST_TOLERANCE,
+    )  # fmt: skip
+    answers = scored["answers"]
+    assert answers["expected"] == fast.mean.tolist()
+    assert answers["median"] == fast.median.tolist()
+    assert answers["mode"] == fast.mode.tolist()
+    assert scored["unexplored"] == fast.pruned.tolist()
+    moved = (fast.mean - exact.mean).abs()
+    assert bool((moved <= fast.pruned / (fast.mass + fast.pruned) * 99 + 1e-9).all())

@@ -110,7 +110,7 @@ def test_bad_input(tokenizer: Any) -> None:
         predict_numbers(model, tokenizer, ["a=", 7])  # type: ignore[list-item]
     with pytest.raises(TypeError, match="a NumberVocab cannot tokenize text"):
         predict_numbers(model, vocab, ["a="])
-    with pytest.raises(ValueError, match=r"max_digits must be between 1 and 4.*got 0"):
+    with pytest.raises(ValueError, match=r"max_digits must be between 1 and 5.*got 0"):
         predict_numbers(model, tokenizer, ["a="], max_digits=0)
     with pytest.raises(ValueError, match="readout must be one of"):
         predict_numbers(model, tokenizer, ["a="], readout="mean")

@@ -5,6 +5,7 @@ pruning; and the fall-back to whole-sequence scoring for models whose cache it c
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any
 
@@ -14,9 +15,9 @@ import torch
 pytest.importorskip("transformers")
 
 from numtok import NumberVocab
-from numtok.readout.decoding import predict_numbers
+from numtok.readout.decoding import greedy_tokens, predict_numbers
 from numtok.readout.distribution import number_distribution
-from numtok.readout.scorers import WholeSequenceScorer
+from numtok.readout.scorers import CachedScorer, WholeSequenceScorer
 
 from test_readout import RecordingScorer, brute_force, mixed_vocab
 
@@ -329,3 +330,103 @@ def test_a_largest_value_reads_the_same_table_up_to_it() -> None:
     assert bool((capped.number <= 11).all())
     with pytest.raises(ValueError, match="max_value must be a non-negative int, got -3"):
         predict_numbers(model, vocab, PROMPTS, max_value=-3)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_a_tolerance_reads_within_its_bound_of_the_exact_readout(kind: str) -> None:
+    """Fast against exact on a tiny model, 3 digits: the unexplored mass ``pruned`` is at most
+    ``tolerance · s`` (s from a float64 softmax of the prompt scored alone), it bounds the mass
+    lost and the mean's move, and far fewer prefixes are scored."""
+    model, vocab, tolerance = tiny_model(kind, seed=13), mixed_vocab(), 5e-2
+    every: list[int] = []
+    likely: list[int] = []
+    exact = number_distribution(
+        RecordingScorer(CachedScorer(model, PROMPTS, pad_id=0, batch_size=None), every),
+        vocab,
+        max_digits=3,
+    )
+    fast = number_distribution(
+        RecordingScorer(CachedScorer(model, PROMPTS, pad_id=0, batch_size=None), likely),
+        vocab,
+        max_digits=3,
+        tolerance=tolerance,
+    )
+    assert sum(likely) < sum(every) / 2
+    assert bool((fast.pruned > 0).all()), "the tolerance must leave something out"
+    logits = model_logits(model)
+    s = torch.tensor([float(torch.softmax(logits(tuple(p)), 0)[vocab.ids].sum()) for p in PROMPTS])
+    assert bool((fast.pruned <= tolerance * s * (1 + 1e-6)).all())
+    lost = exact.mass - fast.mass
+    assert bool((lost >= -1e-9).all()) and bool((lost <= fast.pruned + 1e-9).all())
+    moved = (fast.mean - exact.mean).abs()
+    assert bool((moved <= fast.pruned / (fast.mass + fast.pruned) * 999 + 1e-6).all())
+    via_predict = predict_numbers(model, vocab, PROMPTS, max_digits=3, tolerance=tolerance)
+    torch.testing.assert_close(via_predict.probabilities, fast.probabilities, rtol=1e-5, atol=1e-9)
+    torch.testing.assert_close(via_predict.pruned, fast.pruned, rtol=1e-5, atol=1e-9)
+
+
+def test_greedy_tokens_and_the_readout_share_one_prompt_pass() -> None:
+    """``new_tokens``: each prompt's greedy continuation, as argmax over the prompt scored alone
+    step by step, and the same table as without it; the prompts run through the model once."""
+    model, vocab = tiny_model("llama", seed=14), mixed_vocab()
+    logits = model_logits(model)
+    expected = []
+    for prompt in PROMPTS:
+        sequence = tuple(prompt)
+        for _ in range(4):
+            sequence = (*sequence, int(logits(sequence).argmax()))
+        expected.append(sequence[len(prompt) :])
+    widths: list[int] = []
+    forward = model.forward
+
+    @functools.wraps(forward)
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        widths.append(kwargs["input_ids"].shape[1])
+        return forward(*args, **kwargs)
+
+    model.forward = recording
+    both = predict_numbers(model, vocab, PROMPTS, max_digits=2, new_tokens=4)
+    assert both.greedy == tuple(expected)
+    assert sum(width > 1 for width in widths) == 1  # the prompts' one pass
+    assert widths.count(1) == 3 + 2  # three greedy steps after the first token, two levels
+    alone = predict_numbers(model, vocab, PROMPTS, max_digits=2)
+    torch.testing.assert_close(both.probabilities, alone.probabilities, rtol=1e-6, atol=1e-12)
+    assert alone.greedy == ()
+
+
+def test_greedy_tokens_end_at_the_end_of_sequence_token() -> None:
+    model, vocab = tiny_model("llama", seed=14), mixed_vocab()
+    scorer = CachedScorer(model, PROMPTS, pad_id=0, batch_size=None)
+    free = greedy_tokens(scorer, 4, eos_id=None)
+    stop = free[0][1]
+    ended = greedy_tokens(scorer, 4, eos_id=stop)
+    for row, tokens in zip(free, ended, strict=True):
+        end = tokens.index(stop) + 1 if stop in tokens else len(row)
+        assert tokens == row[:end]
+    assert any(len(tokens) < len(row) for row, tokens in zip(free, ended, strict=True))
+    with pytest.raises(ValueError, match="new_tokens must be a positive int, got 0"):
+        greedy_tokens(scorer, 0, eos_id=None)
+    with pytest.raises(ValueError, match="new_tokens must be a non-negative int, got -1"):
+        predict_numbers(model, vocab, PROMPTS, new_tokens=-1)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_prompts_that_share_their_first_tokens_run_them_once(kind: str) -> None:
+    """The leading tokens the prompts share run once, for one row, the rest after them; in
+    float64 the table is the brute force's over each prompt scored whole."""
+    prompts = [[15, 16, 15, 3], [15, 16, 15], [15, 16, 15, 16, 16, 2, 15]]
+    model, vocab = tiny_model(kind, seed=15).double(), mixed_vocab()
+    batches: list[tuple[int, int]] = []
+    forward = model.forward
+
+    @functools.wraps(forward)
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        batches.append(tuple(kwargs["input_ids"].shape))
+        return forward(*args, **kwargs)
+
+    model.forward = recording
+    result = predict_numbers(model, vocab, prompts, max_digits=2)
+    assert batches[:2] == [(1, 2), (3, 5)]  # the shared tokens but the shortest's last; the rest
+    for row, prompt in enumerate(prompts):
+        expected = expected_table(model, vocab, prompt, 2)
+        torch.testing.assert_close(result.probabilities[row], expected, rtol=1e-10, atol=1e-15)

@@ -240,6 +240,88 @@ def test_pruning_keeps_a_lower_bound_of_the_exact_table() -> None:
     )
 
 
+def number_mass(prompt: tuple[int, ...], vocab: NumberVocab, logits: Logits) -> float:
+    """s: the float64 probability that the continuation starts with a number token."""
+    return float(torch.softmax(logits(prompt), dim=0)[vocab.ids].sum())
+
+
+@pytest.mark.parametrize("vocab", [digit_vocab(), mixed_vocab()], ids=["digits", "mixed"])
+@pytest.mark.parametrize(("max_digits", "tolerance"), [(2, 1e-2), (3, 1e-3), (3, 1e-2)])
+def test_a_tolerance_scores_fewer_prefixes_within_its_bound(
+    vocab: NumberVocab, max_digits: int, tolerance: float
+) -> None:
+    """Against the exact table: what the fast one leaves out weighs at most ``pruned``, which is
+    at most ``tolerance · s``, and the mean moves by at most ``pruned / (mass + pruned)`` of the
+    values' range; it scores fewer prefixes."""
+    logits = random_logits(vocab.vocab_size, scale=4.0)  # peaked, as a trained model's
+    prompts = [(0,), (1, 0, 1), (15 % vocab.vocab_size,)]
+    every: list[int] = []
+    likely: list[int] = []
+    exact = number_distribution(
+        RecordingScorer(SequenceScorer(prompts, logits, torch.float64), every),
+        vocab,
+        max_digits=max_digits,
+    )
+    fast = number_distribution(
+        RecordingScorer(SequenceScorer(prompts, logits, torch.float64), likely),
+        vocab,
+        max_digits=max_digits,
+        tolerance=tolerance,
+    )
+    assert sum(likely) < sum(every) / 2
+    assert bool((fast.pruned > 0).all()), "the tolerance must leave something out"
+    bound = torch.tensor([tolerance * number_mass(p, vocab, logits) for p in prompts])
+    assert bool((fast.pruned <= bound * (1 + 1e-12)).all())
+    assert bool((fast.probabilities <= exact.probabilities * (1 + 1e-12) + 1e-300).all())
+    lost = exact.mass - fast.mass
+    assert bool((lost >= -1e-15).all()) and bool((lost <= fast.pruned * (1 + 1e-9)).all())
+    spread = 10**max_digits - 1
+    moved = (fast.mean - exact.mean).abs()
+    assert bool((moved <= fast.pruned / (fast.mass + fast.pruned) * spread + 1e-9).all())
+    assert bool((moved <= tolerance * spread * exact.mass.reciprocal()).all())
+
+
+def test_a_zero_tolerance_is_the_exact_table() -> None:
+    vocab = mixed_vocab()
+    logits = random_logits(vocab.vocab_size, scale=4.0)
+    exact = number_distribution(SequenceScorer([(0,)], logits, torch.float64), vocab, max_digits=2)
+    zero = number_distribution(
+        SequenceScorer([(0,)], logits, torch.float64), vocab, max_digits=2, tolerance=0.0
+    )
+    assert torch.equal(zero.probabilities, exact.probabilities)
+    assert zero.pruned.tolist() == [0.0]
+
+
+@pytest.mark.parametrize("max_prefixes", [1, 3])
+def test_max_prefixes_caps_each_level_and_counts_the_rest_as_pruned(max_prefixes: int) -> None:
+    vocab = digit_vocab()
+    logits = random_logits(vocab.vocab_size, scale=1.0)  # flat: the cap decides
+    prompts = [(0,), (1,)]
+    rows: list[int] = []
+    exact = number_distribution(SequenceScorer(prompts, logits, torch.float64), vocab, max_digits=3)
+    capped = number_distribution(
+        RecordingScorer(SequenceScorer(prompts, logits, torch.float64), rows),
+        vocab,
+        max_digits=3,
+        max_prefixes=max_prefixes,
+    )
+    assert rows == [2] + [2 * max_prefixes] * 3
+    lost = exact.mass - capped.mass
+    assert bool((lost > 0).all()) and bool((lost <= capped.pruned * (1 + 1e-9)).all())
+    # The most likely first digit b is kept: its one-token spelling "b" is in its table entry
+    # (all of it with one prefix per level: "0b" needs the prefix "0", left out unless b = 0).
+    for row, prompt in enumerate(prompts):
+        first = torch.softmax(logits(prompt), dim=0)[vocab.ids]
+        best = int(first.argmax())
+        after = torch.softmax(logits((*prompt, int(vocab.ids[best]))), dim=0)[vocab.ids]
+        spelled_once = float(first[best] * (1 - after.sum()))
+        table = float(capped.probabilities[row, best])
+        if max_prefixes == 1 and best != 0:
+            assert table == pytest.approx(spelled_once, rel=1e-12)
+        else:
+            assert table >= spelled_once * (1 - 1e-12)
+
+
 def test_bad_input() -> None:
     vocab = digit_vocab()
     logits = random_logits(vocab.vocab_size, scale=1.0)
@@ -247,8 +329,8 @@ def test_bad_input() -> None:
     def scorer(dtype: torch.dtype = torch.float64) -> SequenceScorer:
         return SequenceScorer([(0,)], logits, dtype)
 
-    for bad in (0, 5):
-        with pytest.raises(ValueError, match=rf"max_digits must be between 1 and 4.*got {bad}"):
+    for bad in (0, 6):
+        with pytest.raises(ValueError, match=rf"max_digits must be between 1 and 5.*got {bad}"):
             number_distribution(scorer(), vocab, max_digits=bad)
     with pytest.raises(TypeError, match="max_digits must be an int, got '2'"):
         number_distribution(scorer(), vocab, max_digits="2")  # type: ignore[arg-type]
@@ -259,6 +341,17 @@ def test_bad_input() -> None:
     for bad_probability in (-0.1, 1.0):
         with pytest.raises(ValueError, match="min_probability must be in"):
             number_distribution(scorer(), vocab, min_probability=bad_probability)
+        with pytest.raises(
+            ValueError, match=rf"tolerance must be in \[0, 1\), got {bad_probability}"
+        ):
+            number_distribution(scorer(), vocab, tolerance=bad_probability)
+    with pytest.raises(TypeError, match=r"tolerance must be a number in .*got '0\.1'"):
+        number_distribution(scorer(), vocab, tolerance="0.1")  # type: ignore[arg-type]
+    for bad_count in (0, 2.0, True):
+        with pytest.raises(
+            ValueError, match=f"max_prefixes must be a positive int or None, got {bad_count}"
+        ):
+            number_distribution(scorer(), vocab, max_prefixes=bad_count)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="must be a NumberVocab"):
         number_distribution(scorer(), {1: "1"})  # type: ignore[arg-type]
     fractions = NumberVocab.from_values({2: 0.5, 3: 1.5}, vocab_size=14)

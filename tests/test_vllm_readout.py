@@ -98,7 +98,15 @@ def test_vllm_readout_matches_predict_numbers(vllm_python: Path, tmp_path: Path)
     assert passed == SCENARIOS, output[-6000:]
 
 
-SCENARIOS = ["one-digit", "two-digits", "up-to-eleven", "token-ids", "pruned", "refusals"]
+SCENARIOS = [
+    "one-digit",
+    "two-digits",
+    "up-to-eleven",
+    "most-likely-three",
+    "token-ids",
+    "pruned",
+    "refusals",
+]
 
 
 if __name__ == "__main__":  # python tests/test_vllm_readout.py: build the environment only

@@ -156,6 +156,8 @@ def predict_numbers(
     max_digits: int = 2,
     max_value: int | None = None,
     min_probability: float = 0.0,
+    tolerance: float = 0.0,
+    max_prefixes: int | None = None,
 ) -> NumberPredictions:
     """The number the model of a vLLM engine would answer each prompt with, read out of its
     distribution: :func:`numtok.readout.decoding.predict_numbers` (same readouts, same values) with
@@ -169,11 +171,15 @@ def predict_numbers(
         vocab: the number tokens; None (default): built from ``llm.get_tokenizer()`` with the
             model's vocabulary size.
         readout: ``"expected"``, ``"median"`` or ``"mode"``: which summary is ``number``.
-        max_digits: the longest number enumerated, 1 to 4; ``max_digits + 1`` ``generate`` calls.
+        max_digits: the longest number enumerated, 1 to 5; ``max_digits + 1`` ``generate`` calls.
         max_value: the largest number enumerated (None: all of ``max_digits`` digits); prefixes
             that cannot reach it are not requested.
         min_probability: prefixes less likely than this are not extended (fewer requests);
             ``pruned`` bounds the probability this loses.
+        tolerance, max_prefixes: the fast readout, as in
+            :func:`numtok.readout.decoding.predict_numbers`: each level requests the most likely
+            prefixes until the unexplored mass left (``pruned``) is at most ``tolerance`` of the
+            prompt's number mass, and at most ``max_prefixes`` per prompt.
 
     Returns:
         :class:`~numtok.readout.decoding.NumberPredictions`, float64 on the CPU.
@@ -194,5 +200,7 @@ def predict_numbers(
         max_digits=max_digits,
         max_value=max_value,
         min_probability=min_probability,
+        tolerance=tolerance,
+        max_prefixes=max_prefixes,
     )
     return NumberPredictions.of(distribution, readout)

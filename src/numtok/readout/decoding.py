@@ -21,6 +21,7 @@ from numtok.numbers.spans import NumberSpans, span_tables, span_values
 from numtok.numbers.vocab import NumberVocab, check_number_vocab
 from numtok.ops.number_logits import compute_dtype, expected_token_values, number_logits_at
 from numtok.readout.distribution import (
+    NextTokenScorer,
     NumberDistribution,
     check_max_digits,
     check_max_value,
@@ -39,6 +40,7 @@ __all__ = [
     "NumberPredictions",
     "expected_numbers",
     "expected_span_values",
+    "greedy_tokens",
     "predict_numbers",
     "prompt_token_ids",
 ]
@@ -128,8 +130,9 @@ def expected_span_values(
 class NumberPredictions(NamedTuple):
     """What :func:`predict_numbers` returns for P prompts: ``number`` (P,) the chosen readout;
     ``mean``, ``median``, ``mode``, ``mass`` and ``pruned`` (P,) and ``probabilities``
-    (P, 10**max_digits) as in :class:`~numtok.readout.distribution.NumberDistribution`. All float64
-    on the CPU."""
+    (P, 10**max_digits) as in :class:`~numtok.readout.distribution.NumberDistribution`, all float64
+    on the CPU; ``greedy``: each prompt's greedy continuation, token ids (empty without
+    ``new_tokens``)."""
 
     number: torch.Tensor
     mean: torch.Tensor
@@ -138,9 +141,15 @@ class NumberPredictions(NamedTuple):
     mass: torch.Tensor
     pruned: torch.Tensor
     probabilities: torch.Tensor
+    greedy: tuple[tuple[int, ...], ...] = ()
 
     @classmethod
-    def of(cls, distribution: NumberDistribution, readout: str) -> NumberPredictions:
+    def of(
+        cls,
+        distribution: NumberDistribution,
+        readout: str,
+        greedy: tuple[tuple[int, ...], ...] = (),
+    ) -> NumberPredictions:
         """The predictions of ``distribution`` with ``readout`` (one of :data:`READOUTS`) as
         ``number``."""
         chosen = {"expected": distribution.mean, "median": distribution.median}
@@ -152,10 +161,39 @@ class NumberPredictions(NamedTuple):
             distribution.mass,
             distribution.pruned,
             distribution.probabilities,
+            greedy,
         )
 
 
 READOUTS = ("expected", "median", "mode")
+
+
+@torch.no_grad()
+def greedy_tokens(
+    scorer: NextTokenScorer, new_tokens: int, *, eos_id: int | None
+) -> tuple[tuple[int, ...], ...]:
+    """Greedy decoding through a :class:`~numtok.readout.distribution.NextTokenScorer`: each of
+    ``new_tokens`` steps appends to every prompt its most likely next token (``argmax`` of the
+    logits (P, V), the first on ties, as ``generate(do_sample=False)``), one ``extend`` of the P
+    sequences per step; each prompt's tokens end at its first ``eos_id`` (kept) and the steps
+    stop when every prompt has one. With a :class:`~numtok.readout.scorers.CachedScorer` the
+    prompts' pass is the one its later ``start()`` (a number tree) reuses."""
+    if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 1:
+        raise ValueError(f"new_tokens must be a positive int, got {new_tokens!r}")
+    logits = scorer.start()  # (P, V)
+    sequences = torch.arange(logits.shape[0])
+    steps: list[torch.Tensor] = []
+    ended = torch.zeros(len(sequences), dtype=torch.bool)
+    while True:
+        token = logits.argmax(dim=-1).cpu()  # (P,)
+        steps.append(token)
+        ended |= token == eos_id
+        if len(steps) == new_tokens or bool(ended.all()):
+            break
+        logits = scorer.extend(sequences, token)
+    tokens = torch.stack(steps, dim=1).tolist()  # (P, steps)
+    eos = [row.index(eos_id) + 1 if eos_id in row else len(row) for row in tokens]
+    return tuple(tuple(row[:end]) for row, end in zip(tokens, eos, strict=True))
 
 
 def prompt_token_ids(
@@ -211,6 +249,9 @@ def predict_numbers(
     max_digits: int = 2,
     max_value: int | None = None,
     min_probability: float = 0.0,
+    tolerance: float = 0.0,
+    max_prefixes: int | None = None,
+    new_tokens: int = 0,
     batch_size: int | None = None,
 ) -> NumberPredictions:
     """The number a causal LM would answer each prompt with, read out of its distribution.
@@ -249,13 +290,24 @@ def predict_numbers(
             the model's output size) or a :class:`~numtok.NumberVocab` (token-id prompts).
         prompts: strings, or lists of token ids.
         readout: ``"expected"``, ``"median"`` or ``"mode"``: which summary is ``number``.
-        max_digits: the longest number enumerated, 1 to 4; the model scores about
-            ``1.1 · 10**max_digits`` continuations per prompt.
+        max_digits: the longest number enumerated, 1 to 5; exactly, the model scores about
+            ``1.1 · 10**max_digits`` continuations per prompt (with a ``tolerance``, the
+            likely ones).
         max_value: the largest number enumerated (None: all of ``max_digits`` digits): on a
             known scale (scores 0 to 11) most prefixes need not be scored; larger numbers'
             probability is left out of ``mass``.
         min_probability: prefixes less likely than this are not extended (faster); ``pruned``
             bounds the probability this loses.
+        tolerance: the unexplored mass allowed, a share of each prompt's number mass (0:
+            exact); each level extends the most likely prefixes first, and ``pruned`` reports
+            the mass left unexplored (:func:`numtok.readout.distribution.number_distribution`;
+            :data:`numtok.readout.distribution.FAST_TOLERANCE` moves the mean by about a thousandth
+            of the values' range at most).
+        max_prefixes: at most this many prefixes per prompt and level (None: no limit); it also
+            bounds the widest level, so more prompts share each forward.
+        new_tokens: with a positive count, each prompt's greedy continuation of up to that many
+            tokens (``greedy``; :func:`greedy_tokens`, ending at the tokenizer's
+            ``eos_token_id``) comes from the same prompt pass as the distribution.
         batch_size: prefixes (or, the slow way, whole sequences) per forward pass; None
             (default): with the cache, as many as keep a forward's key/value cache under
             1 GiB, the slow way 8.
@@ -270,6 +322,8 @@ def predict_numbers(
     ):
         raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}")
     check_max_value(max_value, check_max_digits(max_digits))
+    if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 0:
+        raise ValueError(f"new_tokens must be a non-negative int, got {new_tokens!r}")
     if not callable(model):
         raise TypeError(f"model must be a callable causal LM, got {type(model).__name__}")
     vocab_given = isinstance(tokenizer_or_vocab, NumberVocab)
@@ -280,19 +334,27 @@ def predict_numbers(
     ids = prompt_token_ids(tokenizer_or_vocab, prompts, vocab_given=vocab_given)
     pad_id = getattr(tokenizer_or_vocab, "pad_token_id", None)
     pad_id = pad_id if isinstance(pad_id, int) else 0
+    eos_id = getattr(tokenizer_or_vocab, "eos_token_id", None)
     # Each prompt's tree is scored on its own; a group's widest level returns
-    # group · widest_level logit rows of V columns at once.
-    row_bytes = widest_level(vocab, max_digits, max_value=max_value) * vocab.vocab_size * 4
-    group = max(1, LOGITS_BUDGET_BYTES // row_bytes)
+    # group · widest logit rows of V columns at once.
+    widest = widest_level(vocab, max_digits, max_value=max_value)
+    widest = widest if max_prefixes is None else min(widest, max_prefixes)
+    group = max(1, LOGITS_BUDGET_BYTES // (widest * vocab.vocab_size * 4))
     scorer: type[CachedScorer] | type[WholeSequenceScorer] = CachedScorer
+    greedy: list[tuple[int, ...]] = []
 
     def distribution_of(prompts_of_group: list[list[int]]) -> NumberDistribution:
+        model_scorer = scorer(model, prompts_of_group, pad_id=pad_id, batch_size=batch_size)
+        if new_tokens:
+            greedy.extend(greedy_tokens(model_scorer, new_tokens, eos_id=eos_id))
         return number_distribution(
-            scorer(model, prompts_of_group, pad_id=pad_id, batch_size=batch_size),
+            model_scorer,
             vocab,
             max_digits=max_digits,
             max_value=max_value,
             min_probability=min_probability,
+            tolerance=tolerance,
+            max_prefixes=max_prefixes,
         )
 
     parts: list[NumberDistribution] = []
@@ -316,4 +378,4 @@ def predict_numbers(
         if hasattr(model, "train"):
             model.train(was_training)
     distribution = NumberDistribution(*(torch.cat(field) for field in zip(*parts, strict=True)))
-    return NumberPredictions.of(distribution, readout)
+    return NumberPredictions.of(distribution, readout, tuple(greedy))

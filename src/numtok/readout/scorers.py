@@ -18,6 +18,7 @@ alike are those of the sequence scored alone.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -29,6 +30,7 @@ __all__ = [
     "WholeSequenceScorer",
     "cache_argument",
     "returned_cache",
+    "shared_prefix_length",
 ]
 
 #: With ``batch_size=None``, the cached scorer puts as many prefixes into one forward as keep
@@ -41,6 +43,17 @@ WHOLE_SEQUENCE_BATCH = 8
 
 # One layer's cached keys and values, each (rows, heads, positions, head_dim).
 KeysValues = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def shared_prefix_length(rows: Sequence[Sequence[int]]) -> int:
+    """The number S of leading tokens all ``rows`` share, at most the shortest row's length less
+    one: every row keeps one token of its own, whose state predicts what follows it."""
+    limit = min(len(row) for row in rows) - 1
+    first = rows[0]
+    length = 0
+    while length < limit and all(row[length] == first[length] for row in rows):
+        length += 1
+    return length
 
 
 class CacheUnsupportedError(Exception):
@@ -56,12 +69,14 @@ class WholeSequenceScorer:
         self, model: Any, prompts: list[list[int]], *, pad_id: int, batch_size: int | None
     ) -> None:
         self.model = model
+        self.prompts = prompts
         self.sequences = prompts
         self.pad_id = pad_id
         self.batch_size = batch_size or WHOLE_SEQUENCE_BATCH
         self.device = next(model.parameters()).device
 
     def start(self) -> torch.Tensor:
+        self.sequences = self.prompts
         return self._score()
 
     def extend(self, parents: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -166,15 +181,21 @@ class CachedScorer:
 
     ``start()`` runs the prompts right-padded to the longest, L, ``batch_size`` at a time (8 by
     default), and keeps their cache: per layer keys and values (P, H, L, d), and which of the L
-    positions are real, (P, L). Right padding keeps every real token at its own position and
-    out of reach of the pads (attention is causal), as if each prompt ran alone. Every prefix at
-    depth k of the tree belongs to one prompt and holds its own k cached tokens, ``suffix``
-    (M, H, k, d) per layer for the M prefixes of the level. ``extend`` runs each chunk of B new
-    prefixes as one step of one token each: the cache of the B parents' prompts followed by the
-    parents' suffixes, (B, H, L + k, d), an attention mask that hides each prompt's pads, and
-    the new token at position ``L_p + k`` (``position_ids``), so that rotary and absolute
-    positions are those of the sequence scored alone. The last k + 1 cached positions become the
-    new prefixes' suffix.
+    positions are real, (P, L). The S leading tokens a chunk's prompts share
+    (:func:`shared_prefix_length`) run once, for one row, and their keys and values are repeated
+    for the chunk: a causal decoder's states there depend on those tokens alone. Right padding
+    keeps every real token at its own position and out of reach of the pads (attention is
+    causal), as if each prompt ran alone. Every prefix at depth k of the tree belongs to one
+    prompt and holds its own k cached tokens, ``suffix`` (M, H, k, d) per layer for the M
+    prefixes of the level. ``extend`` runs each chunk of B new prefixes as one step of one token
+    each: the cache of the B parents' prompts followed by the parents' suffixes,
+    (B, H, L + k, d), an attention mask that hides each prompt's pads, and the new token at
+    position ``L_p + k`` (``position_ids``), so that rotary and absolute positions are those of
+    the sequence scored alone. The last k + 1 cached positions become the new prefixes' suffix.
+
+    ``start()`` runs the prompts once: a later call returns the same logits and starts a new tree
+    on the kept cache, so that a greedy decode (:func:`numtok.readout.decoding.greedy_tokens`) and
+    the number tree share one prompt pass.
 
     Raises :class:`CacheUnsupportedError` from ``start()`` when the model's cache is not a
     ``DynamicCache`` of full-attention layers (sliding-window and hybrid models, state-space
@@ -204,6 +225,7 @@ class CachedScorer:
         self.row_prompt = torch.zeros(0, dtype=torch.long)  # (M,): the prompt of each prefix
         self.suffix: KeysValues = []  # per layer (M, H, k, d)
         self.depth = 0
+        self.first_logits: torch.Tensor | None = None  # (P, V), start()'s
 
     def _forward(self, cache: Any = None, **tensors: torch.Tensor) -> tuple[torch.Tensor, Any]:
         """The model's logits (B, T, V), at least float32, and the cache it returns."""
@@ -215,6 +237,18 @@ class CachedScorer:
         return (logits if logits.dtype == torch.float64 else logits.float()), returned_cache(output)
 
     def start(self) -> torch.Tensor:
+        if self.first_logits is None:
+            self.first_logits = self._run_prompts()
+        self.row_prompt = torch.arange(len(self.prompts))
+        self.suffix = [
+            (k.new_zeros(len(self.prompts), k.shape[1], 0, k.shape[3]),) * 2
+            for k, _ in self.prompt_cache
+        ]
+        self.depth = 0
+        return self.first_logits
+
+    def _run_prompts(self) -> torch.Tensor:
+        """Each prompt's next-token logits (P, V); keeps the prompts' cache."""
         self.cache_argument = cache_argument(self.model)
         self.prompt_lengths = torch.tensor([len(prompt) for prompt in self.prompts])
         longest = int(self.prompt_lengths.max())
@@ -229,13 +263,24 @@ class CachedScorer:
         rows, caches = [], []
         for begin in range(0, len(self.prompts), step):
             chunk = slice(begin, begin + step)
-            last = self.prompt_lengths[chunk] - 1
+            shared = shared_prefix_length(self.prompts[chunk])
+            rows_of_chunk = len(self.prompts[chunk])
+            prefix = None
+            if shared:
+                _, prefix = self._forward(
+                    input_ids=input_ids[begin : begin + 1, :shared],
+                    **({"logits_to_keep": torch.tensor([shared - 1])} if keeps_positions else {}),
+                )
+                prefix.batch_repeat_interleave(rows_of_chunk)
+            last = self.prompt_lengths[chunk] - 1 - shared  # within the chunk's own tokens
             kept, column = (
                 torch.unique(last, return_inverse=True) if keeps_positions else (last, last)
             )
             logits, cache = self._forward(
-                input_ids=input_ids[chunk],
+                input_ids=input_ids[chunk, shared:],
                 attention_mask=self.prompt_mask[chunk],
+                position_ids=torch.arange(shared, longest).expand(rows_of_chunk, -1),
+                cache=prefix,
                 **({"logits_to_keep": kept} if keeps_positions else {}),
             )
             pairs = _keys_values(cache)
@@ -252,12 +297,6 @@ class CachedScorer:
             (torch.cat([c[layer][0] for c in caches]), torch.cat([c[layer][1] for c in caches]))
             for layer in range(len(caches[0]))
         ]
-        self.row_prompt = torch.arange(len(self.prompts))
-        self.suffix = [
-            (k.new_zeros(len(self.prompts), k.shape[1], 0, k.shape[3]),) * 2
-            for k, _ in self.prompt_cache
-        ]
-        self.depth = 0
         return torch.cat(rows)
 
     def _rows_per_forward(self) -> int:

@@ -106,7 +106,7 @@ def add_compare_arguments(
         "(exact_accuracy, mae, rmse, log_mae [default], within_1_percent, pearson)"
     )  # fmt: skip
     parser.add_argument(
-        "--readout", help="greedy (default), expected, median (need --max-value), head"
+        "--readout", help="greedy (default), expected, median, mode (need --max-value), head"
     )
     parser.add_argument(
         "--max-value", default="auto",

@@ -12,6 +12,7 @@ from numtok._common.validation import check_number
 from numtok.experiments.config import check_device, check_non_negative_int, check_positive_int
 from numtok.experiments.item_metrics import ITEM_METRICS
 from numtok.experiments.objectives import NUMBER_LOSS_ARMS
+from numtok.readout.distribution import MAX_DIGITS
 
 __all__ = [
     "ADAPTATIONS",
@@ -34,10 +35,10 @@ FINETUNE_TASKS = ("arithmetic", "rjokes", "jsonl")
 FINETUNE_ARMS = ("base", "ce", "was", "mse", "number", "del", "smmd", "dist2", "gls", "head")
 #: Full fine-tuning, or LoRA adapters on the attention's q and v projections.
 ADAPTATIONS = ("full", "lora")
-#: How an answer is read: the generated text (``greedy``); the mean or median of the model's
-#: distribution over the numbers 0 to ``max_value`` (``expected``, ``median``); the regression
-#: head's output (``head``).
-READOUTS = ("greedy", "expected", "median", "head")
+#: How an answer is read: the generated text (``greedy``); the mean, median or mode of the
+#: model's distribution over the numbers 0 to ``max_value`` (``expected``, ``median``, ``mode``);
+#: the regression head's output (``head``).
+READOUTS = ("greedy", "expected", "median", "mode", "head")
 #: The arithmetic test splits (:mod:`numtok.experiments.tasks.arithmetic`).
 ARITHMETIC_TEST_SPLITS = ("test", "test_harder", "test_fresh_4_digit")
 _Config = TypeVar("_Config", bound="FinetuneConfig")
@@ -93,8 +94,8 @@ class FinetuneConfig:
     readout: str = "greedy"
     #: rJokes: a joke is cut to its first ``max_prompt_tokens`` tokens.
     max_prompt_tokens: int = 64
-    #: The ``expected`` and ``median`` readouts enumerate the numbers 0 to ``max_value`` spelled
-    #: in up to ``max_digits`` digits (None: no distribution readouts).
+    #: The ``expected``, ``median`` and ``mode`` readouts read the numbers 0 to ``max_value``
+    #: spelled in up to ``max_digits`` digits (None: no distribution readouts).
     max_value: int | None = None
     max_digits: int = 2
     eval_batch_size: int = 32
@@ -115,7 +116,9 @@ class FinetuneConfig:
     @property
     def readouts(self) -> tuple[str, ...]:
         """The readouts of a token arm."""
-        return ("greedy",) if self.max_value is None else ("greedy", "expected", "median")
+        if self.max_value is None:
+            return ("greedy",)
+        return ("greedy", "expected", "median", "mode")
 
     def weights_of(self, arm: str) -> tuple[float, ...]:
         """The λ an arm trains at: the grid for a number-loss arm when choosing, else one."""
@@ -195,14 +198,14 @@ class FinetuneConfig:
         if self.readout not in arms_readouts:
             raise ValueError(
                 f"readout must be one of the readouts this run has, {sorted(arms_readouts)} "
-                f"(expected and median need max_value), got {self.readout!r}"
+                f"(expected, median and mode need max_value), got {self.readout!r}"
             )
         if self.max_value is not None:
             check_non_negative_int("max_value", self.max_value)
-            if self.max_value >= 10**self.max_digits or self.max_digits > 4:
+            if self.max_value >= 10**self.max_digits or self.max_digits > MAX_DIGITS:
                 raise ValueError(
-                    f"max_value must have at most max_digits digits (at most 4), got max_value "
-                    f"{self.max_value} with max_digits {self.max_digits}"
+                    f"max_value must have at most max_digits digits (at most {MAX_DIGITS}), got "
+                    f"max_value {self.max_value} with max_digits {self.max_digits}"
                 )
 
     def weight_of(self, arm: str) -> float:

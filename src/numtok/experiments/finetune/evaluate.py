@@ -1,8 +1,12 @@
 """Scoring a fine-tuned arm: the answers it gives each example of a split, by every readout.
 
 * ``greedy``: the generated text's last number, as the paper reads answers (None: no number);
-* ``expected`` and ``median``: the mean and median of the model's distribution over the numbers
-  0 to ``max_value`` (:func:`numtok.predict_numbers`; only with ``config.max_value``);
+* ``expected``, ``median`` and ``mode``: the mean, median and mode of the model's distribution
+  over the numbers 0 to ``max_value`` (:func:`numtok.predict_numbers`; only with
+  ``config.max_value``), read with :data:`numtok.readout.distribution.FAST_TOLERANCE` (no limit on
+  the prefixes: the bound holds; a flat distribution costs what it costs) and with the greedy text
+  from the same prompt pass: one pass over a split scores every readout.
+  Each item's unexplored mass (``pruned``) is kept beside the answers (``unexplored``);
 * ``head``: the regression head's prediction (the ``head`` arm's only readout).
 
 The metrics are computed from these answers (:mod:`numtok.experiments.item_metrics`), so that
@@ -27,6 +31,7 @@ from numtok.experiments.finetune.train import Trained, prompt_states
 from numtok.hf._head import causal_lm_of
 from numtok.numbers.text import last_number
 from numtok.readout.decoding import predict_numbers
+from numtok.readout.distribution import FAST_TOLERANCE
 from numtok.readout.scorers import cache_argument
 
 __all__ = ["CONSTANTS", "generate_answers", "score_split"]
@@ -88,23 +93,31 @@ def score_split(
     trained: Trained, tokenizer: Any, config: FinetuneConfig, examples: Sequence[Encoded]
 ) -> dict[str, Any]:
     """``{"answers": {readout: [value or None per example]}, "texts": [greedy text, ...]}`` of
-    one trained arm on one split (the head arm: ``head`` answers, no texts)."""
+    one trained arm on one split (the head arm: ``head`` answers, no texts); with
+    ``config.max_value``, also ``"unexplored": [pruned mass per example]``."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if trained.head is not None:
         head = _head_predictions(trained, examples, config.eval_batch_size, pad)
         return {"answers": {"head": head}, "texts": []}
-    texts = generate_answers(
-        trained.model, tokenizer, examples, config.eval_batch_size, config.max_new_tokens
-    )
-    answers = {"greedy": _storable([last_number(t) for t in texts])}
-    if config.max_value is not None:
-        read = predict_numbers(
-            trained.model, tokenizer, [list(e.prompt) for e in examples],
-            max_digits=config.max_digits, max_value=config.max_value,
-        )  # fmt: skip
-        answers["expected"] = _storable(read.mean.tolist())
-        answers["median"] = _storable(read.median.tolist())
-    return {"answers": answers, "texts": texts}
+    if config.max_value is None:
+        texts = generate_answers(
+            trained.model, tokenizer, examples, config.eval_batch_size, config.max_new_tokens
+        )
+        return {"answers": {"greedy": _storable([last_number(t) for t in texts])}, "texts": texts}
+    read = predict_numbers(
+        trained.model, tokenizer, [list(e.prompt) for e in examples],
+        max_digits=config.max_digits, max_value=config.max_value,
+        tolerance=FAST_TOLERANCE,
+        new_tokens=config.max_new_tokens,
+    )  # fmt: skip
+    texts = tokenizer.batch_decode([list(t) for t in read.greedy], skip_special_tokens=True)
+    answers = {
+        "greedy": _storable([last_number(t) for t in texts]),
+        "expected": _storable(read.mean.tolist()),
+        "median": _storable(read.median.tolist()),
+        "mode": _storable(read.mode.tolist()),
+    }
+    return {"answers": answers, "texts": texts, "unexplored": read.pruned.tolist()}
 
 
 def _storable(values: Sequence[float | None]) -> list[float | None]:

@@ -12,25 +12,13 @@ logits agree to ~1e-4). Training and scoring then run ~45 % fewer tokens through
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from numtok.readout.scorers import cache_argument, returned_cache
+from numtok.readout.scorers import cache_argument, returned_cache, shared_prefix_length
 
 __all__ = ["decoder_states", "prefix_cache", "shared_prefix_length"]
-
-
-def shared_prefix_length(rows: Sequence[Sequence[int]]) -> int:
-    """The number S of leading tokens all ``rows`` share, at most the shortest row's length less
-    one: every row keeps one token of its own, whose state predicts what follows it."""
-    limit = min(len(row) for row in rows) - 1
-    first = rows[0]
-    length = 0
-    while length < limit and all(row[length] == first[length] for row in rows):
-        length += 1
-    return length
 
 
 def prefix_cache(decoder: Any, prefix: torch.Tensor, rows: int) -> Any:

@@ -40,6 +40,7 @@ from numtok.experiments.item_metrics import (
 )
 from numtok.experiments.objectives import NUMBER_LOSS_ARMS
 from numtok.experiments.report_format import json_safe, signed
+from numtok.readout.distribution import FAST_TOLERANCE
 
 __all__ = ["write_report"]
 
@@ -317,6 +318,9 @@ def write_report(
     scored_constants = _constants(constants, references)
     minutes = sum(r["train_minutes"] + r["score_minutes"] for r in validation.values())
     minutes += sum(r["score_minutes"] for r in test.values())
+    scores = [*validation.values(), *(s for r in test.values() for s in r["splits"].values())]
+    unexplored = [u for scored in scores for u in scored.get("unexplored", [])]
+    largest_unexplored = max(unexplored) if unexplored else None
     results = json_safe({
         "config": config.to_dict(),
         "data": {"notes": data.notes, "digest": data.digest,
@@ -341,6 +345,7 @@ def write_report(
         "test_minutes": {f"seed{seed}/{arm}": r["score_minutes"]
                          for (seed, arm), r in test.items()},
         "minutes": minutes,
+        "largest_unexplored": largest_unexplored,
     })  # fmt: skip
     (run_dir / "results.json").write_text(json.dumps(results, indent=1, allow_nan=False))
     lines = [f"# Fine-tuning {config.model} on {config.task}", ""]
@@ -350,7 +355,7 @@ def write_report(
         compared_arms = [preregistered[1]["primary_endpoint"]["difference"].split(" ")[0]]
     lines += _primary_lines(config, entries, compared_arms, gate["passed"], bool(test))
     lines += ["", *_gate_lines(gate), ""]
-    lines += _settings_lines(config, data, choice, minutes)
+    lines += _settings_lines(config, data, choice, minutes, largest_unexplored)
     for split in (*(s for s in config.evaluation_splits if s in answers), "validation"):
         lines += ["", *_split_lines(split, table, entries, scored_constants[split], config.metric)]
     (run_dir / "report.md").write_text("\n".join(lines) + "\n")
@@ -360,7 +365,11 @@ def write_report(
 
 
 def _settings_lines(
-    config: FinetuneConfig, data: FinetuneData, choice: dict[str, Any], minutes: float
+    config: FinetuneConfig,
+    data: FinetuneData,
+    choice: dict[str, Any],
+    minutes: float,
+    largest_unexplored: float | None,
 ) -> list[str]:
     weights = ", ".join(
         f"{arm} {w:g}" for arm, w in choice["chosen"].items() if arm in NUMBER_LOSS_ARMS
@@ -376,6 +385,13 @@ def _settings_lines(
         f"({BOOTSTRAP_REPLICATES} replicates). Many comparisons at the 5 % level: a few verdicts "
         "may come from chance; the primary endpoint is the one the run was made for.",
     ]
+    if largest_unexplored is not None:
+        lines[-1] += (
+            f" The distribution readouts left at most {largest_unexplored:.2g} of an item's "
+            f"probability unexplored (tolerance {FAST_TOLERANCE:g} of its number mass); its mean "
+            "moves by at most unexplored / (covered + unexplored) of the range 0.."
+            f"{config.max_value}."
+        )
     if choice["means"]:
         lines += ["", f"λ chosen on validation (mean {config.metric} of the {config.readout} "
                   "readout over the seeds; ties to the smaller λ):", "",
