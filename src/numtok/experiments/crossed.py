@@ -95,6 +95,7 @@ __all__ = [
     "generalized_half_widths",
     "items_needed",
     "mean_squares",
+    "satterthwaite_df",
     "seeds_needed",
     "t_cdf",
     "t_quantile",
@@ -166,7 +167,8 @@ def t_cdf(t: ArrayLike, df: ArrayLike) -> Array:
     if finite.any():
         a = nu[finite] / 2
         log_beta = np.asarray(_lgamma(a) + math.lgamma(0.5) - _lgamma(a + 0.5), dtype=np.float64)
-        x = nu[finite] / (nu[finite] + value[finite] ** 2)
+        with np.errstate(over="ignore"):  # t² = inf: x = 0, I = 0
+            x = nu[finite] / (nu[finite] + value[finite] ** 2)
         half[finite] = _incomplete_beta(a, 0.5, x, log_beta) / 2
     normal = statistics.NormalDist()
     half[~finite] = [normal.cdf(-abs(v)) for v in value[~finite]]
@@ -197,8 +199,9 @@ def t_quantile(p: float, df: ArrayLike) -> Array:
     for _ in range(200):
         error = t_cdf(x, f) - p
         low, high = np.where(error < 0, x, low), np.where(error < 0, high, x)
-        density = np.exp(log_density - (f + 1) / 2 * np.log1p(x * x / f))
-        step = x - error / density
+        with np.errstate(over="ignore", divide="ignore"):  # far in a heavy tail: bisect instead
+            density = np.exp(log_density - (f + 1) / 2 * np.log1p(x * x / f))
+            step = x - error / density
         inside = (step > low) & (step < high)
         bisect = np.where(np.isfinite(high), (low + high) / 2, 2 * x)
         moved = np.where(inside, step, bisect)
@@ -233,10 +236,10 @@ class MeanSquares:
     def df(self) -> float:
         """Satterthwaite's degrees of freedom of :attr:`variance_of_mean` (``inf`` when every
         mean square is 0)."""
-        return float(_satterthwaite(self.seed, self.item, self.resid, self.seeds, self.items))
+        return float(satterthwaite_df(self.seed, self.item, self.resid, self.seeds, self.items))
 
 
-def _satterthwaite(
+def satterthwaite_df(
     ms_seed: ArrayLike, ms_item: ArrayLike, ms_resid: ArrayLike, seeds: int, items: int
 ) -> Array:
     """``(MS_s + MS_i − MS_r)² / (MS_s²/(S−1) + MS_i²/(I−1) + MS_r²/((S−1)(I−1)))``; inf where
@@ -340,7 +343,7 @@ class VarianceComponents:
         ``items``, ν Satterthwaite's from the expected mean squares (module docstring)."""
         _check_design(seeds, items)
         seed, item, resid = self._planned()
-        df = _satterthwaite(resid + items * seed, resid + seeds * item, resid, seeds, items)
+        df = satterthwaite_df(resid + items * seed, resid + seeds * item, resid, seeds, items)
         return _mde(math.sqrt(self.variance_of_mean(seeds, items)), float(df), confidence, power)
 
 
