@@ -130,9 +130,12 @@ class NTILSpec:
                 "magnitude_weight", magnitude_weight, minimum=0, inclusive=True
             ),
             place_base=check_number(
-                "place_base", place_base, minimum=0, inclusive=False,
+                "place_base",
+                place_base,
+                minimum=0,
+                inclusive=False,
                 why=" (the digit at place k weighs place_base**k; the paper's 1 + σ)",
-            ),  # fmt: skip
+            ),
             temperature=check_number("temperature", temperature, minimum=0, inclusive=False),
             gumbel_noise=check_number("gumbel_noise", gumbel_noise, minimum=0, inclusive=True),
             ignore_index=check_int("ignore_index", ignore_index),
@@ -196,11 +199,9 @@ def ntil_tables(
     return kept[key]
 
 
-def _gumbel(
-    shape: tuple[int, int], like: torch.Tensor, generator: torch.Generator | None
-) -> torch.Tensor:
+def _gumbel(like: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """Standard Gumbel noise ``-log(e)``, ``e ~ Exp(1)``, one (K, N) draw in ``like``'s dtype."""
-    exponential = torch.empty(shape, dtype=like.dtype, device=like.device)
+    exponential = torch.empty_like(like)
     return -exponential.exponential_(generator=generator).log()
 
 
@@ -257,7 +258,7 @@ def _ntil_loss(
     digit_term = weight_of_place * (probs * costs).sum(dim=-1)  # (K,)
 
     # 2./3. Value and magnitude terms: straight-through hard Gumbel-softmax values, assembled.
-    noisy = z if spec.gumbel_noise == 0 else z + spec.gumbel_noise * _gumbel(z.shape, z, generator)
+    noisy = z if spec.gumbel_noise == 0 else z + spec.gumbel_noise * _gumbel(z, generator)
     values = tables.values.to(torch.float64)  # (N,)
     soft = torch.softmax(noisy / spec.temperature, dim=-1) @ values.to(dtype)  # (K,)
     hard = values[noisy.argmax(dim=-1)]  # (K,) float64
