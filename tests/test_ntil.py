@@ -258,7 +258,7 @@ def test_a_batch_without_numbers_gives_zero_with_a_graph() -> None:
     labels = torch.tensor([[0, 1, -100], [2, 13, 14]])
     for reduction in ("mean", "sum"):
         loss = ntil_loss(logits, labels, vocab, reduction=reduction)
-        assert float(loss) == 0.0 and loss.requires_grad
+        assert float(loss.detach()) == 0.0 and loss.requires_grad
         loss.backward()
 
 
@@ -363,3 +363,28 @@ def test_a_number_longer_than_float64_holds_is_refused() -> None:
     labels = torch.full((1, 309), 4)
     with pytest.raises(ValueError, match="309 digits"):
         ntil_loss(torch.zeros(1, 309, 17), labels, vocab)
+
+
+# --------------------------------------------------------------------------------- experiment arm
+
+
+def test_the_ntil_arm_trains_on_ce_plus_lambda_ntil() -> None:
+    import torch.nn.functional as F
+
+    from numtok.experiments.finetune.config import FINETUNE_ARMS
+    from numtok.experiments.objectives import ARM_LABELS, NUMBER_LOSS_ARMS, Objective
+    from numtok.experiments.report_format import ARM_COLOURS
+
+    assert "ntil" in NUMBER_LOSS_ARMS and "ntil" in FINETUNE_ARMS and "ntil" in ARM_COLOURS
+    assert ARM_LABELS["ntil"] == "CE+NTIL"
+    vocab = make_vocab("digits")
+    logits, labels, _ = make_batch("digits", seed=10)
+    objective = Objective("ntil", vocab, ntl_weight=0.5)
+    torch.manual_seed(0)
+    loss, ce, ntil = objective(logits, labels)
+    torch.manual_seed(0)
+    expected = ntil_loss(logits, labels, vocab)
+    assert ntil is not None
+    torch.testing.assert_close(ntil, expected)
+    torch.testing.assert_close(ce, F.cross_entropy(logits.flatten(0, 1), labels.flatten()))
+    torch.testing.assert_close(loss, ce + 0.5 * expected)
