@@ -119,8 +119,11 @@ def test_the_gumbel_noise_is_one_draw_of_the_generator(name: str) -> None:
     assert float(again.detach()) == float(ours.detach())
 
 
-@pytest.mark.parametrize("fixture", ["digit_tokenizer", "llama3_style_tokenizer",
-                                     "sentencepiece_style_tokenizer"])  # fmt: skip
+TOKENIZERS = ["digit_tokenizer", "llama3_style_tokenizer", "sentencepiece_style_tokenizer",
+              "gpt2_tokenizer"]  # fmt: skip
+
+
+@pytest.mark.parametrize("fixture", TOKENIZERS)
 def test_equals_the_reference_on_real_tokenizers(fixture: str, request: Any) -> None:
     tokenizer = request.getfixturevalue(fixture)
     vocab = NumberVocab.from_tokenizer(tokenizer)

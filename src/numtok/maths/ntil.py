@@ -67,15 +67,15 @@ def digit_costs(values: torch.Tensor, lengths: torch.Tensor, place_base: float) 
     integer values (N,) int64 and digit counts (N,) long: row ``t`` is the label, column ``j``
     the candidate. ``C[t, t] = 0``; tokens of equal digits (``7`` and ``Ġ7``) cost 0."""
     width = int(lengths.max()) if lengths.numel() else 1
-    powers = torch.tensor([10**i for i in range(width)], dtype=torch.long, device=values.device)
-    digits = (values[:, None] // powers[None, :]) % 10  # (N, width), digit i from the right
-    apart = (digits[:, None, :] - digits[None, :, :]).abs().to(torch.float64)  # (N, N, width)
-    same_length = (lengths[:, None] == lengths[None, :])[..., None]  # (N, N, 1)
-    cost = torch.where(same_length, apart, torch.full_like(apart, MAX_DIGIT_DISTANCE))
-    index = torch.arange(width, device=values.device)
-    place_weight = torch.pow(place_base, index.to(torch.float64))  # (width,)
-    in_label = (index[None, :] < lengths[:, None]).to(torch.float64)  # (N, width): i < L_t
-    return (cost * (in_label * place_weight)[:, None, :]).sum(dim=-1)
+    same_length = lengths[:, None] == lengths[None, :]  # (N, N)
+    cost = torch.zeros(same_length.shape, dtype=torch.float64, device=values.device)
+    for i in range(width):  # one (N, N) term per digit place: no (N, N, width) tensor
+        digit = (values // 10**i) % 10  # (N,) the i-th digit from the right (0 past the token)
+        apart = (digit[:, None] - digit[None, :]).abs().to(torch.float64)
+        term = torch.where(same_length, apart, torch.full_like(apart, MAX_DIGIT_DISTANCE))
+        in_label = (lengths > i)[:, None]  # i < L_t
+        cost += torch.where(in_label, float(place_base) ** i * term, torch.zeros_like(term))
+    return cost
 
 
 def relative_error(predicted: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
