@@ -56,9 +56,12 @@ Where this differs from the authors' code, and why:
   (``3.015`` is the numbers 3 and 15, and ``0`` takes the largest weight in ``015``) and signs are
   not read: numbers are non-negative integers.
 
-The paper's text was not available to check here beyond the weighting formula quoted above; the
-formulas and defaults are read from the authors' code and stated in full so that they can be
-checked against the paper.
+Sources: the paper's full text (and so its equation numbers) could not be read here; the weighting
+formula ``W_exp`` above is the paper's as a published summary of it quotes it, with its sections'
+names (token level: EMD with exponential position-based weighting; sequence level: differentiable
+value construction with a Gumbel-softmax, a relative-deviation metric and an order-of-magnitude
+term). Every formula and default is read from the authors' code and stated in full here, so that
+it can be checked against the paper.
 """
 
 from __future__ import annotations
