@@ -5,6 +5,7 @@ from numtok.losses.fused import CEWithNTLOutput, CrossEntropyWithNTL, cross_entr
 from numtok.losses.head import LinearNumberTokenLoss, linear_number_token_loss
 from numtok.losses.linear import LinearCrossEntropyWithNTL, linear_cross_entropy_with_ntl
 from numtok.losses.module import NumberTokenLoss
+from numtok.losses.ntil import NTILLoss, ntil_loss
 from numtok.losses.number_level import NumberLevelLoss, number_level_loss
 from numtok.losses.smoothing import GaussianLabelSmoothingLoss, gaussian_label_smoothing_ce
 from numtok.losses.token import number_token_loss
@@ -37,6 +38,7 @@ __all__ = [
     "GaussianLabelSmoothingLoss",
     "LinearCrossEntropyWithNTL",
     "LinearNumberTokenLoss",
+    "NTILLoss",
     "NTLossForTrainer",
     "NumberDistribution",
     "NumberLevelLoss",
@@ -55,6 +57,7 @@ __all__ = [
     "linear_cross_entropy_with_ntl",
     "linear_number_token_loss",
     "make_compute_metrics",
+    "ntil_loss",
     "number_distribution",
     "number_level_loss",
     "number_token_loss",

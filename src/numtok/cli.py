@@ -107,8 +107,8 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         "--arms",
         type=_arms,
         help="comma-separated arms: ce (required), was, mse, number (CE + λ·NTL of each kind), "
-        "del, smmd, dist2 (CE + λ·that loss), gls (Gaussian label smoothing); rjokes also head "
-        "(a regression head)",
+        "del, smmd, dist2, ntil (CE + λ·that loss), gls (Gaussian label smoothing); rjokes also "
+        "head (a regression head)",
     )
     parser.add_argument("--ntl-weight", type=float, help="λ in CE + λ·NTL (default 0.3)")
     parser.add_argument(

@@ -6,6 +6,9 @@
 * ``number``: ``CE + λ·`` the number-level loss (``kind="number"``: whole numbers, smape);
 * ``del`` / ``smmd`` / ``dist2``: ``CE + λ·`` DEL, SMMD or DIST2 (:mod:`numtok.maths.kinds`) with
   their authors' settings;
+* ``ntil``: ``CE + λ·`` NTIL (:func:`numtok.ntil_loss`: per-digit EMD weighed by place, plus the
+  whole number's relative error and log ratio) with its authors' settings; its Gumbel noise comes
+  from torch's global generator;
 * ``gls``: cross-entropy with Gaussian-smoothed digit targets
   (:class:`numtok.losses.smoothing.GaussianLabelSmoothingLoss`, σ = 1 digit) instead of CE, the
   paper's strongest baseline that is not NTL.
@@ -21,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from numtok.losses.module import NumberTokenLoss
+from numtok.losses.ntil import NTILLoss
 from numtok.losses.smoothing import GaussianLabelSmoothingLoss
 from numtok.numbers.vocab import NumberVocab
 
@@ -36,10 +40,11 @@ ARM_LABELS = {
     "del": "CE+DEL",
     "smmd": "CE+SMMD",
     "dist2": "CE+DIST2",
+    "ntil": "CE+NTIL",
 }
 ARMS = tuple(ARM_LABELS)
 #: The arms whose loss is CE + λ·(a number loss), with that loss's kind.
-NUMBER_LOSS_ARMS = ("was", "mse", "number", "del", "smmd", "dist2")
+NUMBER_LOSS_ARMS = ("was", "mse", "number", "del", "smmd", "dist2", "ntil")
 #: Width of the Gaussian target of the ``gls`` arm, in digits.
 GLS_SIGMA = 1.0
 
@@ -54,7 +59,11 @@ class Objective(nn.Module):
             raise ValueError(f"arm must be one of {list(ARMS)}, got {arm!r}")
         self.arm = arm
         self.ntl_weight = ntl_weight
-        self.ntl = NumberTokenLoss(vocab, kind=arm) if arm in NUMBER_LOSS_ARMS else None
+        self.ntl: nn.Module | None = None
+        if arm == "ntil":
+            self.ntl = NTILLoss(vocab)
+        elif arm in NUMBER_LOSS_ARMS:
+            self.ntl = NumberTokenLoss(vocab, kind=arm)
         self.smoothing = (
             GaussianLabelSmoothingLoss(vocab, sigma=GLS_SIGMA) if arm == "gls" else None
         )

@@ -28,6 +28,7 @@ ARM_COLOURS = {
     "del": "tab:brown",
     "smmd": "tab:pink",
     "dist2": "tab:olive",
+    "ntil": "tab:cyan",
     "head": "tab:red",
 }
 

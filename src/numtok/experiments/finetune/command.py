@@ -83,8 +83,8 @@ def add_compare_arguments(
     parser.add_argument(
         "--arms", type=arms,
         help="comma-separated, ce required: base (before fine-tuning), ce, was, mse, number, "
-        "del, smmd, dist2 (CE + λ·that loss), gls (Gaussian label smoothing), head (a regression "
-        "head); default base,ce,was",
+        "del, smmd, dist2, ntil (CE + λ·that loss), gls (Gaussian label smoothing), head (a "
+        "regression head); default base,ce,was",
     )  # fmt: skip
     parser.add_argument("--seeds", type=seeds, help="number of seeds (3) or a list (3,4,5)")
     weights = parser.add_mutually_exclusive_group()

@@ -29,10 +29,10 @@ __all__ = [
 FINETUNE_TASKS = ("arithmetic", "rjokes", "jsonl")
 #: ``base``: the model before fine-tuning (no training); ``ce``: cross-entropy on the answer;
 #: ``was``, ``mse``, ``number``: CE + λ·NTL-WAS, NTL-MSE, the number-level NTL; ``del``,
-#: ``smmd``, ``dist2``: CE + λ·that loss; ``gls``: cross-entropy with Gaussian-smoothed number
-#: targets instead of CE (σ = 1, no λ); ``head``: a regression head on the last prompt token's
-#: hidden state, MSE on the standardised answer.
-FINETUNE_ARMS = ("base", "ce", "was", "mse", "number", "del", "smmd", "dist2", "gls", "head")
+#: ``smmd``, ``dist2``, ``ntil``: CE + λ·that loss; ``gls``: cross-entropy with Gaussian-smoothed
+#: number targets instead of CE (σ = 1, no λ); ``head``: a regression head on the last prompt
+#: token's hidden state, MSE on the standardised answer.
+FINETUNE_ARMS = ("base", "ce", *NUMBER_LOSS_ARMS, "gls", "head")
 #: Full fine-tuning, or LoRA adapters on the attention's q and v projections.
 ADAPTATIONS = ("full", "lora")
 #: How an answer is read: the generated text (``greedy``); the mean, median or mode of the
