@@ -242,7 +242,7 @@ def _output_size(model: Any) -> int | None:
 
 def predict_numbers(
     model: Any,
-    tokenizer_or_vocab: Any,
+    vocab_or_tokenizer: Any,
     prompts: Sequence[str] | Sequence[Sequence[int]],
     *,
     readout: str = "expected",
@@ -286,7 +286,7 @@ def predict_numbers(
         model: a Hugging Face causal LM (any module whose call with ``input_ids`` returns
             logits (B, T, V) and, with ``use_cache=True``, its key/value cache; without the
             cache, ``attention_mask`` is passed too); it is put in eval mode while scoring.
-        tokenizer_or_vocab: its tokenizer (text prompts; the NumberVocab is built from it with
+        vocab_or_tokenizer: its tokenizer (text prompts; the NumberVocab is built from it with
             the model's output size) or a :class:`~numtok.NumberVocab` (token-id prompts).
         prompts: strings, or lists of token ids.
         readout: ``"expected"``, ``"median"`` or ``"mode"``: which summary is ``number``.
@@ -326,15 +326,15 @@ def predict_numbers(
         raise ValueError(f"new_tokens must be a non-negative int, got {new_tokens!r}")
     if not callable(model):
         raise TypeError(f"model must be a callable causal LM, got {type(model).__name__}")
-    vocab_given = isinstance(tokenizer_or_vocab, NumberVocab)
+    vocab_given = isinstance(vocab_or_tokenizer, NumberVocab)
     if vocab_given:
-        vocab = tokenizer_or_vocab
+        vocab = vocab_or_tokenizer
     else:
-        vocab = NumberVocab.from_tokenizer(tokenizer_or_vocab, vocab_size=_output_size(model))
-    ids = prompt_token_ids(tokenizer_or_vocab, prompts, vocab_given=vocab_given)
-    pad_id = getattr(tokenizer_or_vocab, "pad_token_id", None)
+        vocab = NumberVocab.from_tokenizer(vocab_or_tokenizer, vocab_size=_output_size(model))
+    ids = prompt_token_ids(vocab_or_tokenizer, prompts, vocab_given=vocab_given)
+    pad_id = getattr(vocab_or_tokenizer, "pad_token_id", None)
     pad_id = pad_id if isinstance(pad_id, int) else 0
-    eos_id = getattr(tokenizer_or_vocab, "eos_token_id", None)
+    eos_id = getattr(vocab_or_tokenizer, "eos_token_id", None)
     # Each prompt's tree is scored on its own; a group's widest level returns
     # group · widest logit rows of V columns at once.
     widest = widest_level(vocab, max_digits, max_value=max_value)
