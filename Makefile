@@ -38,7 +38,7 @@ $(DOCS_STAMP): pyproject.toml Makefile
 # The suite, under 5 minutes on 2 cores: one pytest worker per core (TEST_WORKERS=0 runs it in one
 # process), each test file on one worker so that a module's fixtures are built once. `make
 # test-slow` runs the tests marked slow (the JIT and inductor compilations, FSDP/DDP/DeepSpeed
-# processes, the Axolotl and vLLM environments) in one process, as `.ci/run` does.
+# processes, the Axolotl, LLaMA-Factory and vLLM environments) in one process, as `.ci/run` does.
 TEST_WORKERS ?= auto
 test: $(STAMP)
 	$(PY) -m pytest -q -m "not slow and not gpu" -n $(TEST_WORKERS) --dist loadfile
