@@ -195,7 +195,7 @@ def test_compare_chooses_lambda_on_validation(
                          "0.3,3", "--max-value", "none", "--metric", "mae")  # fmt: skip
     # First validation only: the test split stays unseen, every λ's weights are kept.
     assert main([*arguments, "--validation-only"]) == 0
-    assert not list(out.rglob("test.json")) and len(list(out.rglob("trained.pt"))) == 6
+    assert not list(out.rglob("test.json")) and len(list(out.rglob("model.pt"))) == 6
     assert "**Not measured: the test splits were not scored**" in (out / "report.md").read_text()
     assert list(_strict_json(out / "results.json")["answers"]) == ["validation"]
     import numtok.experiments.finetune.runner as runner
@@ -215,7 +215,7 @@ def test_compare_chooses_lambda_on_validation(
     for seed in ("seed0", "seed1"):  # the test split is scored for the chosen λ alone
         scored = {p.parent.name for p in (out / seed).glob("was-*/test.json")}
         assert scored == {f"was-lambda{chosen:g}"}
-    assert not list(out.rglob("trained.pt"))
+    assert not list(out.rglob("model.pt"))
 
 
 @pytest.mark.parametrize(

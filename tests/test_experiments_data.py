@@ -167,13 +167,13 @@ def test_validation_data_is_cached_apart_from_the_test_data(tmp_path: Path) -> N
     assert again == validation
 
 
-def test_evaluate_on_is_checked_and_kept_out_of_test_fingerprints() -> None:
+def test_evaluate_on_is_checked_and_fingerprinted() -> None:
     with pytest.raises(ValueError, match="evaluate_on must be one of \\['test', 'validation'\\]"):
         check_evaluate_on("dev")
     with pytest.raises(ValueError, match="got 'dev'"):
         ExperimentConfig(evaluate_on="dev")
     default = ExperimentConfig()
-    assert "evaluate_on" not in default.to_dict() and default.splits == TASKS[TASK].splits
+    assert default.to_dict()["evaluate_on"] == "test" and default.splits == TASKS[TASK].splits
     validation = ExperimentConfig(evaluate_on="validation")
     assert validation.splits == ("validation",)
     assert ExperimentConfig.from_dict(validation.to_dict()) == validation

@@ -200,8 +200,6 @@ def test_single_arms_take_their_own_weight() -> None:
     assert config.weights_text() == f"λ: was {SMOKE.ntl_weight:g}, del 2.5"
     assert ExperimentConfig.from_dict(config.to_dict()) == config
     assert config.fingerprint() != config.with_overrides(arm_weights=(("del", 3.0),)).fingerprint()
-    # Without single weights the settings are written as before, so old runs keep their folder.
-    assert "arm_weights" not in SMOKE.to_dict()
     _, _, objective = build_arm(config, 0, "del", CharTokenizer())
     assert objective.ntl_weight == 2.5
     with pytest.raises(

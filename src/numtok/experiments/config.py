@@ -17,6 +17,7 @@ from numtok.experiments.tasks.mathematics import check_evaluate_on, check_task, 
 
 __all__ = [
     "ExperimentConfig",
+    "RunConfig",
     "TrainingConfig",
     "check_device",
     "check_non_negative_int",
@@ -24,13 +25,15 @@ __all__ = [
 ]
 
 
-_Config = TypeVar("_Config", bound="TrainingConfig")
+_Config = TypeVar("_Config", bound="RunConfig")
 
 
 @dataclass(frozen=True)
-class TrainingConfig:
-    """The settings every comparison shares: seeds, arms, λ, the optimiser and its schedule, the
-    model, logging and the device. A task's config adds its data and evaluation settings.
+class RunConfig:
+    """The settings every comparison shares, from scratch or fine-tuning: seeds, arms, λ, the
+    optimiser and its schedule, logging, checkpoints and the device. A task's config adds its
+    model, data and evaluation settings; one ``to_dict``/``from_dict`` pair and one fingerprint
+    serve them all.
 
     For each seed, every arm starts from the same initial weights and sees the same batches; the
     arms differ only in the loss.
@@ -50,11 +53,10 @@ class TrainingConfig:
     warmup_steps: int = 100
     weight_decay: float = 0.01
     grad_clip: float = 1.0
-    d_model: int = 128
-    n_layers: int = 2
-    n_heads: int = 4
     eval_batch_size: int = 250
+    #: The training log holds the mean losses of every ``log_every`` steps.
     log_every: int = 25
+    #: An interrupted arm resumes from its last checkpoint, saved every ``checkpoint_every`` steps.
     checkpoint_every: int = 100
     device: str = "cpu"
     threads: int = 1
@@ -65,24 +67,17 @@ class TrainingConfig:
     def validate(self) -> None:
         """Raise a ValueError/TypeError that says which setting to change and how."""
         for name in (
-            "steps",
-            "batch_size",
-            "d_model",
-            "n_layers",
-            "n_heads",
-            "eval_batch_size",
-            "log_every",
-            "checkpoint_every",
-            "threads",
-        ):
+            "steps", "batch_size", "eval_batch_size", "log_every", "checkpoint_every", "threads",
+        ):  # fmt: skip
             check_positive_int(name, getattr(self, name))
         check_non_negative_int("warmup_steps", self.warmup_steps)
         check_number("learning_rate", self.learning_rate, minimum=0.0, inclusive=False)
         check_number("ntl_weight", self.ntl_weight, minimum=0.0, inclusive=True)
+        weighted = [arm for arm in self.ARMS if arm in NUMBER_LOSS_ARMS]
         for entry in self.arm_weights:
-            if not (isinstance(entry, tuple) and len(entry) == 2 and entry[0] in self.ARMS):
+            if not (isinstance(entry, tuple) and len(entry) == 2 and entry[0] in weighted):
                 raise ValueError(
-                    f"arm_weights must be (arm, λ) pairs with arms from {list(self.ARMS)}, got "
+                    f"arm_weights must be (arm, λ) pairs with arms from {weighted}, got "
                     f"{entry!r} (e.g. --arm-weights was=3,del=1)"
                 )
             check_number(f"the λ of {entry[0]}", entry[1], minimum=0.0, inclusive=True)
@@ -109,9 +104,6 @@ class TrainingConfig:
                 f"arms must include 'ce': every other arm is compared with CE seed by seed, "
                 f"got {list(self.arms)}"
             )
-        ModelConfig(
-            vocab_size=1, d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads
-        )
         check_device(self.device)
 
     def weight_of(self, arm: str) -> float:
@@ -126,6 +118,56 @@ class TrainingConfig:
             f"{arm} {self.weight_of(arm):g}" for arm in self.arms if arm in NUMBER_LOSS_ARMS
         )
 
+    def to_dict(self) -> dict[str, Any]:
+        """The settings as JSON holds them (tuples as lists, ``arm_weights``' pairs as lists),
+        so that a run folder's stored settings compare equal to the same config's."""
+        data = asdict(self)
+        data["arm_weights"] = [list(entry) for entry in self.arm_weights]
+        return {key: list(value) if isinstance(value, tuple) else value
+                for key, value in data.items()}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls: type[_Config], data: dict[str, Any]) -> _Config:
+        """The config :meth:`to_dict` wrote; a setting this config does not have is a
+        ValueError (settings written by another version are not guessed at)."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown settings {unknown}; the settings are {sorted(known)}")
+        tuples = {f.name for f in fields(cls) if str(f.type).startswith("tuple")}
+        values: dict[str, Any] = {
+            key: tuple(value) if key in tuples else value for key, value in data.items()
+        }
+        if "arm_weights" in values:
+            values["arm_weights"] = tuple((arm, float(w)) for arm, w in values["arm_weights"])
+        return cls(**values)
+
+    def with_overrides(self: _Config, **overrides: Any) -> _Config:
+        """A copy with the given settings changed and checked again (``None`` values are
+        ignored)."""
+        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+    def fingerprint(self) -> str:
+        """A short hash of the settings (12 hex digits): equal settings, equal fingerprint."""
+        text = json.dumps(self.to_dict(), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class TrainingConfig(RunConfig):
+    """A comparison of small transformers trained from scratch: the shared settings and the
+    model's size."""
+
+    d_model: int = 128
+    n_layers: int = 2
+    n_heads: int = 4
+
+    def validate(self) -> None:
+        super().validate()
+        ModelConfig(
+            vocab_size=1, d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads
+        )
+
     def model_config(self, vocab_size: int) -> ModelConfig:
         return ModelConfig(
             vocab_size=vocab_size,
@@ -133,38 +175,6 @@ class TrainingConfig:
             n_layers=self.n_layers,
             n_heads=self.n_heads,
         )
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["seeds"], data["arms"] = list(self.seeds), list(self.arms)
-        # Left out when empty, so that the settings of runs from before it keep their fingerprint.
-        data["arm_weights"] = [list(entry) for entry in self.arm_weights]
-        if not self.arm_weights:
-            del data["arm_weights"]
-        return data
-
-    @classmethod
-    def from_dict(cls: type[_Config], data: dict[str, Any]) -> _Config:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown settings {unknown}; the settings are {sorted(known)}")
-        values = dict(data)
-        for name in ("seeds", "arms"):
-            if name in values:
-                values[name] = tuple(values[name])
-        if "arm_weights" in values:
-            values["arm_weights"] = tuple(tuple(entry) for entry in values["arm_weights"])
-        return cls(**values)
-
-    def with_overrides(self: _Config, **overrides: Any) -> _Config:
-        """A copy with the given settings changed (``None`` values are ignored)."""
-        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
-
-    def fingerprint(self) -> str:
-        """A short hash of the settings: equal settings, equal fingerprint."""
-        text = json.dumps(self.to_dict(), sort_keys=True)
-        return hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
 @dataclass(frozen=True)
@@ -196,13 +206,6 @@ class ExperimentConfig(TrainingConfig):
     def splits(self) -> tuple[str, ...]:
         """The splits this run scores, in report order."""
         return evaluation_splits(check_task(self.task), self.evaluate_on)
-
-    def to_dict(self) -> dict[str, Any]:
-        data = super().to_dict()
-        # Left out for the test splits, so that runs from before it keep their fingerprint.
-        if self.evaluate_on == "test":
-            del data["evaluate_on"]
-        return data
 
 
 def check_device(device: object) -> torch.device:

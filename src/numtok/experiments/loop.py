@@ -21,16 +21,18 @@ import numpy as np
 import torch
 from torch import nn
 
-from numtok.experiments.config import TrainingConfig
+from numtok.experiments.config import RunConfig
 from numtok.experiments.run_folder import CHECKPOINT, WEIGHTS, save_atomically
 
 __all__ = [
     "Schedule",
     "TrainingLog",
     "learning_rate_at",
+    "load_trainable_state",
     "median_step_seconds",
     "optimizer_step",
     "train_with_checkpoints",
+    "trainable_state",
 ]
 
 #: ``progress(steps_done_since_last_call)``.
@@ -128,16 +130,40 @@ class TrainingLog:
 
 
 def median_step_seconds(log: TrainingLog) -> float:
-    """The median step time, skipping the first steps' one-off allocations."""
+    """The median step time, skipping the first steps' one-off allocations (0 for a log of no
+    steps: an arm that does not train)."""
     timed = log.step_seconds[_TIMING_WARMUP_STEPS:] or log.step_seconds
-    return float(np.median(timed))
+    return float(np.median(timed)) if timed else 0.0
+
+
+def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The parameters training changes (those that require a gradient), by name: all of a model
+    trained from scratch; a LoRA run's adapters and head, not the frozen weights it reloads."""
+    return {
+        name: parameter.detach()
+        for name, parameter in model.named_parameters()
+        if parameter.requires_grad
+    }
+
+
+def load_trainable_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Copy :func:`trainable_state`'s tensors back into ``model``; a ValueError when they do not
+    name exactly the parameters of ``model`` that require a gradient."""
+    names = set(trainable_state(model))
+    if set(state) != names:
+        differing = sorted(set(state) ^ names)
+        raise ValueError(
+            f"the stored weights do not match the model's trainable parameters (differing: "
+            f"{differing[:3]}{' ...' if len(differing) > 3 else ''})"
+        )
+    model.load_state_dict(state, strict=False)
 
 
 def train_with_checkpoints(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     step: Step,
-    config: TrainingConfig,
+    config: RunConfig,
     directory: Path,
     *,
     has_ntl: bool,
@@ -146,8 +172,9 @@ def train_with_checkpoints(
 ) -> TrainingLog:
     """Run ``step`` for steps ``0 .. config.steps - 1`` with the schedule of
     :func:`learning_rate_at`, resuming from ``directory/checkpoint.pt`` when it exists and saving
-    one every ``config.checkpoint_every`` steps. The finished run's weights go to
-    ``directory/model.pt`` and its checkpoint is removed."""
+    one every ``config.checkpoint_every`` steps (:func:`trainable_state` and the optimiser's).
+    The finished run's trainable weights go to ``directory/model.pt``; the caller removes the
+    checkpoint once the arm's results are stored."""
     directory.mkdir(parents=True, exist_ok=True)
     start_step, history, step_seconds = 0, [], []
     interval = _Interval.empty()
@@ -155,7 +182,7 @@ def train_with_checkpoints(
     if checkpoint_path.exists():
         device = next(model.parameters()).device
         state = torch.load(checkpoint_path, map_location=device, weights_only=True)
-        model.load_state_dict(state["model"])
+        load_trainable_state(model, state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start_step, history, step_seconds = state["step"], state["history"], state["step_seconds"]
         interval = _Interval(**state["interval"])
@@ -177,7 +204,7 @@ def train_with_checkpoints(
             save_atomically(
                 {
                     "step": done,
-                    "model": model.state_dict(),
+                    "model": trainable_state(model),
                     "optimizer": optimizer.state_dict(),
                     "history": history,
                     "step_seconds": step_seconds,
@@ -187,5 +214,5 @@ def train_with_checkpoints(
             )
         if progress is not None:
             progress(1)
-    save_atomically(model.state_dict(), directory / WEIGHTS)
+    save_atomically(trainable_state(model), directory / WEIGHTS)
     return TrainingLog(history, step_seconds)

@@ -3,13 +3,11 @@ the ``smollm2-*`` presets), checked before any work starts."""
 
 from __future__ import annotations
 
-import hashlib
-import json
-from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, ClassVar, TypeVar
+from dataclasses import dataclass
+from typing import ClassVar
 
 from numtok._common.validation import check_number
-from numtok.experiments.config import check_device, check_non_negative_int, check_positive_int
+from numtok.experiments.config import RunConfig, check_non_negative_int, check_positive_int
 from numtok.experiments.item_metrics import ITEM_METRICS
 from numtok.experiments.objectives import NUMBER_LOSS_ARMS
 from numtok.readout.distribution import MAX_DIGITS
@@ -41,11 +39,10 @@ ADAPTATIONS = ("full", "lora")
 READOUTS = ("greedy", "expected", "median", "mode", "head")
 #: The arithmetic test splits (:mod:`numtok.experiments.tasks.arithmetic`).
 ARITHMETIC_TEST_SPLITS = ("test", "test_harder", "test_fresh_4_digit")
-_Config = TypeVar("_Config", bound="FinetuneConfig")
 
 
 @dataclass(frozen=True)
-class FinetuneConfig:
+class FinetuneConfig(RunConfig):
     """Everything that determines a fine-tuning comparison's results (output folders and
     progress bars do not). For each seed every arm starts from the same pretrained weights (and,
     for LoRA, the same adapters) and sees the same batches; the arms differ only in the loss.
@@ -64,25 +61,24 @@ class FinetuneConfig:
 
     ARMS: ClassVar[tuple[str, ...]] = FINETUNE_ARMS
 
-    task: str = "arithmetic"
-    model: str = "smollm2"
-    data: str = ""
     arms: tuple[str, ...] = ("base", "ce", "was", "mse", "del", "gls")
-    ntl_weight: float = 0.3
-    #: ``((arm, λ), ...)``: the arms whose λ is not ``ntl_weight``.
-    arm_weights: tuple[tuple[str, float], ...] = ()
-    weight_grid: tuple[float, ...] = ()
-    seeds: tuple[int, ...] = (0, 1, 2)
-    adaptation: str = "full"
-    lora_rank: int = 16
     steps: int = 100
     batch_size: int = 16
     learning_rate: float = 1e-4
-    #: The regression head's own learning rate (None: ``learning_rate``).
-    head_learning_rate: float | None = None
     warmup_steps: int = 10
     weight_decay: float = 0.0
-    grad_clip: float = 1.0
+    eval_batch_size: int = 32
+    log_every: int = 10
+    checkpoint_every: int = 50
+    threads: int = 2
+    task: str = "arithmetic"
+    model: str = "smollm2"
+    data: str = ""
+    weight_grid: tuple[float, ...] = ()
+    adaptation: str = "full"
+    lora_rank: int = 16
+    #: The regression head's own learning rate (None: ``learning_rate``).
+    head_learning_rate: float | None = None
     #: Sizes of the built-in tasks' splits (a ``jsonl`` task uses every example it has).
     train_examples: int = 4000
     validation_examples: int = 300
@@ -98,13 +94,7 @@ class FinetuneConfig:
     #: spelled in up to ``max_digits`` digits (None: no distribution readouts).
     max_value: int | None = None
     max_digits: int = 2
-    eval_batch_size: int = 32
     max_new_tokens: int = 8
-    device: str = "cpu"
-    threads: int = 2
-
-    def __post_init__(self) -> None:
-        self.validate()
 
     @property
     def evaluation_splits(self) -> tuple[str, ...]:
@@ -138,38 +128,16 @@ class FinetuneConfig:
             raise ValueError(
                 f"adaptation must be one of {list(ADAPTATIONS)}, got {self.adaptation!r}"
             )
+        super().validate()
         for name in (
-            "lora_rank", "steps", "batch_size", "train_examples", "validation_examples",
-            "test_examples", "harder_examples", "max_prompt_tokens", "max_digits",
-            "eval_batch_size", "max_new_tokens", "threads",
+            "lora_rank", "train_examples", "validation_examples", "test_examples",
+            "harder_examples", "max_prompt_tokens", "max_digits", "max_new_tokens",
         ):  # fmt: skip
             check_positive_int(name, getattr(self, name))
-        check_non_negative_int("warmup_steps", self.warmup_steps)
-        check_number("learning_rate", self.learning_rate, minimum=0.0, inclusive=False)
         if self.head_learning_rate is not None:
             check_number(
                 "head_learning_rate", self.head_learning_rate, minimum=0.0, inclusive=False
             )
-        check_number("ntl_weight", self.ntl_weight, minimum=0.0, inclusive=True)
-        check_number("weight_decay", self.weight_decay, minimum=0.0, inclusive=True)
-        check_number("grad_clip", self.grad_clip, minimum=0.0, inclusive=False)
-        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"seeds must be distinct and at least one, got {list(self.seeds)}")
-        for seed in self.seeds:
-            check_non_negative_int("each seed", seed)
-        unknown = [arm for arm in self.arms if arm not in self.ARMS]
-        if unknown or "ce" not in self.arms or len(set(self.arms)) != len(self.arms):
-            raise ValueError(
-                f"arms must be distinct, include 'ce' (every arm is compared with it seed by "
-                f"seed) and come from {list(self.ARMS)}, got {list(self.arms)}"
-            )
-        for entry in self.arm_weights:
-            if not (isinstance(entry, tuple) and len(entry) == 2 and entry[0] in NUMBER_LOSS_ARMS):
-                raise ValueError(
-                    f"arm_weights must be (arm, λ) pairs with arms from {list(NUMBER_LOSS_ARMS)}, "
-                    f"got {entry!r}"
-                )
-            check_number(f"the λ of {entry[0]}", entry[1], minimum=0.0, inclusive=True)
         if self.weight_grid and self.arm_weights:
             raise ValueError(
                 "weight_grid chooses every number-loss arm's λ on validation; arm_weights fixes "
@@ -181,7 +149,6 @@ class FinetuneConfig:
         for weight in self.weight_grid:
             check_number("each λ of weight_grid", weight, minimum=0.0, inclusive=False)
         self._validate_evaluation()
-        check_device(self.device)
 
     def _validate_evaluation(self) -> None:
         allowed = ARITHMETIC_TEST_SPLITS if self.task == "arithmetic" else ("test",)
@@ -207,35 +174,3 @@ class FinetuneConfig:
                     f"max_value must have at most max_digits digits (at most {MAX_DIGITS}), got "
                     f"max_value {self.max_value} with max_digits {self.max_digits}"
                 )
-
-    def weight_of(self, arm: str) -> float:
-        """λ of ``arm``: its entry in ``arm_weights``, else ``ntl_weight``."""
-        return dict(self.arm_weights).get(arm, self.ntl_weight)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The settings as JSON holds them (tuples as lists, ``arm_weights``' pairs included),
-        so that a run folder's stored settings compare equal to the same config's."""
-        settings = asdict(self)
-        settings["arm_weights"] = [list(entry) for entry in self.arm_weights]
-        return {key: list(value) if isinstance(value, tuple) else value
-                for key, value in settings.items()}  # fmt: skip
-
-    @classmethod
-    def from_dict(cls: type[_Config], settings: dict[str, Any]) -> _Config:
-        known = {f.name for f in fields(cls)}
-        values = {key: value for key, value in settings.items() if key in known}
-        for key in ("arms", "seeds", "weight_grid", "test_splits"):
-            if key in values:
-                values[key] = tuple(values[key])
-        if "arm_weights" in values:
-            values["arm_weights"] = tuple((arm, float(w)) for arm, w in values["arm_weights"])
-        return cls(**values)
-
-    def with_overrides(self: _Config, **changes: Any) -> _Config:
-        """These settings with some changed (and checked again)."""
-        return replace(self, **changes)
-
-    def fingerprint(self) -> str:
-        """A short hash of the settings, for a run folder's name."""
-        text = json.dumps(self.to_dict(), sort_keys=True)
-        return hashlib.sha256(text.encode()).hexdigest()[:12]

@@ -2,15 +2,18 @@
 this process, in three phases:
 
 1. **Validation.** Every (seed, arm, λ) is trained — every λ of the grid when λ is chosen — and
-   scored on the validation split; what training changed is kept (``trained.pt``).
+   scored on the validation split; what training changed is kept (``model.pt``,
+   written by the training loop every comparison shares, which also resumes an interrupted arm
+   from its checkpoint).
 2. **Choice and gate.** The rule of :mod:`~numtok.experiments.finetune.choose` picks each
    number-loss arm's λ from the validation answers alone; the learnability gate
    (:func:`~numtok.experiments.analysis.learnability_gate`) reads them too.
 3. **Test.** Each seed's arm at its chosen λ is scored once on the test splits; its
-   ``trained.pt`` is then deleted (those of the λ not chosen, after the choice).
+   ``model.pt`` is then deleted (those of the λ not chosen, after the choice).
 
 Rerunning the same settings into the same folder resumes: a finished step (``validation.json``,
-``test.json``) is read back, an interrupted one starts again. The ``base`` arm (the model before
+``test.json``) is read back, an interrupted training continues from its last checkpoint, an
+interrupted scoring starts again. The ``base`` arm (the model before
 fine-tuning) does not depend on the seed: it is scored once, and that one row pairs with every
 seed of CE.
 """
@@ -33,11 +36,12 @@ from numtok.experiments.finetune.evaluate import score_split
 from numtok.experiments.finetune.models import model_digest, resolve_model
 from numtok.experiments.finetune.preregistration import check_preregistration, preregistration
 from numtok.experiments.finetune.report import write_report
-from numtok.experiments.finetune.train import Trained, load_trained, save_trained, train_arm
+from numtok.experiments.finetune.train import Trained, load_trained, train_arm
 from numtok.experiments.item_metrics import answer_values, item_metrics
+from numtok.experiments.loop import median_step_seconds
 from numtok.experiments.objectives import NUMBER_LOSS_ARMS
 from numtok.experiments.parallel import progress_bar
-from numtok.experiments.run_folder import prepare_run_dir, save_atomically
+from numtok.experiments.run_folder import CHECKPOINT, WEIGHTS, prepare_run_dir, save_atomically
 from numtok.experiments.stats import constant_answers
 from numtok.numbers.vocab import NumberVocab
 
@@ -51,7 +55,7 @@ __all__ = [
 ]
 
 Log = Callable[[str], None]
-TRAINED, VALIDATION, TEST = "trained.pt", "validation.json", "test.json"
+VALIDATION, TEST = "validation.json", "test.json"
 
 
 @dataclass
@@ -186,24 +190,24 @@ def _validation_phase(
                 if stored is None:
                     directory.mkdir(parents=True, exist_ok=True)
                     began = time.perf_counter()
-                    trained = train_arm(
+                    trained, training = train_arm(
                         config, arm, weight, seed, prepared.model_dir,
-                        prepared.data.splits["train"], prepared.vocab, prepared.pad_id, log,
-                        on_step=lambda: bar.update(1),
+                        prepared.data.splits["train"], prepared.vocab, prepared.pad_id,
+                        directory, progress=bar.update,
                     )  # fmt: skip
                     trained_minutes = (time.perf_counter() - began) / 60
-                    if arm != "base":
-                        save_trained(trained, directory / TRAINED)
                     began = time.perf_counter()
                     scored = _score(trained, prepared, config, "validation", bar)
                     stored = {
                         "seed": seed, "arm": arm, "weight": weight, **scored,
-                        "history": trained.history, "seconds_per_step": trained.seconds_per_step,
+                        "history": training.history,
+                        "seconds_per_step": median_step_seconds(training),
                         "train_minutes": trained_minutes,
                         "score_minutes": (time.perf_counter() - began) / 60,
                     }  # fmt: skip
                     save_atomically(stored, directory / VALIDATION)
-                    log(f"seed {seed} {arm} λ={weight:g}: validation scored")
+                    (directory / CHECKPOINT).unlink(missing_ok=True)
+                    log(f"seed {seed} {arm} λ={weight:g}: trained and validation scored")
                 results[(seed, arm, weight)] = stored
     return results
 
@@ -258,15 +262,14 @@ def _test_phase(
             stored = _read(directory / TEST)
             if stored is None:
                 began = time.perf_counter()
+                train = prepared.data.splits["train"]
                 if arm == "base":
-                    trained = train_arm(
-                        config, arm, 0.0, seed, prepared.model_dir, prepared.data.splits["train"],
-                        prepared.vocab, prepared.pad_id, log,
+                    trained, _ = train_arm(
+                        config, arm, 0.0, seed, prepared.model_dir, train, prepared.vocab,
+                        prepared.pad_id, directory,
                     )  # fmt: skip
                 else:
-                    trained = load_trained(
-                        config, arm, seed, prepared.model_dir, directory / TRAINED
-                    )
+                    trained = load_trained(config, arm, seed, prepared.model_dir, train, directory)
                 stored = {
                     "seed": seed, "arm": arm, "weight": chosen[arm],
                     "splits": {s: _score(trained, prepared, config, s, bar)
@@ -275,7 +278,7 @@ def _test_phase(
                 }  # fmt: skip
                 save_atomically(stored, directory / TEST)
                 log(f"seed {seed} {arm}: test splits scored")
-            (directory / TRAINED).unlink(missing_ok=True)
+            (directory / WEIGHTS).unlink(missing_ok=True)
             results[(seed, arm)] = stored
     return results
 
@@ -285,7 +288,7 @@ def _drop_unchosen(config: FinetuneConfig, run_dir: Path, chosen: dict[str, floa
         for arm in config.arms:
             for weight in config.weights_of(arm):
                 if weight != chosen[arm]:
-                    path = job_directory(run_dir, config, seed, arm, weight) / TRAINED
+                    path = job_directory(run_dir, config, seed, arm, weight) / WEIGHTS
                     path.unlink(missing_ok=True)
 
 

@@ -8,14 +8,14 @@ decoder runs over the whole batch (the tokens every row begins with once,
 is part of an answer, and :class:`numtok.experiments.objectives.Objective` (CE, CE + λ·NTL-WAS,
 NTL-MSE, DEL, or Gaussian-label-smoothed CE) reads those logits. The ``head`` arm (rJokes) reads
 the hidden state of each prompt's last token into a linear layer and minimises the squared error to
-the standardised score. AdamW, linear warm-up then cosine decay, gradient clipping
-(:mod:`numtok.experiments.loop`).
+the standardised score. The training loop is every comparison's
+(:func:`numtok.experiments.loop.train_with_checkpoints`: AdamW, linear warm-up then cosine decay,
+gradient clipping, logged loss averages, checkpoints an interrupted arm resumes from).
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,8 +26,15 @@ from torch import nn
 from numtok.experiments.finetune.config import FinetuneConfig
 from numtok.experiments.finetune.examples import IGNORE_INDEX, Encoded, training_batch
 from numtok.experiments.finetune.prefix import decoder_states
-from numtok.experiments.loop import learning_rate_at, optimizer_step
+from numtok.experiments.loop import (
+    Progress,
+    TrainingLog,
+    load_trainable_state,
+    optimizer_step,
+    train_with_checkpoints,
+)
 from numtok.experiments.objectives import Objective
+from numtok.experiments.run_folder import WEIGHTS
 from numtok.hf._head import causal_lm_of
 from numtok.numbers.vocab import NumberVocab
 
@@ -37,11 +44,8 @@ __all__ = [
     "load_model",
     "load_trained",
     "prompt_states",
-    "save_trained",
     "train_arm",
 ]
-
-Log = Callable[[str], None]
 
 
 def load_model(model_dir: Path, config: FinetuneConfig, seed: int) -> Any:
@@ -95,14 +99,12 @@ def prompt_states(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
 
 @dataclass
 class Trained:
-    """A fine-tuned arm: the model (and the ``head`` arm's layer with the answers' scale), its
-    logged losses and the median seconds per step."""
+    """A fine-tuned arm ready to score: the model and, for the ``head`` arm, its layer with the
+    training answers' scale (mean, standard deviation)."""
 
     model: Any
     head: nn.Linear | None
     score_scale: tuple[float, float]
-    history: list[dict[str, float]]
-    seconds_per_step: float
 
 
 def _answer_scale(examples: Sequence[Encoded]) -> tuple[float, float]:
@@ -118,42 +120,27 @@ def _new_head(model: Any, arm: str, seed: int, device: str) -> nn.Linear | None:
     return nn.Linear(causal_lm_of(model).config.hidden_size, 1).to(device)
 
 
-def save_trained(trained: Trained, path: Path) -> None:
-    """What training changed (the parameters that require a gradient, and the head) into
-    ``path``, so that :func:`load_trained` rebuilds the arm from the pretrained model."""
-    from numtok.experiments.run_folder import save_atomically
-
-    state = {
-        "model": {n: p.detach().cpu() for n, p in trained.model.named_parameters()
-                  if p.requires_grad},
-        "head": None if trained.head is None else trained.head.state_dict(),
-        "score_scale": trained.score_scale,
-        "history": trained.history,
-        "seconds_per_step": trained.seconds_per_step,
-    }  # fmt: skip
-    save_atomically(state, path)
+def _trainable(model: Any, head: nn.Linear | None) -> nn.ModuleList:
+    """What the training loop updates and stores: the model (with LoRA, its adapters require a
+    gradient, the pretrained weights do not) and the head."""
+    return nn.ModuleList([model] + ([head] if head is not None else []))
 
 
 def load_trained(
-    config: FinetuneConfig, arm: str, seed: int, model_dir: Path, path: Path
+    config: FinetuneConfig,
+    arm: str,
+    seed: int,
+    model_dir: Path,
+    examples: Sequence[Encoded],
+    directory: Path,
 ) -> Trained:
-    """The arm :func:`save_trained` stored, on ``config.device``, in eval mode."""
-    state = torch.load(path, map_location="cpu", weights_only=False)
+    """The arm :func:`train_arm` trained into ``directory`` (its ``model.pt``: the parameters
+    training changed), rebuilt from the pretrained model on ``config.device``, in eval mode."""
     model = load_model(model_dir, config, seed)
-    parameters = dict(model.named_parameters())
-    missing = sorted(set(state["model"]) - set(parameters))
-    if missing:
-        raise ValueError(f"{path} holds parameters the model does not have: {missing[:3]}")
-    with torch.no_grad():
-        for name, value in state["model"].items():
-            parameters[name].copy_(value)
     head = _new_head(model, arm, seed, config.device)
-    if head is not None:
-        head.load_state_dict(state["head"])
-    return Trained(
-        model.eval(), head, tuple(state["score_scale"]), state["history"],
-        state["seconds_per_step"],
-    )  # fmt: skip
+    state = torch.load(directory / WEIGHTS, map_location=config.device, weights_only=True)
+    load_trainable_state(_trainable(model, head), state)
+    return Trained(model.eval(), head, _answer_scale(examples))
 
 
 def train_arm(
@@ -165,16 +152,17 @@ def train_arm(
     examples: Sequence[Encoded],
     vocab: NumberVocab,
     pad_id: int,
-    log: Log,
-    on_step: Callable[[], None] | None = None,
-) -> Trained:
+    directory: Path,
+    progress: Progress | None = None,
+) -> tuple[Trained, TrainingLog]:
     """Fine-tune ``arm`` (at λ = ``weight`` for a number-loss arm) for ``config.steps`` steps of
-    ``config.batch_size`` examples (the ``base`` arm returns the pretrained model untouched);
-    ``on_step`` is called after each step (a progress bar)."""
+    ``config.batch_size`` examples with :func:`~numtok.experiments.loop.train_with_checkpoints`
+    in ``directory`` (resuming from its checkpoint; ``model.pt`` at the end). The ``base`` arm
+    returns the pretrained model untouched and an empty log."""
     model = load_model(model_dir, config, seed)
     scale = _answer_scale(examples)
     if arm == "base":
-        return Trained(model.eval(), None, scale, [], 0.0)
+        return Trained(model.eval(), None, scale), TrainingLog([], [])
     head = _new_head(model, arm, seed, config.device)
     torch.manual_seed(seed)
     objective = None if head is not None else Objective(arm, vocab, ntl_weight=weight)
@@ -184,37 +172,29 @@ def train_arm(
         groups.append(
             {"params": list(head.parameters()), "lr_scale": head_rate / config.learning_rate}
         )
-    trainable = nn.ModuleList([model] + ([head] if head is not None else []))
+    trainable = _trainable(model, head)
     optimizer = torch.optim.AdamW(groups, lr=config.learning_rate, weight_decay=config.weight_decay)
     order = torch.randperm(
         len(examples), generator=torch.Generator().manual_seed(1000 + seed)
     ).tolist()
-    history: list[dict[str, float]] = []
-    seconds: list[float] = []
-    model.train()
-    for step in range(config.steps):
-        start = (step * config.batch_size) % len(order)
+
+    def step(index: int, learning_rate: float) -> Any:
+        start = (index * config.batch_size) % len(order)
         picked = [examples[order[(start + i) % len(order)]] for i in range(config.batch_size)]
         batch = {k: v.to(config.device) for k, v in training_batch(picked, pad_id).items()}
-        began = time.perf_counter()
+        ce = ntl = None
         if head is not None:
             targets = torch.tensor([(e.value - scale[0]) / scale[1] for e in picked])
             predicted = head(prompt_states(model, batch)).squeeze(-1)
             loss = nn.functional.mse_loss(predicted, targets.to(predicted))
-            ce = ntl = None
         else:
             assert objective is not None
             loss, ce, ntl = objective(*answer_logits(model, batch))
-        optimizer_step(trainable, optimizer, loss, config, learning_rate_at(step, config))
-        if on_step is not None:
-            on_step()
-        seconds.append(time.perf_counter() - began)
-        if step % 10 == 0 or step == config.steps - 1:
-            entry = {"step": float(step), "loss": float(loss.detach())}
-            terms = (("ce", ce), ("ntl", ntl))
-            entry.update({k: float(v.detach()) for k, v in terms if v is not None})
-            history.append(entry)
-            log(f"seed {seed} {arm} step {step}: loss {entry['loss']:.4f}")
-    model.eval()
-    timed = sorted(seconds[min(3, len(seconds) - 1) :])
-    return Trained(model, head, scale, history, timed[len(timed) // 2])
+        optimizer_step(trainable, optimizer, loss, config, learning_rate)
+        return loss, ce, ntl
+
+    log = train_with_checkpoints(
+        trainable, optimizer, step, config, directory, progress=progress,
+        has_ce=objective is not None, has_ntl=objective is not None and objective.ntl is not None,
+    )  # fmt: skip
+    return Trained(model.eval(), head, scale), log
