@@ -403,16 +403,35 @@ def test_compare_preregisters_then_runs_only_the_registered_run(
     assert report.index("Pre-registered") < report.index("## Primary endpoint")
 
 
-def test_a_preset_compare_cannot_run_is_named(capsys: pytest.CaptureFixture[str]) -> None:
-    """An unknown --preset lists the fine-tuning presets only (the ones compare runs); a preset
-    trained from scratch names the command that runs it."""
+def test_compare_runs_every_preset_and_refuses_the_flags_of_the_other_kind(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """One comparison command: an unknown --preset lists every preset, from scratch and
+    fine-tuning alike; a flag of the other kind of run is one error line naming the flag."""
     from numtok.cli import main
 
     with pytest.raises(SystemExit) as stopped:
         main(["compare", "--preset", "bogus"])
     error = capsys.readouterr().err
     assert stopped.value.code == 2 and "unknown preset 'bogus'" in error
-    assert "smollm2-arithmetic:" in error and "  demo:" not in error and "  smoke:" not in error
-    with pytest.raises(SystemExit) as stopped:
-        main(["compare", "--preset", "demo"])
-    assert "(numtok repro --preset demo)" in capsys.readouterr().err
+    assert all(f"  {name}:" in error for name in ("smollm2-arithmetic", "demo", "smoke", "rjokes"))
+    scratch_only = " (it applies to the presets trained from scratch; numtok list shows them)"
+    fine_tuning_only = (
+        ", a comparison trained from scratch (it applies to --data and the smollm2-* presets)"
+    )
+    for arguments, message in (
+        (["--preset", "smoke", "--adaptation", "lora"],
+         "--adaptation does not apply to the arithmetic task of 'smoke'"),
+        (["--preset", "smoke", "--hypothesis", "x"],
+         "--hypothesis does not apply to 'smoke'" + fine_tuning_only),
+        (["--preset", "smoke", "--max-value", "9"],
+         "--max-value does not apply to 'smoke'" + fine_tuning_only),
+        (["--preset", "smollm2-arithmetic", "--workers", "2"],
+         "--workers does not apply to the fine-tuning preset 'smollm2-arithmetic'" + scratch_only),
+        (["--data", "x.jsonl", "--eval-jokes", "5"],
+         "--eval-jokes does not apply to a comparison of --data" + scratch_only),
+    ):  # fmt: skip
+        with pytest.raises(SystemExit) as stopped:
+            main(["compare", *arguments])
+        assert stopped.value.code == 2
+        assert capsys.readouterr().err.splitlines() == [f"numtok: error: {message}"]

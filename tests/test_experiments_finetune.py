@@ -319,7 +319,7 @@ def test_command_line(
     from numtok.cli import main
 
     out = tmp_path / "cli"
-    arguments = ["repro", "--preset", "smollm2-arithmetic", "--model", str(tiny_llama_dir),
+    arguments = ["compare", "--preset", "smollm2-arithmetic", "--model", str(tiny_llama_dir),
                  "--steps", "2", "--seeds", "1", "--arms", "base,ce", "--threads", "1",
                  "--out", str(out), "--no-progress"]  # fmt: skip
     assert main(arguments) == 0

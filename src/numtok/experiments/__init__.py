@@ -1,4 +1,4 @@
-"""The experiment harness behind ``numtok demo``, ``numtok repro`` and ``numtok compare``.
+"""The experiment harness behind ``numtok demo`` and ``numtok compare``.
 
 The tasks (``tasks``: DeepMind's Mathematics, arithmetic word problems, rJokes, JSON Lines) feed
 two harnesses that do not import each other. From scratch: CE vs CE + λ·NTL and the other number
