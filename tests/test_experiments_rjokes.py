@@ -30,12 +30,13 @@ from numtok.experiments.rjokes.evaluate import (
 from numtok.experiments.rjokes.model import ScoreRegressor
 from numtok.experiments.rjokes.report import constant_predictions
 from numtok.experiments.rjokes.train import (
+    RJokesTask,
     ScoredTrainingSet,
     arm_step,
     build_arm,
     build_tokenizer,
-    train_arm,
 )
+from numtok.experiments.scratch import train_arm
 from numtok.experiments.tasks.rjokes import (
     RJokesData,
     evaluation_subset,
@@ -328,10 +329,10 @@ def test_progress_counts_steps_and_scored_jokes(data: RJokesData, tmp_path: Path
     config = SMOKE.with_overrides(steps=12, checkpoint_every=5)
     for arm in ("was", "head"):
         reported: list[int] = []
-        train_arm(config, 0, arm, data, tmp_path, progress=reported.append)
+        train_arm(RJokesTask(config, data), 0, arm, tmp_path, progress=reported.append)
         assert sum(reported) == 12 + config.eval_jokes
         again: list[int] = []
-        train_arm(config, 0, arm, data, tmp_path, progress=again.append)
+        train_arm(RJokesTask(config, data), 0, arm, tmp_path, progress=again.append)
         assert again == [12 + config.eval_jokes]  # read back, not trained again
 
 

@@ -22,6 +22,7 @@ from numtok.experiments.parallel import (
 )
 from numtok.experiments.report import write_report
 from numtok.experiments.run_folder import prepare_run_dir
+from numtok.experiments.scratch import step_times, train_arm
 from numtok.experiments.tasks.mathematics import (
     TASKS,
     Example,
@@ -36,12 +37,12 @@ from numtok.experiments.tasks.mathematics import (
     write_cache,
 )
 from numtok.experiments.tasks.mathematics_compat import load_mathematics_dataset
-from numtok.experiments.timing import measure_step_times
-from numtok.experiments.train import train_arm
+from numtok.experiments.train import ArithmeticTask
 
 __all__ = ["default_cache_dir", "run_experiment"]
 
 _TIMING = "timing.json"
+_TIMING_ROUNDS = 30
 
 
 def default_cache_dir() -> Path:
@@ -82,7 +83,7 @@ def _arm_job(
         cache_dir=Path(cache_dir),
         evaluate_on=config.evaluate_on,
     )
-    return train_arm(config, seed, arm, data, Path(run_dir), progress=report_progress)
+    return train_arm(ArithmeticTask(config, data), seed, arm, Path(run_dir), report_progress)
 
 
 def _generate_data(
@@ -177,7 +178,7 @@ def run_experiment(
             eval_questions=config.eval_questions,
             cache_dir=cache,
         )
-        timing = measure_step_times(config, data)
+        timing = step_times(ArithmeticTask(config, data), rounds=_TIMING_ROUNDS)
         timing_path.write_text(json.dumps(timing, indent=1))
 
     return write_report(

@@ -11,23 +11,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from numtok.experiments.loop import learning_rate_at
 from numtok.experiments.parallel import Job, open_executor, progress_bar, report_progress
 from numtok.experiments.rjokes.config import RJokesConfig
 from numtok.experiments.rjokes.report import constant_predictions, write_report
-from numtok.experiments.rjokes.train import (
-    arm_step,
-    build_arm,
-    build_tokenizer,
-    evaluation_jokes,
-    prepare_training,
-    train_arm,
-)
+from numtok.experiments.rjokes.train import RJokesTask, build_tokenizer, evaluation_jokes
 from numtok.experiments.run_folder import prepare_run_dir
-from numtok.experiments.tasks.rjokes import RJokesData, find_data_dir, load_rjokes
-from numtok.experiments.timing import interleaved_step_times
+from numtok.experiments.scratch import step_times, train_arm
+from numtok.experiments.tasks.rjokes import find_data_dir, load_rjokes
 
 __all__ = ["run_rjokes"]
 
@@ -40,7 +30,7 @@ def _arm_job(
 ) -> dict[str, Any]:
     config = RJokesConfig.from_dict(config_dict)
     data = load_rjokes(data_dir, validation_jokes=config.validation_jokes)
-    return train_arm(config, seed, arm, data, Path(run_dir), progress=report_progress)
+    return train_arm(RJokesTask(config, data), seed, arm, Path(run_dir), report_progress)
 
 
 def _timing_job(config_dict: dict[str, Any], data_dir: str, run_dir: str) -> dict[str, Any]:
@@ -51,28 +41,10 @@ def _timing_job(config_dict: dict[str, Any], data_dir: str, run_dir: str) -> dic
         stored: dict[str, Any] = json.loads(path.read_text())
         return stored
     config = RJokesConfig.from_dict(config_dict)
-    timing = _step_times(config, load_rjokes(data_dir, validation_jokes=config.validation_jokes))
+    data = load_rjokes(data_dir, validation_jokes=config.validation_jokes)
+    timing = step_times(RJokesTask(config, data), rounds=_TIMING_ROUNDS)
     path.write_text(json.dumps(timing, indent=1))
     return timing
-
-
-def _step_times(config: RJokesConfig, data: RJokesData) -> dict[str, Any]:
-    if torch.device(config.device).type == "cpu":
-        torch.set_num_threads(config.threads)
-    tokenizer, training = prepare_training(config, data)
-    seed = config.seeds[0]
-    steps = {
-        arm: arm_step(config, seed, *build_arm(config, seed, arm, tokenizer), training)
-        for arm in config.arms
-    }
-    return interleaved_step_times(
-        steps,
-        learning_rate=lambda index: learning_rate_at(index, config),
-        batch_size=config.batch_size,
-        device=config.device,
-        threads=config.threads,
-        rounds=_TIMING_ROUNDS,
-    )
 
 
 def run_rjokes(
