@@ -39,7 +39,6 @@ __all__ = [
     "causal_lm_of",
     "check_bypass_is_exact",
     "logit_settings_of",
-    "output_layer_of",
     "softcap_of",
 ]
 
@@ -96,29 +95,6 @@ def _forward_replaced(
             del own["forward"]
         else:
             own["forward"] = previous
-
-
-def output_layer_of(model: Any) -> torch.nn.Linear:
-    """``model.get_output_embeddings()``, checked: an ``nn.Linear`` with a floating-point weight
-    (V, H). Raises a ``ValueError`` that says why logits-free training cannot use the model."""
-    name = type(model).__name__
-    get_output_embeddings = getattr(model, "get_output_embeddings", None)
-    head = get_output_embeddings() if callable(get_output_embeddings) else None
-    if head is None:
-        raise ValueError(
-            f"logits_free=True needs the model's output layer, but {name}.get_output_embeddings() "
-            "returns None (or does not exist): load a causal LM (AutoModelForCausalLM), or use "
-            "logits_free=False"
-        )
-    if not isinstance(head, torch.nn.Linear) or not head.weight.is_floating_point():
-        raise ValueError(
-            f"logits_free=True needs an output layer that is a plain torch.nn.Linear with a "
-            f"floating-point weight; {name}.get_output_embeddings() is "
-            f"{type(head).__name__} with weight dtype "
-            f"{getattr(getattr(head, 'weight', None), 'dtype', None)} (an adapter or quantised "
-            "layer): use logits_free=False"
-        )
-    return head
 
 
 @dataclass(frozen=True)

@@ -37,59 +37,25 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
-import importlib.metadata
 import inspect
-import re
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from numtok.hf._head import (
-    OutputLayerBypass,
-    causal_lm_of,
-    check_bypass_is_exact,
-    output_layer_of,
-)
-from numtok.hf._hidden import HiddenStatesCapture, check_head_reads_hidden, decoder_of
+from numtok.hf._head import OutputLayerBypass
+from numtok.hf._hidden import HiddenStatesCapture
 from numtok.hf._in_forward import check_whole_weight, install_forward, run_forward
 from numtok.hf._loss import denominator_dtype, number_head_mean
+from numtok.hf._model_facts import ModelFacts
 from numtok.hf._step_counts import StepCounts, StepLink
 from numtok.hf._zero3 import gathered
 from numtok.losses.linear import linear_loss_and_row_terms
 from numtok.maths.ntl import LossSpec
 from numtok.numbers.vocab import NumberVocab
 
-__all__ = ["attach_to_trl", "takes_the_trl_route"]
-
-#: What computes the cross-entropy on TRL's route: ``"auto"`` chooses per device.
-#: The first TRL release whose SFTTrainer computes its loss from the fused LM head.
-_FUSED_HEAD_RELEASE = (1, 16)
-
-
-def _release(version: str) -> tuple[int, int]:
-    """``(major, minor)`` of a version string such as ``"1.16.0"`` or ``"1.17.0.dev0"``."""
-    major, minor, *_ = [*version.split("."), "0"]
-    return int(major), int(re.sub(r"\D.*", "", minor) or 0)
-
-
-def takes_the_trl_route(trainer: Any) -> bool:
-    """Whether ``trainer`` is TRL's ``SFTTrainer`` from 1.16 on, with no ``compute_loss_func``,
-    computing its loss from the fused LM head (no label smoothing, which TRL computes from the
-    logits), with ``num_items_in_batch`` reaching its loss."""
-    trl = sys.modules.get("trl")
-    sft_trainer = getattr(trl, "SFTTrainer", None)
-    if not isinstance(sft_trainer, type) or not isinstance(trainer, sft_trainer):
-        return False
-    if _release(importlib.metadata.version("trl")) < _FUSED_HEAD_RELEASE:
-        return False
-    return (
-        getattr(trainer, "compute_loss_func", None) is None
-        and getattr(trainer, "label_smoother", None) is None
-        and bool(getattr(trainer, "model_accepts_loss_kwargs", False))
-    )
+__all__ = ["attach_to_trl"]
 
 
 @dataclass
@@ -235,6 +201,7 @@ def _loss_scale(trainer: Any, num_items_in_batch: object) -> int:
 
 def attach_to_trl(
     trainer: Any,
+    facts: ModelFacts,
     vocab: NumberVocab,
     spec: LossSpec,
     ntl_weight: float,
@@ -242,13 +209,11 @@ def attach_to_trl(
     cross_entropy: str,
 ) -> None:
     """Add ``ntl_weight · Σ ntl / |P|`` to TRL's fused-head loss, with TRL's cross-entropy
-    (``"model"``) or numtok's (``"numtok"``) (see the module docstring): checks the model, patches
-    its forward and wraps ``trainer.compute_loss``."""
-    causal_lm = causal_lm_of(trainer.model)
-    head = output_layer_of(causal_lm)
-    capture = HiddenStatesCapture(decoder_of(causal_lm))
-    softcap = check_head_reads_hidden(causal_lm, head, capture)
-    capped = dataclasses.replace(spec, logit_softcap=softcap)
+    (``"model"``) or numtok's (``"numtok"``) (see the module docstring): checks the causal LM
+    that ``facts`` describes, patches its forward and wraps ``trainer.compute_loss``."""
+    head = facts.output_layer()
+    capture = facts.capture()
+    capped = dataclasses.replace(spec, logit_softcap=facts.softcap)
     numtok = None
     if cross_entropy == "numtok":
         for setting, value, fine in (
@@ -261,12 +226,12 @@ def attach_to_trl(
                     f"{value!r} would reweigh or add to: use NTLossForTrainer(..., "
                     "cross_entropy='model')"
                 )
-        exact = check_bypass_is_exact(causal_lm, head, lambda outputs: outputs["logits"])
+        bypass = facts.bypass(lambda outputs: outputs["logits"])
         output_type = importlib.import_module("trl.trainer.utils").FusedCausalLMOutput
-        numtok = _NumtokCrossEntropy(OutputLayerBypass(causal_lm, head, exact), output_type)
+        numtok = _NumtokCrossEntropy(bypass, output_type)
     route = _TrlRoute(vocab, capped, ntl_weight, link, capture, head, numtok)
     install_forward(
-        causal_lm,
+        facts.loss_model,
         route,
         "NTLossForTrainer.attach (TRL's fused LM head)",
         lambda own_forward: functools.partial(route.forward, own_forward),
