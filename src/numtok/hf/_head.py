@@ -235,10 +235,9 @@ def _two_forwards(
 
 def check_bypass_is_exact(
     model: Any, head: torch.nn.Linear, read_logits: Callable[[Any], torch.Tensor]
-) -> float | None:
+) -> None:
     """Refuse a model whose logits, its soft cap switched off, are not ``P(h) @ W.T + b`` with
-    ``P(h)`` what it returns when its output layer is bypassed; return the soft cap (None
-    without one), which the loss then applies.
+    ``P(h)`` what it returns when its output layer is bypassed (the loss applies the soft cap).
 
     Two forwards of four tokens with the soft cap off, in eval mode without gradients: one with
     the layer's output multiplied by ``k = 1000 / max|logits|`` (large logits, where any other
@@ -247,8 +246,6 @@ def check_bypass_is_exact(
     built inside ``deepspeed.zero.Init`` runs them with each module's weights gathered for its
     call (:func:`numtok.hf._zero3.each_module_gathered`).
     """
-    name = type(model).__name__
-    settings = logit_settings_of(model)
     with each_module_gathered(model), gathered([head.weight, head.bias]):
         logits, passed, scale = _two_forwards(model, head, read_logits)
         weight = head.weight.detach()
@@ -264,15 +261,15 @@ def check_bypass_is_exact(
             error = float((logits - expected).abs().max() / expected.abs().max().clamp_min(1e-30))
             exact = error <= tolerance
     if not exact:
-        named = ", ".join(f"{key}={value}" for key, value in settings.items())
+        named = ", ".join(f"{key}={value}" for key, value in logit_settings_of(model).items())
         because = (
             f"its configuration sets {named}"
             if named
             else "it transforms the output layer's result, or computes the logits without it"
         )
         raise ValueError(
-            f"{name}'s logits are not its output layer applied to what the model returns when "
-            f"the layer is bypassed ({because}; with a bias, a logit scale also breaks this), so "
-            "logits_free=True cannot compute its loss exactly: use logits_free=False"
+            f"{type(model).__name__}'s logits are not its output layer applied to what the model "
+            f"returns when the layer is bypassed ({because}; with a bias, a logit scale also "
+            "breaks this), so logits_free=True cannot compute its loss exactly: use "
+            "logits_free=False"
         )
-    return softcap_of(model)

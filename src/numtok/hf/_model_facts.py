@@ -111,7 +111,7 @@ class ModelFacts:
         :func:`numtok.hf._hidden.check_head_reads_hidden`)."""
         head = self.output_layer()
         capture = HiddenStatesCapture(decoder_of(self.loss_model))
-        check_head_reads_hidden(self.loss_model, head, capture)
+        check_head_reads_hidden(self.loss_model, head, capture, self.softcap)
         return capture
 
 
