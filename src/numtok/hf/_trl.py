@@ -7,7 +7,7 @@ add_fused_lm_head``): ``model(**inputs, fused_lm_head=True)`` runs the decoder, 
 only the positions whose label is not ``-100`` and returns per-token ``log_probs``, ``entropy``,
 ``is_top1`` and ``label_mask``, never the logits; ``compute_loss`` takes ``-Σ log_probs /
 num_items_in_batch`` (times the processes, as the Trainer does) and logs the entropy and the
-token accuracy from the same outputs. :func:`attach_to_trl` keeps all of that and adds NTL:
+token accuracy from the same outputs. :func:`trl_route` keeps all of that and adds NTL:
 
 * ``cross_entropy="model"``: TRL's head (the model's forward with ``fused_lm_head=True``) computes
   the cross-entropy and the metrics. The causal LM's forward (on the instance, over TRL's) captures
@@ -55,7 +55,7 @@ from numtok.losses.linear import linear_loss_and_row_terms
 from numtok.maths.ntl import LossSpec
 from numtok.numbers.vocab import NumberVocab
 
-__all__ = ["attach_to_trl"]
+__all__ = ["trl_route"]
 
 
 @dataclass
@@ -82,6 +82,11 @@ class _NumtokCrossEntropy:
 
 @dataclass
 class _TrlRoute:
+    """The TRL route of one attached loss, checked: what the causal LM's patched forward and the
+    wrapped ``compute_loss`` need, and the micro-batch being computed (None outside
+    ``compute_loss``)."""
+
+    causal_lm: Any  # whose forward TRL calls with fused_lm_head=True
     vocab: NumberVocab
     spec: LossSpec  # with the model's soft cap
     ntl_weight: float
@@ -177,6 +182,58 @@ class _TrlRoute:
         )
         return ntl, counts
 
+    def install(self, trainer: Any) -> None:
+        """Patch the causal LM's forward and wrap ``trainer.compute_loss``, which adds NTL to
+        TRL's loss (or hands on numtok's) and records the terms."""
+        install_forward(
+            self.causal_lm,
+            self,
+            "NTLossForTrainer.attach (TRL's fused LM head)",
+            lambda own_forward: functools.partial(self.forward, own_forward),
+        )
+        compute_loss = trainer.compute_loss
+        signature = inspect.signature(compute_loss)
+
+        @functools.wraps(compute_loss)
+        def compute_loss_with_ntl(*args: Any, **kwargs: Any) -> Any:
+            arguments = signature.bind(*args, **kwargs).arguments
+            inputs = arguments.get("inputs")
+            if not isinstance(inputs, Mapping) or not isinstance(
+                inputs.get("labels"), torch.Tensor
+            ):
+                return compute_loss(*args, **kwargs)
+            labels = inputs["labels"]
+            if "shift_labels" in inputs:
+                raise ValueError(
+                    "the batch holds shift_labels (context or sequence parallelism), which "
+                    "NTLossForTrainer's TRL route does not read: pass compute_loss_func=loss_fn "
+                    "to the SFTTrainer instead"
+                )
+            num_items_in_batch = arguments.get("num_items_in_batch")
+            self.step = step = _Step(labels, num_items_in_batch)
+            try:
+                result = compute_loss(*args, **kwargs)
+            finally:
+                self.step = None
+            if step.counts is None:
+                raise ValueError(
+                    "TRL's compute_loss did not call the model with its fused LM head "
+                    "(fused_lm_head=True), so NTL was not computed: something replaced the "
+                    "model's forward after attach(); attach the loss after every other patch"
+                )
+            # numtok's cross-entropy: the whole loss is TRL's already
+            if step.terms is not None:
+                self.link.record(*step.terms, step.counts)
+                return result
+            assert step.ntl is not None
+            loss, outputs = result if arguments.get("return_outputs") else (result, None)
+            scale = _loss_scale(trainer, num_items_in_batch)
+            self.link.record(loss.detach() / scale, step.ntl.detach(), step.counts)
+            loss = loss + (self.ntl_weight * scale) * step.ntl.to(loss.dtype)
+            return (loss, outputs) if arguments.get("return_outputs") else loss
+
+        trainer.compute_loss = compute_loss_with_ntl
+
 
 def _summing_to(
     values: torch.Tensor, loss: torch.Tensor, factor: torch.Tensor, mask: torch.Tensor
@@ -199,7 +256,7 @@ def _loss_scale(trainer: Any, num_items_in_batch: object) -> int:
     return int(trainer.accelerator.num_processes) // tp_size
 
 
-def attach_to_trl(
+def trl_route(
     trainer: Any,
     facts: ModelFacts,
     vocab: NumberVocab,
@@ -207,10 +264,11 @@ def attach_to_trl(
     ntl_weight: float,
     link: StepLink,
     cross_entropy: str,
-) -> None:
-    """Add ``ntl_weight · Σ ntl / |P|`` to TRL's fused-head loss, with TRL's cross-entropy
-    (``"model"``) or numtok's (``"numtok"``) (see the module docstring): checks the causal LM
-    that ``facts`` describes, patches its forward and wraps ``trainer.compute_loss``."""
+) -> _TrlRoute:
+    """The route that adds ``ntl_weight · Σ ntl / |P|`` to TRL's fused-head loss, with TRL's
+    cross-entropy (``"model"``) or numtok's (``"numtok"``) (see the module docstring), checked on
+    the trainer and on the causal LM that ``facts`` describes; :meth:`_TrlRoute.install`
+    installs it."""
     head = facts.output_layer()
     capture = facts.capture()
     capped = dataclasses.replace(spec, logit_softcap=facts.softcap)
@@ -229,49 +287,4 @@ def attach_to_trl(
         bypass = facts.bypass(lambda outputs: outputs["logits"])
         output_type = importlib.import_module("trl.trainer.utils").FusedCausalLMOutput
         numtok = _NumtokCrossEntropy(bypass, output_type)
-    route = _TrlRoute(vocab, capped, ntl_weight, link, capture, head, numtok)
-    install_forward(
-        facts.loss_model,
-        route,
-        "NTLossForTrainer.attach (TRL's fused LM head)",
-        lambda own_forward: functools.partial(route.forward, own_forward),
-    )
-    compute_loss = trainer.compute_loss
-    signature = inspect.signature(compute_loss)
-
-    @functools.wraps(compute_loss)
-    def compute_loss_with_ntl(*args: Any, **kwargs: Any) -> Any:
-        arguments = signature.bind(*args, **kwargs).arguments
-        inputs = arguments.get("inputs")
-        if not isinstance(inputs, Mapping) or not isinstance(inputs.get("labels"), torch.Tensor):
-            return compute_loss(*args, **kwargs)
-        labels = inputs["labels"]
-        if "shift_labels" in inputs:
-            raise ValueError(
-                "the batch holds shift_labels (context or sequence parallelism), which "
-                "NTLossForTrainer's TRL route does not read: pass compute_loss_func=loss_fn "
-                "to the SFTTrainer instead"
-            )
-        num_items_in_batch = arguments.get("num_items_in_batch")
-        route.step = step = _Step(labels, num_items_in_batch)
-        try:
-            result = compute_loss(*args, **kwargs)
-        finally:
-            route.step = None
-        if step.counts is None:
-            raise ValueError(
-                "TRL's compute_loss did not call the model with its fused LM head "
-                "(fused_lm_head=True), so NTL was not computed: something replaced the model's "
-                "forward after attach(); attach the loss after every other patch"
-            )
-        if step.terms is not None:  # numtok's cross-entropy: the whole loss is TRL's already
-            link.record(*step.terms, step.counts)
-            return result
-        assert step.ntl is not None
-        loss, outputs = result if arguments.get("return_outputs") else (result, None)
-        scale = _loss_scale(trainer, num_items_in_batch)
-        link.record(loss.detach() / scale, step.ntl.detach(), step.counts)
-        loss = loss + (ntl_weight * scale) * step.ntl.to(loss.dtype)
-        return (loss, outputs) if arguments.get("return_outputs") else loss
-
-    trainer.compute_loss = compute_loss_with_ntl
+    return _TrlRoute(facts.loss_model, vocab, capped, ntl_weight, link, capture, head, numtok)

@@ -94,7 +94,7 @@ from numtok.hf._loss import (
 )
 from numtok.hf._model_facts import ModelFacts, model_facts
 from numtok.hf._step_counts import StepCounts, StepLink
-from numtok.hf._trl import attach_to_trl
+from numtok.hf._trl import trl_route
 from numtok.hf._zero3 import full_shape
 from numtok.losses.fused import CEWithNTLOutput
 from numtok.maths.ntl import Kind, LossSpec, refuse_number_level
@@ -499,6 +499,17 @@ class NTLossForTrainer:
             )
         facts = model_facts(trainer.model, trainer)
         self._check_model(facts)
+        link = self._step_link(trainer, facts)
+        install = self._route(trainer, facts, link)
+        self._link = link
+        link.wrap(trainer)
+        install(trainer)
+        return trainer
+
+    def _route(self, trainer: Any, facts: ModelFacts, link: StepLink) -> Callable[[Any], None]:
+        """The route for this trainer and its model, chosen from ``facts`` and checked (what it
+        refuses, the probes it runs on the model) before anything is changed: what installs it
+        on the trainer."""
         if self.cross_entropy != "auto" and not facts.on_trl:
             raise ValueError(
                 f"cross_entropy={self.cross_entropy!r} chooses the cross-entropy on TRL's "
@@ -511,14 +522,19 @@ class NTLossForTrainer:
                 facts.tp_size,
                 "pass compute_loss_func=loss_fn to the SFTTrainer (the loss from the logits)",
             )
-            self._link = link = self._step_link(trainer, facts)
-            link.wrap(trainer)
             chosen = self.cross_entropy
             if chosen == "auto":
-                chosen = auto_cross_entropy(args.device)
-            attach_to_trl(trainer, facts, self.vocab, self.spec, self.ntl_weight, link, chosen)
-            return trainer
+                chosen = auto_cross_entropy(trainer.args.device)
+            route = trl_route(trainer, facts, self.vocab, self.spec, self.ntl_weight, link, chosen)
+            return route.install
         bypass = self._output_layer_bypass(facts) if self.logits_free else None
+        return lambda trainer: self._install(trainer, facts.loss_model, bypass)
+
+    def _install(self, trainer: Any, model: Any, bypass: OutputLayerBypass | None) -> None:
+        """Make this loss the trainer's ``compute_loss_func``, compiled where the trainer
+        compiles; with a ``bypass`` (logits-free), patch the ``model``'s forward to compute it
+        and hand it the batch's labels."""
+        args = trainer.args
         trainer.compute_loss_func = self
         if bypass is not None and bypass.softcap is not None:
             # The model's soft cap, switched off during bypassed steps, applied by the loss.
@@ -531,12 +547,10 @@ class NTLossForTrainer:
             )
         else:
             self._terms = self._loss_terms(compile=bool(self._compile))
-        self._link = link = self._step_link(trainer, facts)
-        link.wrap(trainer)
         if bypass is not None:
             self._in_forward = in_forward = _LossInForward(bypass)
             install_forward(
-                facts.loss_model,
+                model,
                 self,
                 "NTLossForTrainer(logits_free=True).attach",
                 lambda own_forward: functools.partial(
@@ -544,7 +558,6 @@ class NTLossForTrainer:
                 ),
             )
             _labels_to_the_forward(trainer, in_forward)
-        return trainer
 
     def _step_link(self, trainer: Any, facts: ModelFacts) -> StepLink:
         """How this loss counts the trainer's steps and sums over its processes."""
