@@ -27,6 +27,7 @@ import torch
 
 from numtok.hf._head import OutputLayerBypass, causal_lm_of, check_bypass_is_exact, softcap_of
 from numtok.hf._hidden import HiddenStatesCapture, check_head_reads_hidden, decoder_of
+from numtok.hf._in_forward import check_not_patched
 from numtok.hf._zero3 import full_shape
 
 __all__ = ["ModelFacts", "model_facts"]
@@ -100,7 +101,9 @@ class ModelFacts:
     def bypass(self, read_logits: Callable[[Any], torch.Tensor]) -> OutputLayerBypass:
         """The bypass of the output layer, checked exact on the model first (two forwards of four
         tokens, :func:`numtok.hf._head.check_bypass_is_exact`; ``read_logits`` reads the logits
-        of its output); the loss applies the soft cap."""
+        of its output); the loss applies the soft cap. Refuses a model whose forward computes
+        numtok's loss already."""
+        check_not_patched(self.loss_model)
         head = self.output_layer()
         check_bypass_is_exact(self.loss_model, head, read_logits)
         return OutputLayerBypass(self.loss_model, head, self.softcap)
@@ -149,22 +152,25 @@ def model_facts(model: Any, trainer: Any = None) -> ModelFacts:
     """The record of ``model``, and of the ``trainer`` that will call it (``attach()``; None for
     ``patch_model``): everything but the two probes, which :class:`ModelFacts` runs on demand."""
     on_trl = trainer is not None and takes_the_trl_route(trainer)
+    tp_size = _size(trainer, "get_tp_size")
+    replicas = tp_size * _size(trainer, "get_cp_size") * _size(trainer, "get_sp_size")
     causal_lm = causal_lm_of(model)
     loss_model = causal_lm if on_trl else model
+    softcap = softcap_of(loss_model)
+    is_encoder_decoder = getattr(getattr(loss_model, "config", None), "is_encoder_decoder", None)
     get_output_embeddings = getattr(loss_model, "get_output_embeddings", None)
     head = get_output_embeddings() if callable(get_output_embeddings) else None
     weight = getattr(head, "weight", None)
+    # The full shape, also of a weight that deepspeed.zero.Init partitioned (shape (0,)).
     shape = full_shape(weight) if isinstance(weight, torch.Tensor) else ()
-    is_encoder_decoder = getattr(getattr(loss_model, "config", None), "is_encoder_decoder", None)
-    tp_size = _size(trainer, "get_tp_size")
     return ModelFacts(
         model=model,
         causal_lm=causal_lm,
         on_trl=on_trl,
         tp_size=tp_size,
-        replicas=tp_size * _size(trainer, "get_cp_size") * _size(trainer, "get_sp_size"),
+        replicas=replicas,
         head=head,
         columns=shape[0] if len(shape) == 2 else None,
-        softcap=softcap_of(loss_model),
+        softcap=softcap,
         is_encoder_decoder=None if is_encoder_decoder is None else bool(is_encoder_decoder),
     )

@@ -77,7 +77,6 @@ from numtok._common.extras import require_extra
 from numtok._common.validation import check_bool, check_ntl_weight
 from numtok.hf._head import BypassedHead, OutputLayerBypass
 from numtok.hf._in_forward import (
-    check_not_patched,
     install_forward,
     refuse_tensor_parallelism,
     run_forward,
@@ -517,17 +516,20 @@ class NTLossForTrainer:
                 f"sequence parallelism), got a {type(trainer).__name__}: leave "
                 "cross_entropy='auto'"
             )
-        if facts.on_trl:
+        if facts.on_trl or self.logits_free:  # the routes that read the weight in the forward
             refuse_tensor_parallelism(
                 facts.tp_size,
-                "pass compute_loss_func=loss_fn to the SFTTrainer (the loss from the logits)",
+                "pass compute_loss_func=loss_fn to the SFTTrainer (the loss from the logits)"
+                if facts.on_trl
+                else "use logits_free=False",
             )
+        if facts.on_trl:
             chosen = self.cross_entropy
             if chosen == "auto":
                 chosen = auto_cross_entropy(trainer.args.device)
             route = trl_route(trainer, facts, self.vocab, self.spec, self.ntl_weight, link, chosen)
             return route.install
-        bypass = self._output_layer_bypass(facts) if self.logits_free else None
+        bypass = facts.bypass(_logits_of) if self.logits_free else None
         return lambda trainer: self._install(trainer, facts.loss_model, bypass)
 
     def _install(self, trainer: Any, model: Any, bypass: OutputLayerBypass | None) -> None:
@@ -570,12 +572,6 @@ class NTLossForTrainer:
             and args.world_size > 1,
             replicas=facts.replicas,
         )
-
-    def _output_layer_bypass(self, facts: ModelFacts) -> OutputLayerBypass:
-        """Check that logits-free training is exact for this trainer and its model."""
-        refuse_tensor_parallelism(facts.tp_size, "use logits_free=False")
-        check_not_patched(facts.loss_model)
-        return facts.bypass(_logits_of)
 
     def _check_model(self, facts: ModelFacts) -> None:
         name = type(facts.model).__name__
