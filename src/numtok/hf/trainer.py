@@ -574,6 +574,9 @@ class NTLossForTrainer:
         )
 
     def _check_model(self, facts: ModelFacts) -> None:
+        """Refuse an encoder-decoder with ``shift=True`` (warn of a causal LM with
+        ``shift=False``), and an output layer of another size than the vocabulary, after
+        rebuilding a tokenizer's vocabulary for a layer padded beyond it."""
         name = type(facts.model).__name__
         if self.spec.shift and facts.is_encoder_decoder:
             raise ValueError(
