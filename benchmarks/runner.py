@@ -169,17 +169,33 @@ def step(
     return forward_seconds, backward_seconds, time.process_time() - cpu_start, loss.detach()
 
 
+@dataclass
+class Residual:
+    """The one error formula, ``‖value − reference‖ / ‖reference‖`` in float64 (:attr:`relative`),
+    over one pair of tensors or accumulated over parts of them (:meth:`add`: chunks of rows, each
+    summed over chunks of 2^22 entries, so that no full-size float64 temporary is made)."""
+
+    difference: float = 0.0  # ‖value − reference‖² so far
+    total: float = 0.0  # ‖reference‖² so far
+
+    def add(self, value: torch.Tensor, reference: torch.Tensor) -> Residual:
+        flat_value, flat_reference = value.reshape(-1), reference.reshape(-1)
+        for start in range(0, flat_value.numel(), 1 << 22):
+            a = flat_value[start : start + (1 << 22)].double()
+            b = flat_reference[start : start + (1 << 22)].double()
+            self.difference += float((a - b).square().sum())
+            self.total += float(b.square().sum())
+        return self
+
+    @property
+    def relative(self) -> float:
+        return (self.difference / max(self.total, 1e-300)) ** 0.5
+
+
 def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
-    """``‖value − reference‖ / ‖reference‖`` in float64, summed over chunks of 2^22 entries (no
-    full-size float64 temporary)."""
-    flat_value, flat_reference = value.reshape(-1), reference.reshape(-1)
-    difference = total = 0.0
-    for start in range(0, flat_value.numel(), 1 << 22):
-        a = flat_value[start : start + (1 << 22)].double()
-        b = flat_reference[start : start + (1 << 22)].double()
-        difference += float((a - b).square().sum())
-        total += float(b.square().sum())
-    return (difference / max(total, 1e-300)) ** 0.5
+    """``‖value − reference‖ / ‖reference‖`` in float64 (:class:`Residual`); of two scalars,
+    ``|value − reference| / |reference|``."""
+    return Residual().add(value, reference).relative
 
 
 def check(
