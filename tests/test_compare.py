@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -156,8 +157,17 @@ def test_compare_runs_reports_and_resumes_from_the_command_line(
     out = tmp_path / "run"
     arguments = _compare(tiny_llama_dir, data, out, "--arms", "base,ce,was")
     assert main(arguments) == 0
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert "learnability gate (validation log_mae)" in printed and "primary endpoint" in printed
+    # Before training: the plan, then the minutes a timed probe expects for what is left.
+    plan, estimate = captured.err.splitlines()[:2]
+    assert plan.startswith("plan: arms base, ce, was × seeds [0, 1]") and "4 arms to train" in plan
+    assert re.fullmatch(
+        r"estimate: \d+ min for the 8 training steps and \d+ scored examples left \(a probe: "
+        r"[\d.]+ s a CE step, [\d.]+ s an example\)",
+        estimate,
+    )
     results = _strict_json(out / "results.json")
     largest = max(r.value for r in read_user_data(data).splits["train"])
     assert results["config"]["max_value"] == largest  # --max-value auto: the largest training sum
@@ -176,7 +186,7 @@ def test_compare_runs_reports_and_resumes_from_the_command_line(
     monkeypatch.setattr(runner, "train_arm", lambda *a, **k: pytest.fail("trained again"))
     assert main(arguments) == 0
     assert _strict_json(out / "results.json")["answers"] == results["answers"]
-    capsys.readouterr()
+    assert "estimate:" not in capsys.readouterr().err  # nothing left: no probe
     with pytest.raises(SystemExit) as stopped:
         main([*arguments, "--steps", "3"])
     error = capsys.readouterr().err

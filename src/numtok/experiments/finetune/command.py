@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
@@ -314,8 +315,10 @@ def run_compare(
     from numtok.experiments.finetune.preregistration import write_preregistration
     from numtok.experiments.finetune.runner import (
         check_registered,
+        estimate_minutes,
         prepare,
         preregistration_of,
+        remaining_work,
         run_finetune,
     )
     from numtok.experiments.run_folder import prepare_run_dir
@@ -340,6 +343,16 @@ def run_compare(
         prepare_run_dir(config, run_dir)
     except (ValueError, TypeError, ModuleNotFoundError, DataError) as error:
         fail(str(error))
+    work = remaining_work(config, prepared, run_dir)
+    print(config.plan(), file=sys.stderr)
+    if work.steps + work.examples:
+        minutes, step_seconds, example_seconds = estimate_minutes(config, prepared, work)
+        print(
+            f"estimate: {minutes:.0f} min for the {work.steps:,} training steps and "
+            f"{work.examples:,} scored examples left (a probe: {step_seconds:.2f} s a CE step, "
+            f"{example_seconds:.2f} s an example)",
+            file=sys.stderr,
+        )
     # A progress bar, or (--no-progress, e.g. into a log file) a line every ten steps.
     results = run_finetune(
         config, run_dir, data_dir=args.data_dir, preregistered=args.preregister,
