@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import numtok
 from numtok.experiments.analysis import learnability_gate
 from numtok.experiments.finetune.preregistration import (
     check_preregistration,
@@ -373,6 +374,8 @@ def test_a_preregistration_is_written_once_and_held_against_the_run(tmp_path: Pa
     with pytest.raises(ValueError, match="written once, never replaced"):
         write_preregistration(path, record)
     assert check_preregistration(path, record)["hypothesis"] == "h"
+    # The code it was written with is recorded, not held: committing the file is a new commit.
+    assert check_preregistration(path, {**record, "code": {"commit": "other"}})["hypothesis"] == "h"
     changed = {**record, "settings": {"steps": 61, "seeds": [3]}}
     with pytest.raises(ValueError, match=r"settings.steps: registered 60, this run 61"):
         check_preregistration(path, changed)
@@ -401,6 +404,8 @@ def test_compare_preregisters_then_runs_only_the_registered_run(
     stored = json.loads(plan.read_text())
     assert stored["primary_endpoint"]["difference"] == "was - ce"
     assert stored["splits"]["sizes"]["test"] == 4 and stored["seeds"] == [0, 1]
+    assert re.fullmatch("[0-9a-f]{16}", stored["splits"]["content_digest"])
+    assert stored["code"]["numtok"] == numtok.__version__ and "commit" in stored["code"]
     with pytest.raises(SystemExit):
         main([*arguments, "--steps", "3"])  # not the registered 2 (the last flag wins)
     error = capsys.readouterr().err

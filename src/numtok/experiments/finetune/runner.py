@@ -101,7 +101,8 @@ def preregistration_of(
     sizes = {split: len(examples) for split, examples in prepared.data.splits.items()}
     return preregistration(
         config, hypothesis=hypothesis, primary_arm=primary_arm,
-        data={"sizes": sizes, "digest": prepared.data.digest, "notes": prepared.data.notes},
+        data={"sizes": sizes, "digest": prepared.data.digest,
+              "content_digest": prepared.data.content_digest, "notes": prepared.data.notes},
         model_digest=prepared.digest,
     )  # fmt: skip
 
