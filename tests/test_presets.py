@@ -42,6 +42,15 @@ def test_every_preset_has_a_dry_run(
     assert sorted(p.name for p in elsewhere.iterdir()) == []  # no runs/, no cache, no download
 
 
+def test_one_seed_is_warned_of_before_training(
+    elsewhere: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["compare", "--preset", "smoke", "--seeds", "1", "--dry-run"]) == 0
+    assert "one seed gives no interval and so no verdict" in capsys.readouterr().out
+    assert main(["compare", "--preset", "smoke", "--seeds", "2", "--dry-run"]) == 0
+    assert "one seed" not in capsys.readouterr().out
+
+
 def test_repro_is_an_alias_of_compare(elsewhere: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["compare", "--preset", "add_or_sub-6k", "--dry-run"]) == 0
     compared = capsys.readouterr().out

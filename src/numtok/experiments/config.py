@@ -124,13 +124,20 @@ class RunConfig:
 
     def plan(self) -> str:
         """One line of what the run will train, printed before it starts (and all that
-        ``--dry-run`` does once the settings are checked)."""
+        ``--dry-run`` does once the settings are checked); with one seed, a warning that the run
+        cannot give a verdict."""
         total = self.trained_arms() * self.steps
-        return (
+        plan = (
             f"plan: arms {', '.join(self.arms)} × seeds {list(self.seeds)}, {self.weights_text()}: "
             f"{self.trained_arms()} arms to train × {self.steps} steps of {self.batch_size} "
             f"examples = {total:,} training steps on {self.device}, threads {self.threads}"
         )
+        if len(self.seeds) == 1:
+            plan += (
+                "; one seed gives no interval and so no verdict on any arm (the seed-to-seed "
+                "spread is unknown): use 3 or more to compare"
+            )
+        return plan
 
     def to_dict(self) -> dict[str, Any]:
         """The settings as JSON holds them (tuples as lists, ``arm_weights``' pairs as lists),
