@@ -630,6 +630,7 @@ def _run_from_scratch(
         harness.prepare_run_dir(config, run_dir)
     except (ValueError, TypeError, ModuleNotFoundError, harness.DownloadError) as error:
         parser.exit(2, f"numtok: error: {_with_flag_hint(str(error))}\n")
+    print(f"{preset_name}: {config.plan()}", file=sys.stderr)
 
     try:
         lines = harness.run_and_summarise(
