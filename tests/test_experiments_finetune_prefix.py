@@ -149,7 +149,7 @@ def test_a_split_is_scored_by_every_readout_in_one_pass(
     model = float64_model(tiny_llama_dir, "lora").eval()
     examples = [encode(tokenizer, question, answer) for question, answer in SHARED + UNSHARED]
     config = FinetuneConfig(model=str(tiny_llama_dir), max_value=99, max_digits=2, threads=1)
-    trained = Trained(model, None, (0.0, 1.0), [], 0.0)
+    trained = Trained(model, None, (0.0, 1.0))
     tolerances: list[float] = []
     distribution = numtok.readout.decoding.number_distribution
 
