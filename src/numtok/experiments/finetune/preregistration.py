@@ -4,9 +4,11 @@ down before anything is trained, and the run held against them.
 ``numtok compare ... --preregister FILE --hypothesis TEXT --primary ARM`` writes FILE (JSON)
 and stops: commit it, then run the same command again. The run then refuses to start unless its
 settings, its data and its model are the ones FILE names, and its report opens with the primary
-endpoint: ``ARM − CE`` on the run's metric and readout, on its first test split, with both
-intervals. The report also says whether FILE is committed in git, and when (a file committed
-after the run began does not pre-register it).
+endpoint: ``ARM − CE`` on the run's metric and readout, on its first test split, with its
+interval and verdict. A registration written before the crossed analysis (its ``tests`` names
+the two intervals of the old rule) does not match a run of this version: that run is not the
+analysis it registered. The report also says whether FILE is committed in git, and when (a
+file committed after the run began does not pre-register it).
 """
 
 from __future__ import annotations
@@ -51,8 +53,10 @@ def preregistration(
             "metric": config.metric,
             "readout": config.readout,
             "split": config.evaluation_splits[0],
-            "tests": "paired-seed t interval and seed x item bootstrap, both 95 %; a verdict "
-            "only when both exclude 0 and the learnability gate passed",
+            "tests": "the crossed seed x item analysis's 95 % interval (generalized, "
+            "Satterthwaite df), a verdict when it excludes 0 and both arms beat the best constant "
+            "on validation (one-sided 5 %, Bonferroni over the arm x readout candidates); "
+            "unparsed answers scored as the training median by every error metric",
         },
         "arms": list(config.arms),
         "weights": {
