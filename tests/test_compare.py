@@ -426,6 +426,8 @@ def test_one_seed_gives_no_interval_and_says_so() -> None:
                             test_splits=("test",))  # fmt: skip
     printed = summary_lines({"gate": gate, "comparisons": entries, "answers": answers}, config)
     assert any(line.startswith("one seed cannot give a verdict") for line in printed), printed
+    assert "cannot be shown with one seed" in printed[0]
+    assert any("**Cannot be shown with one seed**" in line for line in _gate_lines(gate))
     assert not any("degrees of freedom" in line for line in printed)
 
 

@@ -193,7 +193,7 @@ def learnability_gate(
     arm, ``constants`` the training answers' mean, median and mode, ``metric`` the run's (tested
     as :func:`~numtok.experiments.item_metrics.per_item_metric` says).
 
-    Returns ``{"metric", "tested", "alpha", "candidates", "confidence", "constant",
+    Returns ``{"metric", "seeds", "tested", "alpha", "candidates", "confidence", "constant",
     "constant_value", "constant_score", "arms", "closest"}``: ``constant`` the best constant by
     the tested metric, its value and score; ``arms`` one entry per (arm, readout) with its
     ``improvement`` over that constant (positive: better), the interval ``low``..``high`` of the
@@ -241,6 +241,7 @@ def learnability_gate(
     failed = [e for e in entries if not e["learnt"]]
     return {
         "metric": metric,
+        "seeds": seeds,
         "tested": tested,
         "alpha": GATE_ALPHA,
         "candidates": candidates,

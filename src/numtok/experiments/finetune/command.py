@@ -201,11 +201,14 @@ def summary_lines(results: dict[str, Any], config: FinetuneConfig) -> list[str]:
         split = "validation"
     learnt = sum(entry["learnt"] for entry in gate["arms"])
     closest = gate["closest"]
-    if learnt:
+    one_seed = len(config.seeds) == 1
+    if one_seed:
+        outcome = "cannot be shown with one seed (no interval): no verdict on any loss"
+    elif learnt:
         outcome = f"shown for {learnt} of {gate['candidates']} arm × readout candidates"
     else:
         outcome = "not shown at this budget for any arm: no verdict on any loss"
-    if closest is not None:
+    if closest is not None and not one_seed:
         outcome += (
             f" (closest not shown: {closest['arm']} ({closest['readout']}), "
             f"{signed(closest['improvement'], 4)} [{signed(closest['low'], 4)}, "
@@ -215,7 +218,7 @@ def summary_lines(results: dict[str, Any], config: FinetuneConfig) -> list[str]:
         f"learnability gate (validation {config.metric}, beating the best constant at one-sided "
         f"α {gate['alpha']:g}, Bonferroni over {gate['candidates']}): {outcome}",
     ]
-    if len(config.seeds) == 1:
+    if one_seed:
         lines.append(
             "one seed cannot give a verdict: the seed-to-seed variance cannot be estimated from "
             "one seed, so no difference has an interval (run at least 2 seeds; 3 or more for "
@@ -234,7 +237,7 @@ def summary_lines(results: dict[str, Any], config: FinetuneConfig) -> list[str]:
             metric,
         ):
             verdict = entry["verdict"]
-            if verdict == "no verdict":
+            if verdict == "no verdict" and not one_seed:  # one seed: said above
                 verdict += f" ({entry['reason']})"
             lines.append(
                 f"  {entry['arm']}: {signed(entry['difference'], 4)} "

@@ -176,7 +176,11 @@ def _gate_lines(gate: dict[str, Any]) -> list[str]:
         "",
     ]
     closest = gate["closest"]
-    if not learnt:
+    if gate["seeds"] < 2:
+        lines.append(
+            "**Cannot be shown with one seed** (no interval), so no comparison has a verdict."
+        )
+    elif not learnt:
         lines.append(
             "**Not shown at this budget** for any arm or readout, so no comparison has a "
             "verdict" + (f". Closest: {_improvement(closest)}." if closest else ".")
