@@ -221,6 +221,13 @@ def test_compare_chooses_lambda_on_validation(
     assert {p.name for p in (out / "seed0").iterdir()} == {"ce", "was-lambda0.3", "was-lambda3"}
     chosen = results["choice"]["chosen"]["was"]
     means = results["choice"]["means"]["was"]
+    (row,) = [
+        line
+        for line in (out / "report.md").read_text().splitlines()
+        if line.startswith("| was | ") and line.count("|") == 5
+    ]  # λ=0.3, λ=3, chosen
+    assert "the parsed share in brackets" in (out / "report.md").read_text()
+    assert all(cell.strip().endswith(")") for cell in row.split("|")[2:4]), row
     defined = {float(w): m for w, m in means.items() if m is not None}
     if defined:
         assert chosen == min(defined, key=lambda w: (defined[w], w))

@@ -399,6 +399,7 @@ def write_report(
     lines += _primary_lines(config, entries, compared_arms, bool(test))
     lines += ["", *_gate_lines(gate), ""]
     lines += _settings_lines(config, data, choice, minutes, largest_unexplored, unparsed)
+    lines += _choice_lines(config, validation, choice)
     for split in (*(s for s in config.evaluation_splits if s in answers), "validation"):
         lines += ["", *_split_lines(split, table, entries, scored_constants[split], config.metric,
                                     unparsed)]  # fmt: skip
@@ -440,16 +441,32 @@ def _settings_lines(
             "moves by at most unexplored / (covered + unexplored) of the range 0.."
             f"{config.max_value}."
         )
-    if choice["means"]:
-        lines += ["", f"λ chosen on validation (mean {config.metric} of the {config.readout} "
-                  "readout over the seeds; ties to the smaller λ):", "",
-                  "| arm | " + " | ".join(f"λ={w}" for w in next(iter(choice['means'].values())))
-                  + " | chosen |",
-                  "|---|" + "---|" * (len(next(iter(choice["means"].values()))) + 1)]  # fmt: skip
-        for arm, means in choice["means"].items():
-            lines.append(
-                f"| {arm} | "
-                + " | ".join(_number(m, 4) for m in means.values())
-                + f" | {choice['chosen'][arm]:g} |"
-            )
+    return lines
+
+
+def _choice_lines(
+    config: FinetuneConfig,
+    validation: Mapping[tuple[int, str, float], dict[str, Any]],
+    choice: dict[str, Any],
+) -> list[str]:
+    """The λ grid's table: each λ's mean validation metric, its parsed share beside it."""
+    if not choice["means"]:
+        return []
+    weights = {f"{w:g}": w for w in config.weight_grid}
+
+    def parsed(arm: str, weight: str) -> float | None:
+        stored = [validation[(seed, arm, weights[weight])]["answers"].get(config.readout)
+                  for seed in config.seeds]  # fmt: skip
+        if any(answers is None for answers in stored):
+            return None
+        return float(np.mean([(~np.isnan(answer_values(a))).mean() for a in stored]))
+
+    grid = list(next(iter(choice["means"].values())))
+    lines = ["", f"λ chosen on validation (mean {config.metric} of the {config.readout} "
+             "readout over the seeds; ties to the smaller λ; the parsed share in brackets):", "",
+             "| arm | " + " | ".join(f"λ={w}" for w in grid) + " | chosen |",
+             "|---|" + "---|" * (len(grid) + 1)]  # fmt: skip
+    for arm, means in choice["means"].items():
+        cells = [f"{_number(m, 4)} ({_number(parsed(arm, w))})" for w, m in means.items()]
+        lines.append(f"| {arm} | " + " | ".join(cells) + f" | {choice['chosen'][arm]:g} |")
     return lines
