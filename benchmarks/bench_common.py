@@ -1,5 +1,4 @@
-"""What the benchmarks share: /proc readings, provenance, quantiles, the Trainer callback that
-times optimizer steps (bench_trainer_step.py, bench_trl_step.py), and the rows and tables of
+"""What the benchmarks share: /proc readings, provenance, quantiles, and the rows and tables of
 bench_loss.py (one JSON row per case, thread count, variant and mode, from runner.py's
 measurements, and the Markdown summary printed at the end and stored beside the rows)."""
 
@@ -9,7 +8,6 @@ import datetime
 import os
 import platform
 import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,54 +44,6 @@ def reset_peak_memory() -> int:
     with open("/proc/self/clear_refs", "w") as clear_refs:
         clear_refs.write("5")
     return resident
-
-
-class StepClock:
-    """Trainer callbacks (a ``transformers`` or TRL Trainer): wall-clock and CPU seconds (user +
-    system, all threads) of every optimizer step, optionally the peak memory of the second one
-    (``memory["before"]`` and ``memory["peak"]``; CPU: VmRSS at its start and VmHWM at its end;
-    CUDA: ``memory_allocated`` at its start and ``max_memory_allocated`` at its end, the peak
-    before it in ``memory["peak_before"]``), and the first logged loss, ce and ntl."""
-
-    def __init__(self, device: torch.device, measure_memory: bool = False) -> None:
-        self.device = device
-        self.seconds: list[float] = []
-        self.cpu_seconds: list[float] = []
-        self.measure_memory = measure_memory
-        self.memory: dict[str, int] = {}
-        self.first_log: dict[str, float] | None = None
-        self._start = self._cpu_start = 0.0
-
-    def _synchronize(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
-    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._synchronize()
-        if self.measure_memory and state.global_step == 1:
-            if self.device.type == "cuda":
-                self.memory["peak_before"] = torch.cuda.max_memory_allocated(self.device)
-                torch.cuda.reset_peak_memory_stats(self.device)
-                self.memory["before"] = torch.cuda.memory_allocated(self.device)
-            else:
-                self.memory["before"] = reset_peak_memory()
-        self._start = time.perf_counter()
-        self._cpu_start = time.process_time()
-
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._synchronize()
-        self.seconds.append(time.perf_counter() - self._start)
-        self.cpu_seconds.append(time.process_time() - self._cpu_start)
-        if self.measure_memory and state.global_step == 2:
-            if self.device.type == "cuda":
-                self.memory["peak"] = torch.cuda.max_memory_allocated(self.device)
-            else:
-                self.memory["peak"] = proc_status("VmHWM")
-
-    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
-        if self.first_log is None and logs and "loss" in logs:
-            keys = ("loss", "ce", "ntl", "mean_token_accuracy", "entropy")
-            self.first_log = {key: float(logs[key]) for key in keys if key in logs}
 
 
 def usable_cores() -> int:

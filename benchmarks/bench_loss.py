@@ -45,7 +45,7 @@ from anchors import (
     vocabularies,
 )
 from bench_common import case_rows, provenance, summary_table, usable_cores
-from runner import Clock, Implementation, Inputs, peak_in_fresh_process, peak_on_cuda, run
+from runner import Clock, Implementation, Inputs, in_fresh_process, peak_of_step, probe, run
 from torch.autograd.function import once_differentiable
 
 from numtok import NumberVocab, number_token_loss
@@ -433,9 +433,9 @@ def copy_bandwidth(tensor: torch.Tensor, repeats: int = 10) -> int:
     return round(2 * tensor.nbytes / times[len(times) // 2] / 1e9)
 
 
-def probe_target(spec: dict[str, Any]) -> tuple[Implementation, Inputs, Inputs, float]:
-    """runner.peak_in_fresh_process's: the variant, the case's inputs on CPU, four positions of
-    each sequence to warm up on, the upstream gradient."""
+def probe_peak(spec: dict[str, Any]) -> int:
+    """In a fresh process (runner.in_fresh_process): the variant's peak on the case's inputs on
+    CPU (runner.probe), after a warm-up on four positions of each sequence."""
     case, cpu = Case(**spec["case"]), torch.device("cpu")
     inputs = make_inputs(case, cpu)
     implementation = next(i for i in implementations(case, cpu) if i.name == spec["variant"])
@@ -443,7 +443,7 @@ def probe_target(spec: dict[str, Any]) -> tuple[Implementation, Inputs, Inputs, 
         k: v if k == "weight" else v.detach()[:, :4].clone().requires_grad_(v.requires_grad)
         for k, v in inputs.items()
     }
-    return implementation, inputs, warm, case.upstream
+    return probe(implementation, inputs, warm, case.upstream)
 
 
 # ------------------------------------------------------------------ main
@@ -480,11 +480,11 @@ def run_case(
     if args.no_memory:
         peak = None
     elif device.type == "cuda":
-        peak = functools.partial(peak_on_cuda, inputs=inputs, upstream=case.upstream)
+        peak = functools.partial(peak_of_step, inputs=inputs, upstream=case.upstream)
     else:
         spec = dataclasses.asdict(case)
-        peak = lambda i: peak_in_fresh_process(  # noqa: E731
-            "bench_loss", {"case": spec, "variant": i.name}, threads[-1]
+        peak = lambda i: in_fresh_process(  # noqa: E731
+            "bench_loss", "probe_peak", {"case": spec, "variant": i.name}, threads[-1]
         )
     print(f"== {case.label()}", file=sys.stderr, flush=True)
     measured = run(

@@ -89,7 +89,7 @@ from anchors import (
     vocabularies,
 )
 from bench_common import numtok_source, provenance, quantiles
-from runner import Implementation, Inputs, Measured, peak_in_fresh_process, peak_on_cuda, run
+from runner import Implementation, Inputs, Measured, in_fresh_process, peak_of_step, probe, run
 
 from numtok import NumberVocab, linear_number_token_loss, number_token_loss
 
@@ -461,13 +461,14 @@ def implementations(
     return checked + found, notes
 
 
-def probe_target(spec: dict[str, Any]) -> tuple[Implementation, Inputs, Inputs, float]:
-    """runner.peak_in_fresh_process's: the variant on CPU (the head's lse a constant log V:
-    only its shape matters), and the first 64 tokens to warm up on."""
+def probe_peak(spec: dict[str, Any]) -> int:
+    """In a fresh process (runner.in_fresh_process): the variant's peak on CPU (runner.probe; the
+    head's lse a constant log V: only its shape matters), after a warm-up on the first 64
+    tokens."""
     case, label_set = Case(**spec["case"]), LabelSet.parse(spec["label_set"])
     x = make_inputs(case, [label_set], torch.device("cpu"), lse="log V")
     chosen = implementation(spec["variant"], label_set, spec["shared"])
-    return chosen, x, first_tokens(x, WARM_UP_TOKENS), 1.0
+    return probe(chosen, x, first_tokens(x, WARM_UP_TOKENS))
 
 
 # ------------------------------------------------------------------ running
@@ -494,10 +495,11 @@ def run_case(
     if args.no_memory:
         peak = None
     elif device.type == "cuda":
-        peak = functools.partial(peak_on_cuda, inputs=x)
+        peak = functools.partial(peak_of_step, inputs=x)
     else:
-        peak = lambda i: peak_in_fresh_process(  # noqa: E731
+        peak = lambda i: in_fresh_process(  # noqa: E731
             "bench_number_head",
+            "probe_peak",
             {
                 "case": dataclasses.asdict(case),
                 "label_set": i.fields["label_set"].name,

@@ -29,9 +29,11 @@ the folder's tokenizer and weights (float32) and arithmetic prompts ("What is 37
 answer is "), of different lengths, left-padded for generate().
 
 Method: ``--rounds`` interleaved rounds (the variants' order rotating between rounds) after one
-untimed warm-up of each; medians with p20/p80; on CUDA a synchronisation at both ends of each
-call. Results go to ``benchmarks/results/<date>T<time>-readout-<model>-<device>.{jsonl,md}``,
-rewritten after each case; ``--note`` is stored in every row (e.g. that the machine was busy).
+untimed warm-up of each; medians with p20/p80; each call timed by benchmarks/runner.py's clock
+(``time_calls``: ``perf_counter``, CUDA events on a GPU). The checks are the readout's own
+measures (masses and shares of the range), not a relative error against a reference. Results
+go to ``benchmarks/results/<date>T<time>-readout-<model>-<device>.{jsonl,md}``, rewritten after
+each case; ``--note`` is stored in every row (e.g. that the machine was busy).
 """
 
 from __future__ import annotations
@@ -40,13 +42,13 @@ import argparse
 import json
 import random
 import sys
-import time
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 from bench_common import provenance, quantiles
+from runner import time_calls
 
 from numtok import NumberVocab
 from numtok.readout.decoding import predict_numbers
@@ -102,20 +104,6 @@ def arithmetic_prompts(count: int) -> list[str]:
     ]
 
 
-class Timer:
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-
-    def __call__(self, work: Any) -> tuple[float, Any]:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        start = time.perf_counter()
-        result = work()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter() - start, result
-
-
 def greedy(model: Any, tokenizer: Any, prompts: list[Any], new_tokens: int) -> Any:
     device = next(model.parameters()).device
     if tokenizer is None:
@@ -151,7 +139,7 @@ def run_case(
     fast_digits: int,
     exact_digits: int,
     whole_digits: int,
-    timer: Timer,
+    device: torch.device,
 ) -> tuple[dict[str, list[float]], dict[str, float]]:
     digits, _, new_tokens = case
     ids = prompts if tokenizer is None else [tokenizer(p)["input_ids"] for p in prompts]
@@ -193,14 +181,7 @@ def run_case(
     if "whole sequence" in results and "exact" in results:
         difference = results["whole sequence"].probabilities - results["exact"].probabilities
         checks["whole sequence - exact, largest |difference|"] = float(difference.abs().max())
-    samples: dict[str, list[float]] = {name: [] for name in variants}
-    names = list(variants)
-    for round_index in range(rounds):
-        shift = round_index % len(names)
-        for name in names[shift:] + names[:shift]:
-            seconds, _ = timer(variants[name])
-            samples[name].append(seconds)
-    return samples, checks
+    return time_calls(variants, rounds, device), checks
 
 
 def summary(rows: list[dict[str, Any]]) -> str:
@@ -283,7 +264,6 @@ def main() -> None:
         "tolerance": FAST_TOLERANCE,
         "note": args.note,
     }
-    timer = Timer(device)
     out = args.out
     if out is None:
         stamp = meta["date"][:16].replace(":", "")
@@ -305,7 +285,7 @@ def main() -> None:
             args.fast_digits,
             args.exact_digits,
             args.whole_sequence_digits,
-            timer,
+            device,
         )
         base = quantiles(samples["generate"])[1]
         for variant, seconds in samples.items():

@@ -22,13 +22,15 @@ Method: the model is a 2-layer Llama (hidden 256, MLP 512, 4 heads, 2 KV heads, 
 layer, float32, 66M parameters of which 2 x 32.8M are the embeddings and the output layer), the
 batch 4 sequences of 512 random token ids of which 10% are the digits "0".."9" (ids 100..109);
 labels are the inputs (the loss shifts them). Time: ``--rounds`` rounds, each running
-``trainer.train()`` for ``--steps`` optimizer steps in both modes, the order alternating between
-rounds; a step is timed from ``on_step_begin`` to ``on_step_end`` (the batch is already
+``trainer.train()`` for ``--steps`` optimizer steps in every mode, the order rotated each
+round; a step is timed from ``on_step_begin`` to ``on_step_end`` (the batch is already
 collated), the first step of every ``train()`` call (AdamW allocates its state there) is left
 out. Medians with p20/p80. Memory: each mode in a fresh process, two steps; at the start of the
 second step VmHWM is reset to the current VmRSS (writing "5" to /proc/self/clear_refs) and its
 rise during the step is the step's peak memory (everything the step allocates above the model,
 its gradients' buffers and AdamW's state); the process's VmHWM over both steps is reported too.
+The clock, the interleaving and the memory probe are benchmarks/runner.py's (``StepClock``,
+``time_trainers``, ``in_fresh_process``); this script declares the presets and the modes.
 Results go to ``benchmarks/results/<date>T<time>-trainer-step-cpu-t<threads>.{jsonl,md}``.
 """
 
@@ -37,8 +39,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import warnings
@@ -46,7 +46,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_common import StepClock, proc_status, provenance, quantiles
+from bench_common import provenance, quantiles
+from runner import StepClock, in_fresh_process, time_trainers
 
 from numtok import NumberVocab
 from numtok.hf import NTLossForTrainer, patch_model
@@ -166,46 +167,30 @@ def time_modes(
     size: dict[str, Any], rounds: int, steps: int, device: torch.device, modes: list[str]
 ) -> tuple[dict[str, list[float]], dict[str, dict[str, int]]]:
     """Per-step seconds of every mode, the first step of each train() call left out; on CUDA
-    also each mode's memory (:func:`probe_memory`'s fields) from its first round."""
+    also each mode's memory (:func:`probe_peak`'s fields) from its first round."""
     on_gpu = device.type == "cuda"
     clocks = {mode: StepClock(device, measure_memory=on_gpu) for mode in modes}
     trainers = {mode: build_trainer(mode, size, steps, clocks[mode]) for mode in modes}
-    samples: dict[str, list[float]] = {mode: [] for mode in modes}
-    for round_index in range(rounds):
-        order = list(modes) if round_index % 2 == 0 else list(reversed(modes))
-        for mode in order:
-            clocks[mode].seconds.clear()
-            trainers[mode].train()
-            samples[mode] += clocks[mode].seconds[1:]
-            print(f"round {round_index} {mode}: {clocks[mode].seconds}", file=sys.stderr)
-            clocks[mode].measure_memory = False  # the first round's second step is measured
-    memory = {
-        mode: {
-            "step_peak_bytes": clock.memory["peak"] - clock.memory["before"],
-            "process_peak_bytes": torch.cuda.max_memory_allocated(device),
-        }
-        for mode, clock in clocks.items()
-        if on_gpu
-    }
-    return samples, memory
+    samples = time_trainers(
+        {mode: trainer.train for mode, trainer in trainers.items()}, clocks, rounds
+    )
+    memory = {mode: peaks(clock) for mode, clock in clocks.items() if on_gpu}
+    return {mode: steps.wall for mode, steps in samples.items()}, memory
 
 
-def probe_memory(mode: str, size: dict[str, Any]) -> dict[str, int]:
-    """In this (fresh) process: two steps; the second step's peak rise and the process's peak."""
+def peaks(clock: StepClock) -> dict[str, int]:
+    """The second step's peak rise and the process's peak."""
+    assert clock.peak is not None and clock.step_peak is not None
+    return {"step_peak_bytes": clock.step_peak, "process_peak_bytes": clock.peak.process()}
+
+
+def probe_peak(spec: dict[str, Any]) -> dict[str, int]:
+    """In a fresh process (runner.in_fresh_process): two steps of ``spec["mode"]`` at
+    ``spec["preset"]``, on CPU; :func:`peaks`."""
+    warnings.filterwarnings("ignore")
     clock = StepClock(torch.device("cpu"), measure_memory=True)
-    build_trainer(mode, size, 2, clock).train()
-    return {
-        "step_peak_bytes": clock.memory["peak"] - clock.memory["before"],
-        "process_peak_bytes": proc_status("VmHWM"),
-    }
-
-
-def measure_memory(mode: str, preset: str, threads: int) -> dict[str, int]:
-    command = [sys.executable, __file__, "--probe-memory", mode, "--threads", str(threads)]
-    command += ["--preset", preset]
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    output = subprocess.run(command, check=True, capture_output=True, text=True, env=env).stdout
-    return json.loads(output.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    build_trainer(spec["mode"], PRESETS[spec["preset"]], 2, clock).train()
+    return peaks(clock)
 
 
 def summary(rows: list[dict[str, Any]]) -> str:
@@ -239,17 +224,12 @@ def main() -> None:
         default=list(MODES),
         help=f"comma-separated, among {', '.join(MODES)} (default all; the first is the base)",
     )
-    parser.add_argument("--probe-memory", choices=list(MODES), help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
     preset = "quick" if args.quick else args.preset
     size = PRESETS[preset]
     device = torch.device(args.device)
-    if args.probe_memory:
-        print(json.dumps(probe_memory(args.probe_memory, size)))
-        return
-
     import transformers
 
     meta = {
@@ -263,7 +243,12 @@ def main() -> None:
         parser.error(f"--modes: unknown {sorted(unknown)}; choose among {list(MODES)}")
     samples, memory = time_modes(size, args.rounds, args.steps, device, modes)
     if not (args.no_memory or memory):
-        memory = {mode: measure_memory(mode, preset, args.threads) for mode in modes}
+        memory = {
+            mode: in_fresh_process(
+                "bench_trainer_step", "probe_peak", {"preset": preset, "mode": mode}, args.threads
+            )
+            for mode in modes
+        }
     base = modes[0]
     baseline = quantiles(samples[base])[1]
     rows = []

@@ -55,24 +55,27 @@ and ``ntl`` of every mode (same weights, same batch): the three numtok modes agr
 ``ce`` is ``trl``'s ``loss``. Targets (the issue's, on CPU): ``attach-numtok`` no worse than
 ``compute_loss_func`` in step time, step peak and process peak; ``attach-trl`` ≤ 1.05× ``trl``'s
 step time. Results go to
-``benchmarks/results/<date>T<time>-trl-step[-all]-cpu-t<threads>.{jsonl,md}``.
+``benchmarks/results/<date>T<time>-trl-step[-all]-cpu-t<threads>.{jsonl,md}``. The clock, the
+interleaving, the memory probe and the relative differences are benchmarks/runner.py's
+(``StepClock``, ``time_trainers``, ``in_fresh_process``, ``relative_error``); this script
+declares the presets and the modes.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from bench_common import StepClock, proc_status, provenance, quantiles
+from bench_common import provenance, quantiles
+from runner import StepClock, Steps, in_fresh_process, relative_error, time_trainers
 
 RESULTS = Path(__file__).resolve().parent / "results"
 NUMBER_FRACTION = 0.10
@@ -272,7 +275,7 @@ def time_modes(
     modes: list[str],
     loss_on: str,
     checkpointing: bool,
-) -> tuple[dict[str, dict[str, list[float]]], dict[str, StepClock], dict[str, dict[str, float]]]:
+) -> tuple[dict[str, Steps], dict[str, StepClock], dict[str, dict[str, float]]]:
     """Per-step wall-clock and CPU seconds of every mode (the first step of each train() call
     left out), the clocks (with the first logged terms) and the forwards per micro-batch."""
     clocks = {mode: StepClock(device) for mode in modes}
@@ -280,22 +283,19 @@ def time_modes(
         mode: build_trainer(mode, size, steps, clocks[mode], loss_on, checkpointing)
         for mode in modes
     }
-    samples: dict[str, dict[str, list[float]]] = {mode: {"wall": [], "cpu": []} for mode in modes}
-    for round_index in range(rounds):
-        shift = round_index % len(modes)
-        for mode in modes[shift:] + modes[:shift]:
-            trainer, counter = built[mode]
-            clocks[mode].seconds.clear()
-            clocks[mode].cpu_seconds.clear()
+
+    def counted(trainer: Any, counter: ForwardCounter) -> Callable[[], None]:
+        def train() -> None:
             counter.counting = True
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 trainer.train()
             counter.counting = False
-            samples[mode]["wall"] += clocks[mode].seconds[1:]
-            samples[mode]["cpu"] += clocks[mode].cpu_seconds[1:]
-            seconds = ", ".join(f"{s:.3f}" for s in clocks[mode].seconds)
-            print(f"round {round_index} {mode}: [{seconds}] s", file=sys.stderr, flush=True)
+
+        return train
+
+    runs = {mode: counted(*built[mode]) for mode in modes}
+    samples = time_trainers(runs, clocks, rounds)
     micro_batches = rounds * steps  # no gradient accumulation: one micro-batch a step
     forwards = {
         mode: {
@@ -308,34 +308,18 @@ def time_modes(
     return samples, clocks, forwards
 
 
-def probe_memory(
-    mode: str, size: dict[str, Any], device: torch.device, loss_on: str, checkpointing: bool
-) -> dict[str, int]:
-    """In this (fresh) process: two steps; the second step's peak rise and the process's peak."""
+def probe_peak(spec: dict[str, Any]) -> dict[str, int]:
+    """In a fresh process (runner.in_fresh_process): two steps of ``spec["mode"]``; the second
+    step's peak rise and the process's peak."""
+    warnings.filterwarnings("ignore")
+    device = torch.device(spec["device"])
     clock = StepClock(device, measure_memory=True)
-    trainer, _ = build_trainer(mode, size, 2, clock, loss_on, checkpointing)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        trainer.train()
-    if device.type == "cuda":
-        # The larger of the peak before the second step's reset and the one since.
-        process_peak = max(clock.memory["peak_before"], torch.cuda.max_memory_allocated(device))
-    else:
-        process_peak = proc_status("VmHWM")
-    return {
-        "step_peak_bytes": clock.memory["peak"] - clock.memory["before"],
-        "process_peak_bytes": process_peak,
-    }
-
-
-def measure_memory(mode: str, args: argparse.Namespace) -> dict[str, int]:
-    command = [sys.executable, __file__, "--probe-memory", mode, "--threads", str(args.threads)]
-    command += ["--device", args.device, "--loss-on", args.loss_on]
-    command += ["--quick"] if args.quick else []
-    command += [] if args.gradient_checkpointing else ["--no-gradient-checkpointing"]
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
-    output = subprocess.run(command, check=True, capture_output=True, text=True, env=env).stdout
-    return json.loads(output.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    trainer, _ = build_trainer(
+        spec["mode"], PRESETS[spec["preset"]], 2, clock, spec["loss_on"], spec["checkpointing"]
+    )
+    trainer.train()
+    assert clock.peak is not None and clock.step_peak is not None
+    return {"step_peak_bytes": clock.step_peak, "process_peak_bytes": clock.peak.process()}
 
 
 def _ratio(value: float | None) -> str:
@@ -393,13 +377,13 @@ def check_first_step(rows: list[dict[str, Any]]) -> list[str]:
     if len(numtok) > 1:
         reference = logs[numtok[0]]
         worst = max(
-            abs(logs[mode][key] - reference[key]) / abs(reference[key])
+            relative_error(logs[mode][key], reference[key])
             for mode in numtok
             for key in ("loss", "ce", "ntl")
         )
         lines.append(f"first step, loss/ce/ntl across {', '.join(numtok)}: rel. diff ≤ {worst:.1e}")
     if "trl" in logs and numtok and "loss" in logs["trl"]:
-        difference = abs(logs[numtok[0]]["ce"] - logs["trl"]["loss"]) / logs["trl"]["loss"]
+        difference = relative_error(logs[numtok[0]]["ce"], logs["trl"]["loss"])
         lines.append(f"first step, {numtok[0]} ce vs trl loss: rel. diff {difference:.1e}")
     return lines
 
@@ -431,19 +415,12 @@ def main() -> None:
         default=list(MODES),
         help=f"comma-separated, among {', '.join(MODES)} (default all)",
     )
-    parser.add_argument("--probe-memory", choices=list(MODES), help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
     preset = "quick" if args.quick else "default"
     size = PRESETS[preset]
     device = torch.device(args.device)
-    if args.probe_memory:
-        probed = probe_memory(
-            args.probe_memory, size, device, args.loss_on, args.gradient_checkpointing
-        )
-        print(json.dumps(probed))
-        return
     rounds, steps = (1, 3) if args.quick else (args.rounds, args.steps)
     modes = args.modes
     if unknown := set(modes) - set(MODES):
@@ -471,17 +448,22 @@ def main() -> None:
     samples, clocks, forwards = time_modes(
         size, rounds, steps, device, modes, args.loss_on, args.gradient_checkpointing
     )
-    memory = {} if args.no_memory else {mode: measure_memory(mode, args) for mode in modes}
-    medians = {mode: quantiles(samples[mode]["wall"])[1] for mode in modes}
-    cpu_medians = {mode: quantiles(samples[mode]["cpu"])[1] for mode in modes}
+    spec = {"preset": preset, "device": args.device, "loss_on": args.loss_on}
+    spec["checkpointing"] = args.gradient_checkpointing
+    memory = {
+        mode: in_fresh_process("bench_trl_step", "probe_peak", spec | {"mode": mode}, args.threads)
+        for mode in ([] if args.no_memory else modes)
+    }
+    medians = {mode: quantiles(samples[mode].wall)[1] for mode in modes}
+    cpu_medians = {mode: quantiles(samples[mode].cpu)[1] for mode in modes}
     rows = []
     for mode in modes:
-        p20, median, p80 = quantiles(samples[mode]["wall"])
+        p20, median, p80 = quantiles(samples[mode].wall)
         row: dict[str, Any] = {
             **meta,
             "mode": mode,
             "how": MODES[mode],
-            "steps_timed": len(samples[mode]["wall"]),
+            "steps_timed": len(samples[mode].wall),
             "median_ms": round(median, 1),
             "p20_ms": round(p20, 1),
             "p80_ms": round(p80, 1),

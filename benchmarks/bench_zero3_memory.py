@@ -16,9 +16,11 @@ AdamW (``zero_allow_untested_optimizer``), gradient clipping at the Trainer's 1.
 optimizer steps. The step's
 peak: at the start of the second step each process resets VmHWM to its VmRSS (writing "5" to
 ``/proc/self/clear_refs``), and VmHWM's rise by the end of that step is everything the step
-allocates above the partitioned model, gradients and optimizer state (``bench_common.
-StepClock``); the larger of the two processes' is reported, with the process's peak over the
-run. Time: the median of steps 2 and 3 (two processes sharing the cores of a shared machine:
+allocates above the partitioned model, gradients and optimizer state (``runner.StepClock``,
+the benchmarks' one clock and memory probe); the larger of the two processes' is reported, with
+the process's peak over the run. Each mode runs once, in processes of its own (torchrun), so
+there are no rounds to interleave and ``runner.in_fresh_process`` (one process) does not
+apply. Time: the median of steps 2 and 3 (two processes sharing the cores of a shared machine:
 indicative only). The first logged loss checks that the three NTL modes compute one loss.
 Results go to ``benchmarks/results/<date>T<time>-zero3-memory-cpu-t1.{jsonl,md}``.
 """
@@ -35,8 +37,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_common import StepClock, numtok_source, proc_status, provenance, quantiles
-from bench_trainer_step import MODES, NTL_WEIGHT, NUMBER_FRACTION, PRESETS, build_trainer
+from bench_common import numtok_source, provenance, quantiles
+from bench_trainer_step import MODES, NTL_WEIGHT, NUMBER_FRACTION, PRESETS, build_trainer, peaks
+from runner import StepClock
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PROCESSES, STEPS = 2, 3
@@ -61,9 +64,8 @@ def worker(mode: str, size: dict[str, Any]) -> None:
     trainer.train()
     measured = {
         "rank": int(os.environ["RANK"]),
-        "step_peak_bytes": clock.memory["peak"] - clock.memory["before"],
-        "process_peak_bytes": proc_status("VmHWM"),
-        "seconds": clock.seconds[1:],
+        **peaks(clock),
+        "seconds": clock.steps.wall[1:],
         "first_loss": None if clock.first_log is None else clock.first_log["loss"],
     }
     print("MEASURED " + json.dumps(measured), flush=True)

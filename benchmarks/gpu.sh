@@ -12,10 +12,11 @@
 #   launch     80  (a) tests/test_gpu_launch.py (pytest -m gpu): every kernel variant of the
 #                  calls that the JIT-faithful compile test records, compiled by Triton's JIT for
 #                  this GPU and launched, each call's loss against impl="torch"
-#   large      40  (b) gpu_values.py large: value and gradient against the float64
-#                  reference at 16,384 x 152,064 bfloat16 logits (row offsets past 2^31)
-#   sanitizer  55  (b) gpu_values.py small, four calls, under compute-sanitizer
-#                  (memcheck) where it exists
+#   large      40  (b) tests/test_gpu_values.py (pytest -m gpu), the large test: value and
+#                  gradient against the float64 reference at 16,384 x 152,064 bfloat16 logits
+#                  (row offsets past 2^31)
+#   sanitizer  55  (b) tests/test_gpu_values.py, the small test: four calls, under
+#                  compute-sanitizer (memcheck) where it exists
 #   sync       40  (c) tests/test_gpu_sync.py (pytest -m gpu): a training step per route
 #                  (each entry point by default
 #                  and with capturable=True, the Triton kernels), every synchronisation recorded;
@@ -74,7 +75,8 @@ if [[ "$DEVICE" == cpu ]]; then SLACK=${GPU_SH_SLACK:-3}; else SLACK=${GPU_SH_SL
 RESERVE=3   # kept for the last report
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu-sh.XXXXXX")
 mkdir -p "$WORK/site" "$RESULTS"
-export PYTHONPATH="$WORK/site:$PWD/src${PYTHONPATH:+:$PYTHONPATH}" # the wheels; numtok from here
+# The wheels; numtok from here; the benchmarks' modules (gpu_pytest_rows, gpu_variants) by name.
+export PYTHONPATH="$WORK/site:$PWD/src:$PWD/benchmarks${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 
 if [[ "$DEVICE" == cuda ]]; then
@@ -150,55 +152,55 @@ if [[ "$DEVICE" == cpu ]]; then
     on_cpu=(--no-memory) # the dry run: no memory subprocesses
     # Every process of the dry run records the Triton variants it launches (gpu_variants.py).
     cat >"$WORK/site/sitecustomize.py" <<EOF
-import os, sys
+import os
 if os.environ.get("GPU_SH_VARIANTS"):
-    sys.path.insert(0, "$PWD/benchmarks")
     import gpu_variants
     gpu_variants.record_on_import(os.environ["GPU_SH_VARIANTS"])
 EOF
 fi
 
 # The GPU acceptance tests (the gpu marker): pytest with gpu.sh's plugin, which writes each
-# test's rows and report section into $GPU_SH_SECTION (benchmarks/ on PYTHONPATH for it).
-acceptance=(env NUMTOK_TEST_DEVICE="$DEVICE" NUMTOK_GPU_QUICK="${QUICK:+1}"
-    NUMTOK_GPU_DRY_RUN="$([[ "$DEVICE" == cpu ]] && echo 1)"
-    PYTHONPATH="$PWD/benchmarks:$PYTHONPATH" "$PY" -m pytest -q -rfE -p no:cacheprovider
-    -p gpu_pytest_rows -m gpu)
+# test's rows and report section into $GPU_SH_SECTION.
+gpu_env=(NUMTOK_TEST_DEVICE="$DEVICE" NUMTOK_GPU_QUICK="${QUICK:+1}"
+    NUMTOK_GPU_DRY_RUN="$([[ "$DEVICE" == cpu ]] && echo 1)")
+gpu_tests=("$PY" -m pytest -q -rfE -p no:cacheprovider -p gpu_pytest_rows -m gpu)
 
 # Set-up, then (a) every variant compiles and launches.
 step setup 30 "Set-up (\`gpu_checks.py setup\`)" \
     "$PY" benchmarks/gpu_checks.py setup --device "$DEVICE" --wheels "$WHEELS" \
     --site "$WORK/site" --out "$WORK/setup"
 step launch 80 "(a) Every kernel variant compiles and launches (\`tests/test_gpu_launch.py\`)" \
-    env GPU_SH_SECTION="$WORK/launch" "${acceptance[@]}" tests/test_gpu_launch.py
+    env GPU_SH_SECTION="$WORK/launch" "${gpu_env[@]}" "${gpu_tests[@]}" tests/test_gpu_launch.py
 
 # (b) Values and gradients against float64, large; a small case under compute-sanitizer.
-step large 40 "(b) Values and gradients against float64, the large bfloat16 case (\`gpu_checks.py large\`)" \
-    "$PY" benchmarks/gpu_checks.py large --device "$DEVICE" $QUICK --out "$WORK/large"
+values=tests/test_gpu_values.py
+step large 40 "(b) Values and gradients against float64, the large bfloat16 case (\`$values\`)" \
+    env GPU_SH_SECTION="$WORK/large" "${gpu_env[@]}" "${gpu_tests[@]}" \
+    "$values::test_large_logits_against_float64"
 sanitizer=$(command -v compute-sanitizer 2>/dev/null ||
     ls /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda-*/bin/compute-sanitizer \
         /opt/nvidia/compute-sanitizer/compute-sanitizer 2>/dev/null | head -n 1)
-small=("$PY" benchmarks/gpu_checks.py small --device "$DEVICE" $QUICK --out "$WORK/sanitizer")
-if [[ "$DEVICE" == cuda && -n "$sanitizer" ]]; then
-    step sanitizer 55 "(b) Four small calls of the Triton paths under compute-sanitizer (\`gpu_checks.py small\`)" \
-        env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$sanitizer" --tool memcheck --error-exitcode 3 \
-        --print-limit 20 --target-processes application-only "${small[@]}"
+small=(env GPU_SH_SECTION="$WORK/sanitizer" "${gpu_env[@]}")
+if [[ "$DEVICE" == cuda && -n "$sanitizer" ]]; then # pytest under the sanitizer, whose verdict
+    small+=(PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$sanitizer" --tool memcheck --error-exitcode 3
+        --print-limit 20 --target-processes application-only) # is its exit status
+    title="(b) Four small calls of the Triton paths under compute-sanitizer"
 else
     why=$([[ "$DEVICE" == cuda ]] && echo "no compute-sanitizer on this machine" || echo "on CPU")
-    step sanitizer 55 "(b) Four small calls of the Triton paths, without compute-sanitizer ($why) (\`gpu_checks.py small\`)" \
-        "${small[@]}"
+    title="(b) Four small calls of the Triton paths, without compute-sanitizer ($why)"
 fi
+step sanitizer 55 "$title (\`$values\`)" \
+    "${small[@]}" "${gpu_tests[@]}" "$values::test_small_triton_calls_against_torch"
 
 # (c) No host synchronisation in a training step; the device-marked tests.
 step sync 40 "(c) A training step's host synchronisations, route by route (\`tests/test_gpu_sync.py\`)" \
-    env GPU_SH_SECTION="$WORK/sync" "${acceptance[@]}" tests/test_gpu_sync.py
+    env GPU_SH_SECTION="$WORK/sync" "${gpu_env[@]}" "${gpu_tests[@]}" tests/test_gpu_sync.py
 tests=(-m device -q -rfE -p no:cacheprovider -p gpu_pytest_rows --continue-on-collection-errors)
 "$PY" -c 'import xdist' 2>/dev/null && tests+=(-n "${GPU_SH_WORKERS:-8}")
 "$PY" -c 'import pytest_timeout' 2>/dev/null && tests+=(--timeout 60)
 [[ -n "$QUICK" ]] && tests+=(tests/test_capturable.py tests/test_fused_triton.py -k "not test_matches_reference and not bit_for_bit")
 step tests 115 "(c) The device-marked tests on $DEVICE (\`pytest -m device\`)" \
-    env NUMTOK_TEST_DEVICE="$DEVICE" GPU_SH_TEST_ROWS="$WORK/tests.jsonl" \
-    PYTHONPATH="$PWD/benchmarks:$PYTHONPATH" "$PY" -m pytest "${tests[@]}"
+    env NUMTOK_TEST_DEVICE="$DEVICE" GPU_SH_TEST_ROWS="$WORK/tests.jsonl" "$PY" -m pytest "${tests[@]}"
 
 # (d) Timings, CUDA events; then the other benchmarks while the budget lasts.
 loss=(--gpu-cases --device "$DEVICE" --threads "$THREADS" --out "$WORK/loss.jsonl")

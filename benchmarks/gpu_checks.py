@@ -3,8 +3,6 @@ and ``BASE.md`` (its section of the report), rewritten after every case, and exi
 something it checks fails.
 
     python benchmarks/gpu_checks.py setup --wheels DIR --site DIR --out BASE  # wheels, versions
-    python benchmarks/gpu_checks.py large --device cuda --out BASE   # (b) 16,384 x 152,064 bf16
-    python benchmarks/gpu_checks.py small --device cuda              # (b) under compute-sanitizer
     python benchmarks/gpu_checks.py report --work DIR --out BASE     # gpu.sh's report so far
     python benchmarks/gpu_checks.py estimate --work DIR              # the dry run's estimates
 
@@ -13,15 +11,11 @@ something it checks fails.
 on gpu.sh's PYTHONPATH), records the versions, the GPU, what imports (and how long the imports
 take) and ``pip show`` of what the TRL step imports.
 
-The GPU acceptance checks that need the test suite's helpers are tests with the ``gpu`` marker,
-which gpu.sh runs with pytest: ``launch`` is ``tests/test_gpu_launch.py``, ``sync``
-``tests/test_gpu_sync.py``.
+The GPU acceptance checks are tests with the ``gpu`` marker, which gpu.sh runs with pytest:
+``launch`` is ``tests/test_gpu_launch.py``, ``large`` and ``sanitizer`` are
+``tests/test_gpu_values.py``, ``sync`` is ``tests/test_gpu_sync.py``.
 
-``large`` and ``small``: :mod:`gpu_values`; ``report`` and
-``estimate``: :mod:`gpu_report` (with :mod:`gpu_budget`).
-
-``--quick`` (and ``--device cpu``, where the Triton kernels run in Triton's interpreter): small
-shapes, for gpu.sh's dry run.
+``report`` and ``estimate``: :mod:`gpu_report` (with :mod:`gpu_budget`).
 """
 
 from __future__ import annotations
@@ -29,19 +23,15 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.metadata
-import os
 import re
 import subprocess
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
-from gpu_common import (
-    short,
-    write,
-)
+import gpu_report
+from gpu_common import short, write
 
 
 def wheel_distribution(path: Path) -> tuple[str, str]:
@@ -200,11 +190,9 @@ def setup(args: argparse.Namespace) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    checks = ["setup", "large", "small", "report", "estimate"]
-    parser.add_argument("check", choices=checks)
-    parser.add_argument("--device", default="cuda")
+    parser.add_argument("check", choices=["setup", "report", "estimate"])
+    parser.add_argument("--device", default="cuda", help="setup: the device it records")
     parser.add_argument("--out", help="BASE: writes BASE.jsonl and BASE.md")
-    parser.add_argument("--quick", action="store_true", help="small shapes (gpu.sh's dry run)")
     parser.add_argument("--wheels", default="benchmarks/wheels", help="setup: the wheels' folder")
     parser.add_argument("--site", help="setup: where the wheels are installed (on PYTHONPATH)")
     parser.add_argument(
@@ -215,22 +203,13 @@ def main() -> None:
     parser.add_argument("--finished", action="store_true", help="report: gpu.sh has finished")
     parser.add_argument("--log-lines", type=int, default=200, help="report: per step and stream")
     args = parser.parse_args()
-    if args.device == "cpu":  # the Triton kernels in Triton's interpreter, read at their import
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-        # numpy's warnings where a kernel means log(0) = -inf (masked rows), as pyproject's
-        warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton.runtime")
-    if args.check not in ("small", "estimate") and args.out is None:
+    if args.check != "estimate" and args.out is None:
         parser.error(f"{args.check} needs --out")
     if args.check == "setup" and args.site is None:
         parser.error("setup needs --site")
     if args.check in ("report", "estimate") and args.work is None:
         parser.error(f"{args.check} needs --work")
-    here = {"setup": setup}
-    modules = {"large": "gpu_values", "small": "gpu_values"}
-    modules |= {"report": "gpu_report", "estimate": "gpu_report"}
-    check = here.get(args.check) or getattr(
-        importlib.import_module(modules[args.check]), args.check
-    )
+    check = setup if args.check == "setup" else getattr(gpu_report, args.check)
     sys.exit(check(args))
 
 

@@ -55,7 +55,9 @@ def _section(work: Path, step: dict[str, Any]) -> list[str]:
         if verdict:
             lines += ["compute-sanitizer:", "", "```", *verdict[-30:], "```", ""]
     if status not in ("completed", "skipped"):
-        lines += [f"End of the {name} step's log:", "", "```", *tail(err, 20), "```", ""]
+        # (pytest, which runs the gpu-marked tests, reports a failure on its standard output)
+        log = tail(err, 20) or tail(out, 20)
+        lines += [f"End of the {name} step's log:", "", "```", *log, "```", ""]
     return lines
 
 

@@ -1,23 +1,27 @@
-"""The one runner of the benchmarks: a case's implementations of a loss, each checked against its
-reference, timed in interleaved rounds by one clock, and its peak memory probed in a fresh
-process. A bench script declares its cases and implementations and writes its rows; the rest is
-here.
+"""The one runner of the benchmarks: what is run is checked against its reference by one error
+formula, timed in interleaved rounds by one clock, and its peak memory measured by one probe.
+A bench script declares its cases (and a loss's implementations, a readout's calls, a trainer's
+modes) and writes its rows; the rest is here.
 
-* **Check**: every implementation runs once (this is also the warm-up and, for a compiled one, the
-  compilation) and its value and every gradient are compared with its reference's on the same
-  inputs: :func:`relative_error`, ``‖value − reference‖ / ‖reference‖`` in float64, the largest
-  over the value and the gradients, must not exceed the tolerance. A reference or a required
-  implementation that raises stops the run; any other is left out, with its error.
-* **Time**: ``rounds`` rounds, the implementations interleaved and the order rotated each round.
-  One step is the training forward (autograd recording) and ``backward()`` into fresh ``.grad``;
-  :class:`Clock` reads CUDA events on a GPU and ``time.perf_counter`` elsewhere (after a
-  synchronisation), and the CPU time (user + system) of the step is read beside it. Medians with
-  p20/p80 (:func:`bench_common.quantiles`); every ratio is of medians in the same run.
-* **Peak memory**: on CPU, in a fresh process (``python benchmarks/runner.py MODULE SPEC
-  THREADS`` calls ``MODULE.probe_target(SPEC)``): a small warm-up step initialises thread pools
-  and caches, VmHWM is reset to VmRSS by writing ``5`` to ``/proc/self/clear_refs``, one step
-  runs, and the rise of VmHWM is its peak. On CUDA, in process: ``max_memory_allocated`` over one
-  step above the memory allocated before it.
+* **Check**: every implementation of a loss runs once (this is also the warm-up and, for a
+  compiled one, the compilation) and its value and every gradient are compared with its
+  reference's on the same inputs: :func:`relative_error` (:class:`Residual`), ``‖value −
+  reference‖ / ‖reference‖`` in float64, the largest over the value and the gradients, must not
+  exceed the tolerance. A reference or a required implementation that raises stops the run; any
+  other is left out, with its error.
+* **Time**: :class:`Clock` reads CUDA events on a GPU and ``time.perf_counter`` elsewhere (after
+  a synchronisation), the CPU time (user + system) beside it; ``rounds`` rounds, the order
+  rotated each round (:func:`interleaved`). What is timed: a loss's training step (forward with
+  autograd recording and ``backward()`` into fresh ``.grad``: :func:`run`), a call
+  (:func:`time_calls`), or a Trainer's optimizer steps (:class:`StepClock`'s callbacks,
+  :func:`time_trainers`). Medians with p20/p80 (:func:`bench_common.quantiles`); every ratio is of
+  medians in the same run.
+* **Peak memory** (:class:`Peak`): the rise of one span above what was in use at its start — on
+  CPU VmHWM, reset to VmRSS by writing ``5`` to ``/proc/self/clear_refs``; on CUDA
+  ``max_memory_allocated`` above ``memory_allocated``. On CPU it is measured in a fresh process
+  (:func:`in_fresh_process`: ``python benchmarks/runner.py MODULE FUNCTION SPEC THREADS`` prints
+  ``MODULE.FUNCTION(SPEC)`` as JSON), after a small warm-up step that initialises thread pools and
+  caches (:func:`probe`; a Trainer's second step, :class:`StepClock`); on CUDA in process.
 """
 
 from __future__ import annotations
@@ -29,14 +33,15 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from bench_common import proc_status, quantiles, reset_peak_memory
 
 Inputs = dict[str, torch.Tensor]
+Item = TypeVar("Item")
 
 
 @dataclass(frozen=True)
@@ -169,17 +174,34 @@ def step(
     return forward_seconds, backward_seconds, time.process_time() - cpu_start, loss.detach()
 
 
-def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
-    """``‖value − reference‖ / ‖reference‖`` in float64, summed over chunks of 2^22 entries (no
-    full-size float64 temporary)."""
-    flat_value, flat_reference = value.reshape(-1), reference.reshape(-1)
-    difference = total = 0.0
-    for start in range(0, flat_value.numel(), 1 << 22):
-        a = flat_value[start : start + (1 << 22)].double()
-        b = flat_reference[start : start + (1 << 22)].double()
-        difference += float((a - b).square().sum())
-        total += float(b.square().sum())
-    return (difference / max(total, 1e-300)) ** 0.5
+@dataclass
+class Residual:
+    """The one error formula, ``‖value − reference‖ / ‖reference‖`` in float64 (:attr:`relative`),
+    over one pair of tensors or accumulated over parts of them (:meth:`add`: chunks of rows, each
+    summed over chunks of 2^22 entries, so that no full-size float64 temporary is made)."""
+
+    difference: float = 0.0  # ‖value − reference‖² so far
+    total: float = 0.0  # ‖reference‖² so far
+
+    def add(self, value: torch.Tensor, reference: torch.Tensor) -> Residual:
+        flat_value, flat_reference = value.reshape(-1), reference.reshape(-1)
+        for start in range(0, flat_value.numel(), 1 << 22):
+            a = flat_value[start : start + (1 << 22)].double()
+            b = flat_reference[start : start + (1 << 22)].double()
+            self.difference += float((a - b).square().sum())
+            self.total += float(b.square().sum())
+        return self
+
+    @property
+    def relative(self) -> float:
+        return (self.difference / max(self.total, 1e-300)) ** 0.5
+
+
+def relative_error(value: torch.Tensor | float, reference: torch.Tensor | float) -> float:
+    """``‖value − reference‖ / ‖reference‖`` in float64 (:class:`Residual`); of two numbers,
+    ``|value − reference| / |reference|``."""
+    value, reference = (torch.as_tensor(x, dtype=torch.float64) for x in (value, reference))
+    return Residual().add(value, reference).relative
 
 
 def check(
@@ -228,6 +250,17 @@ def check(
     return errors, failures
 
 
+def interleaved(
+    items: Sequence[Item], rounds: int, warm_up: bool = False
+) -> Iterator[tuple[int, Item]]:
+    """``(round, item)`` for ``rounds`` rounds of every item, the order rotated by one each round
+    (so that no item always follows the same one); with ``warm_up`` an untimed round -1 first."""
+    for round_index in range(-1 if warm_up else 0, rounds):
+        shift = round_index % len(items)
+        for item in [*items[shift:], *items[:shift]]:
+            yield round_index, item
+
+
 def time_rounds(
     implementations: Sequence[Implementation],
     inputs: Inputs,
@@ -238,69 +271,174 @@ def time_rounds(
     """With ``warm_up`` one untimed round, then ``rounds`` timed ones, the implementations
     interleaved and their order rotated each round; a step over a second is logged."""
     samples = {i.name: Samples() for i in implementations}
-    for round_index in range(-1 if warm_up else 0, rounds):
-        shift = round_index % len(implementations)
-        for implementation in [*implementations[shift:], *implementations[:shift]]:
-            call = fresh(implementation, inputs)
-            forward, backward_seconds, cpu, _ = step(implementation, call, upstream)
-            del call
-            if round_index < 0:
-                continue
-            measured = samples[implementation.name]
-            measured.forward.append(forward)
-            measured.backward.append(backward_seconds)
-            measured.cpu.append(cpu)
-            if forward + backward_seconds > 1:
-                print(
-                    f"round {round_index + 1}/{rounds}: {implementation.name} "
-                    f"{forward + backward_seconds:.1f} s (CPU {cpu:.1f} s)",
-                    file=sys.stderr,
-                    flush=True,
-                )
+    for round_index, implementation in interleaved(implementations, rounds, warm_up):
+        call = fresh(implementation, inputs)
+        forward, backward_seconds, cpu, _ = step(implementation, call, upstream)
+        del call
+        if round_index < 0:
+            continue
+        measured = samples[implementation.name]
+        measured.forward.append(forward)
+        measured.backward.append(backward_seconds)
+        measured.cpu.append(cpu)
+        if forward + backward_seconds > 1:
+            print(
+                f"round {round_index + 1}/{rounds}: {implementation.name} "
+                f"{forward + backward_seconds:.1f} s (CPU {cpu:.1f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
     for leaf in leaves(inputs):
         leaf.grad = None
     return samples
 
 
+def time_calls(
+    calls: Mapping[str, Callable[[], object]], rounds: int, device: torch.device
+) -> dict[str, list[float]]:
+    """Seconds of each call (a readout: no autograd), ``rounds`` interleaved rounds by
+    :class:`Clock`."""
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    for _, name in interleaved(list(calls), rounds):
+        clock = Clock(device)
+        calls[name]()
+        clock.mark()
+        samples[name] += clock.intervals()
+    return samples
+
+
+@dataclass
+class Steps:
+    """Seconds of a Trainer's timed optimizer steps: wall-clock (:class:`Clock`) and CPU."""
+
+    wall: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)
+
+
+class StepClock:
+    """A Trainer's callbacks (``transformers`` or TRL) that time each optimizer step by
+    :class:`Clock`, from ``on_step_begin`` to ``on_step_end`` (the batch already collated), with
+    its CPU time (user + system, all threads) in :attr:`steps`; with ``measure_memory`` the
+    :class:`Peak` of the second step of the first ``train()`` (:attr:`step_peak`; :attr:`peak`'s
+    ``process()`` gives the process's); and the first logged loss, ce and ntl."""
+
+    def __init__(self, device: torch.device, measure_memory: bool = False) -> None:
+        self.device = device
+        self.steps = Steps()
+        self.peak = Peak(device) if measure_memory else None
+        self.step_peak: int | None = None
+        self.first_log: dict[str, float] | None = None
+        self._clock: Clock | None = None
+        self._cpu_start = 0.0
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.peak is not None and self.step_peak is None and state.global_step == 1:
+            self.peak.start()  # the second step (global_step counts the steps done)
+        self._clock = Clock(self.device)
+        self._cpu_start = time.process_time()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        assert self._clock is not None
+        self._clock.mark()
+        self.steps.wall += self._clock.intervals()
+        self.steps.cpu.append(time.process_time() - self._cpu_start)
+        if self.peak is not None and self.step_peak is None and state.global_step == 2:
+            self.step_peak = self.peak.stop()
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+        if self.first_log is None and logs and "loss" in logs:
+            keys = ("loss", "ce", "ntl", "mean_token_accuracy", "entropy")
+            self.first_log = {key: float(logs[key]) for key in keys if key in logs}
+
+
+def time_trainers(
+    runs: Mapping[str, Callable[[], object]], clocks: Mapping[str, StepClock], rounds: int
+) -> dict[str, Steps]:
+    """``rounds`` interleaved rounds of every ``runs[name]()`` (a Trainer's ``train()`` of a few
+    optimizer steps that ``clocks[name]`` times); the first step of each run is left out (AdamW
+    allocates its state there)."""
+    samples = {name: Steps() for name in runs}
+    for round_index, name in interleaved(list(runs), rounds):
+        clock = clocks[name]
+        clock.steps = Steps()
+        runs[name]()
+        samples[name].wall += clock.steps.wall[1:]
+        samples[name].cpu += clock.steps.cpu[1:]
+        seconds = ", ".join(f"{s:.3f}" for s in clock.steps.wall)
+        print(f"round {round_index} {name}: [{seconds}] s", file=sys.stderr, flush=True)
+    return samples
+
+
+class Peak:
+    """The peak memory of a span above what was in use at its start (:meth:`start`,
+    :meth:`stop`): on CUDA ``max_memory_allocated`` above ``memory_allocated`` (the allocator's
+    peak is reset at the start); elsewhere the rise of the process's VmHWM, reset to its VmRSS at
+    the start (``/proc/self/clear_refs``)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.base = self.earlier = 0
+
+    def start(self) -> None:
+        synchronize(self.device)
+        if self.cuda:
+            self.earlier = torch.cuda.max_memory_allocated(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.base = torch.cuda.memory_allocated(self.device)
+        else:
+            self.base = reset_peak_memory()
+
+    def stop(self) -> int:
+        """The span's peak above its start, in bytes."""
+        synchronize(self.device)
+        if self.cuda:
+            return torch.cuda.max_memory_allocated(self.device) - self.base
+        return proc_status("VmHWM") - self.base
+
+    def process(self) -> int:
+        """The process's peak so far, in bytes: on CUDA over its whole life, elsewhere VmHWM (since
+        the start, whose reset forgets the peak before it)."""
+        synchronize(self.device)
+        if self.cuda:
+            return max(self.earlier, torch.cuda.max_memory_allocated(self.device))
+        return proc_status("VmHWM")
+
+
+def peak_of_step(implementation: Implementation, inputs: Inputs, upstream: float = 1.0) -> int:
+    """The :class:`Peak` of one step of ``implementation`` on ``inputs``, in this process."""
+    call = fresh(implementation, inputs)
+    for leaf in leaves(call):
+        leaf.grad = None
+    peak = Peak(device_of(inputs))
+    peak.start()
+    step(implementation, call, upstream)
+    extra = peak.stop()
+    for leaf in leaves(call):
+        leaf.grad = None
+    return extra
+
+
 def probe(
     implementation: Implementation, inputs: Inputs, warm: Inputs, upstream: float = 1.0
 ) -> int:
-    """In this (fresh) process: the peak resident memory one step adds, after a step on the
-    small ``warm`` inputs."""
+    """In a fresh process (a bench script's function that :func:`in_fresh_process` calls): the
+    peak one step adds, after a step on the small ``warm`` inputs."""
     step(implementation, fresh(implementation, warm), upstream)
     del warm
-    call = fresh(implementation, inputs)
-    for leaf in leaves(call):
-        leaf.grad = None
-    baseline = reset_peak_memory()
-    step(implementation, call, upstream)
-    return proc_status("VmHWM") - baseline
+    return peak_of_step(implementation, inputs, upstream)
 
 
-def peak_on_cuda(implementation: Implementation, inputs: Inputs, upstream: float = 1.0) -> int:
-    """In process on CUDA: ``max_memory_allocated`` over one step above what was allocated."""
-    call = fresh(implementation, inputs)
-    for leaf in leaves(call):
-        leaf.grad = None
-    device = device_of(inputs)
-    synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    baseline = torch.cuda.memory_allocated(device)
-    step(implementation, call, upstream)
-    peak = torch.cuda.max_memory_allocated(device) - baseline
-    for leaf in leaves(call):
-        leaf.grad = None
-    return peak
-
-
-def peak_in_fresh_process(module: str, spec: Mapping[str, Any], threads: int) -> int:
-    """The peak of one step in a fresh process: ``module.probe_target(spec)`` gives (the
-    implementation, its inputs, the warm-up inputs, the upstream gradient), :func:`probe`
-    measures."""
-    command = [sys.executable, __file__, module, json.dumps(spec), str(threads)]
+def in_fresh_process(module: str, function: str, spec: Mapping[str, Any], threads: int) -> Any:
+    """``module.function(spec)`` in a fresh process with ``threads`` torch threads, its result
+    (JSON, the last line it prints) read back: the memory probes, whose peak nothing this
+    process allocated before may hide."""
+    command = [sys.executable, __file__, module, function, json.dumps(spec), str(threads)]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    output = subprocess.run(command, check=True, capture_output=True, text=True, env=env).stdout
-    return int(output.strip().splitlines()[-1])
+    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{module}.{function}({spec}) failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def run(
@@ -338,7 +476,7 @@ def run(
 
 
 if __name__ == "__main__":
-    module_name, spec_text, thread_count = sys.argv[1:]
+    module_name, function_name, spec_text, thread_count = sys.argv[1:]
     torch.set_num_threads(int(thread_count))
-    target = importlib.import_module(module_name).probe_target(json.loads(spec_text))
-    print(probe(*target))
+    function = getattr(importlib.import_module(module_name), function_name)
+    print(json.dumps(function(json.loads(spec_text))))

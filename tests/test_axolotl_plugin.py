@@ -17,14 +17,14 @@ folder (default: ~/.cache/numtok/axolotl-0.19.0-<hash of the requirements and th
 
 from __future__ import annotations
 
-import hashlib
 import os
 import site
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from _environments import build_environment, environment_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,44 +72,15 @@ SCENARIOS = [
 ]
 
 
-def _environment_folder() -> Path:
-    key = "\n".join([sys.version, *site.getsitepackages(), *NO_DEPS, *REQUIREMENTS])
-    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
-    default = Path.home() / ".cache" / "numtok" / f"axolotl-0.19.0-{digest}"
-    return Path(os.environ.get("NUMTOK_AXOLOTL_ENV", default))
-
-
-def _pip(python: Path, *args: str) -> None:
-    command = [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", *args]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=1200, check=False)
-    assert result.returncode == 0, f"{' '.join(command)} failed:\n{result.stderr[-4000:]}"
-
-
 @pytest.fixture(scope="module")
 def axolotl_python() -> Path:
     """The Python of the Axolotl environment, built on first use."""
-    folder = _environment_folder()
-    python = folder / "bin" / "python"
-    done = folder / ".numtok-complete"
-    if done.exists():
-        return python
-    subprocess.run(
-        [sys.executable, "-m", "venv", "--clear", "--without-pip", str(folder)], check=True
+    folder = environment_folder(
+        "axolotl-0.19.0", [*site.getsitepackages(), *NO_DEPS, *REQUIREMENTS], "NUMTOK_AXOLOTL_ENV"
     )
-    purelib = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    # After the venv's own site-packages: this environment's, for torch and what Axolotl does
-    # not pin (a .pth line is appended to sys.path).
-    ours = "\n".join(site.getsitepackages())
-    (Path(purelib) / "zz_numtok_dev_environment.pth").write_text(ours + "\n")
-    _pip(python, "--no-deps", *NO_DEPS)
-    _pip(python, *REQUIREMENTS)
-    done.touch()
-    return python
+    return build_environment(
+        folder, inherit=True, without_dependencies=NO_DEPS, requirements=REQUIREMENTS
+    )
 
 
 @pytest.mark.slow

@@ -1,5 +1,5 @@
 """Every ``numtok`` command's bad paths are one error line naming the path and what is wrong with
-it (status 2), found before any slow work: ``demo`` and ``repro``'s ``--out`` and
+it (status 2), found before any slow work: ``demo`` and ``compare``'s ``--out`` and
 ``--cache-dir``, ``model``'s folder. (``vocab``'s are in test_cli_vocab.py, ``compare``'s in
 test_compare.py.)"""
 
@@ -30,10 +30,10 @@ def _error_line(capsys: pytest.CaptureFixture[str], arguments: list[str]) -> str
     ("command", "out", "why"),
     [
         (["demo", "--task", "arithmetic__add_or_sub"], "a-file", "it is a file, not a folder"),
-        (["repro", "--preset", "smoke"], "a-file/run", "{tmp}/a-file is a file, not a folder"),
+        (["compare", "--preset", "smoke"], "a-file/run", "{tmp}/a-file is a file, not a folder"),
     ],
 )
-def test_demo_and_repro_name_an_out_that_cannot_be_made(
+def test_demo_and_compare_name_an_out_that_cannot_be_made(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str], out: str, why: str
 ) -> None:
     (tmp_path / "a-file").write_text("x\n")
@@ -87,7 +87,7 @@ def test_an_out_in_a_folder_without_write_permission_is_one_line(tmp_path: Path)
     locked.mkdir(mode=0o555)
     try:
         done = subprocess.run(
-            [*without_root_override(), sys.executable, "-m", "numtok.cli", "repro", "--preset",
+            [*without_root_override(), sys.executable, "-m", "numtok.cli", "compare", "--preset",
              "smoke", "--out", str(locked / "run"), "--cache-dir", str(tmp_path / "cache")],
             capture_output=True, text=True, timeout=300, check=False,
             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},

@@ -9,6 +9,7 @@ import json
 import math
 import os
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import numtok
 from numtok.experiments.analysis import comparisons, learnability_gate, metric_table
 from numtok.experiments.finetune.preregistration import (
     check_preregistration,
@@ -164,9 +166,18 @@ def test_compare_runs_reports_and_resumes_from_the_command_line(
     out = tmp_path / "run"
     arguments = _compare(tiny_llama_dir, data, out, "--arms", "base,ce,was")
     assert main(arguments) == 0
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert "learnability gate (validation log_mae, " in printed and "primary endpoint" in printed
     assert "  was: " in printed and ", MDE " in printed
+    # Before training: the plan, then the minutes a timed probe expects for what is left.
+    plan, estimate = captured.err.splitlines()[:2]
+    assert plan.startswith("plan: arms base, ce, was × seeds [0, 1]") and "4 arms to train" in plan
+    assert re.fullmatch(
+        r"estimate: \d+ min for the 8 training steps and \d+ scored examples left \(a probe: "
+        r"[\d.]+ s a CE step, [\d.]+ s an example\)",
+        estimate,
+    )
     results = _strict_json(out / "results.json")
     largest = max(r.value for r in read_user_data(data).splits["train"])
     assert results["config"]["max_value"] == largest  # --max-value auto: the largest training sum
@@ -188,7 +199,7 @@ def test_compare_runs_reports_and_resumes_from_the_command_line(
     monkeypatch.setattr(runner, "train_arm", lambda *a, **k: pytest.fail("trained again"))
     assert main(arguments) == 0
     assert _strict_json(out / "results.json")["answers"] == results["answers"]
-    capsys.readouterr()
+    assert "estimate:" not in capsys.readouterr().err  # nothing left: no probe
     with pytest.raises(SystemExit) as stopped:
         main([*arguments, "--steps", "3"])
     error = capsys.readouterr().err
@@ -489,6 +500,8 @@ def test_a_preregistration_is_written_once_and_held_against_the_run(tmp_path: Pa
     with pytest.raises(ValueError, match="written once, never replaced"):
         write_preregistration(path, record)
     assert check_preregistration(path, record)["hypothesis"] == "h"
+    # The code it was written with is recorded, not held: committing the file is a new commit.
+    assert check_preregistration(path, {**record, "code": {"commit": "other"}})["hypothesis"] == "h"
     changed = {**record, "settings": {"steps": 61, "seeds": [3]}}
     with pytest.raises(ValueError, match=r"settings.steps: registered 60, this run 61"):
         check_preregistration(path, changed)
@@ -517,6 +530,8 @@ def test_compare_preregisters_then_runs_only_the_registered_run(
     stored = json.loads(plan.read_text())
     assert stored["primary_endpoint"]["difference"] == "was - ce"
     assert stored["splits"]["sizes"]["test"] == 4 and stored["seeds"] == [0, 1]
+    assert re.fullmatch("[0-9a-f]{16}", stored["splits"]["content_digest"])
+    assert stored["code"]["numtok"] == numtok.__version__ and "commit" in stored["code"]
     with pytest.raises(SystemExit):
         main([*arguments, "--steps", "3"])  # not the registered 2 (the last flag wins)
     error = capsys.readouterr().err
@@ -529,16 +544,35 @@ def test_compare_preregisters_then_runs_only_the_registered_run(
     assert report.index("Pre-registered") < report.index("## Primary endpoint")
 
 
-def test_a_preset_compare_cannot_run_is_named(capsys: pytest.CaptureFixture[str]) -> None:
-    """An unknown --preset lists the fine-tuning presets only (the ones compare runs); a preset
-    trained from scratch names the command that runs it."""
+def test_compare_runs_every_preset_and_refuses_the_flags_of_the_other_kind(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """One comparison command: an unknown --preset lists every preset, from scratch and
+    fine-tuning alike; a flag of the other kind of run is one error line naming the flag."""
     from numtok.cli import main
 
     with pytest.raises(SystemExit) as stopped:
         main(["compare", "--preset", "bogus"])
     error = capsys.readouterr().err
     assert stopped.value.code == 2 and "unknown preset 'bogus'" in error
-    assert "smollm2-arithmetic:" in error and "  demo:" not in error and "  smoke:" not in error
-    with pytest.raises(SystemExit) as stopped:
-        main(["compare", "--preset", "demo"])
-    assert "(numtok repro --preset demo)" in capsys.readouterr().err
+    assert all(f"  {name}:" in error for name in ("smollm2-arithmetic", "demo", "smoke", "rjokes"))
+    scratch_only = " (it applies to the presets trained from scratch; numtok list shows them)"
+    fine_tuning_only = (
+        ", a comparison trained from scratch (it applies to --data and the smollm2-* presets)"
+    )
+    for arguments, message in (
+        (["--preset", "smoke", "--adaptation", "lora"],
+         "--adaptation does not apply to the arithmetic task of 'smoke'"),
+        (["--preset", "smoke", "--hypothesis", "x"],
+         "--hypothesis does not apply to 'smoke'" + fine_tuning_only),
+        (["--preset", "smoke", "--max-value", "9"],
+         "--max-value does not apply to 'smoke'" + fine_tuning_only),
+        (["--preset", "smollm2-arithmetic", "--workers", "2"],
+         "--workers does not apply to the fine-tuning preset 'smollm2-arithmetic'" + scratch_only),
+        (["--data", "x.jsonl", "--eval-jokes", "5"],
+         "--eval-jokes does not apply to a comparison of --data" + scratch_only),
+    ):  # fmt: skip
+        with pytest.raises(SystemExit) as stopped:
+            main(["compare", *arguments])
+        assert stopped.value.code == 2
+        assert capsys.readouterr().err.splitlines() == [f"numtok: error: {message}"]

@@ -140,6 +140,6 @@ def test_demo_fetches_the_data_when_none_is_found(
     assert "running the arithmetic comparison, since could not download" in error
     assert "Traceback" not in error
     with pytest.raises(SystemExit) as exit_info:
-        main(["repro", "--task", "rjokes", *smoke, "--out", str(tmp_path / "refused")])
+        main(["compare", "--preset", "rjokes", *smoke, "--out", str(tmp_path / "refused")])
     assert exit_info.value.code == 2
     assert "numtok: error: could not download" in capsys.readouterr().err

@@ -107,6 +107,17 @@ def test_the_loss_reads_the_answer_positions(tiny_llama_dir: Path) -> None:
         torch.testing.assert_close(states[row], hidden[row, len(example.prompt) - 1])
 
 
+def test_generated_data_has_a_content_digest(tiny_llama_dir: Path) -> None:
+    """The pre-registration pins the examples themselves, generated ones included: the same
+    settings give the same digest, other examples another."""
+    tokenizer = build_tokenizer()
+    config = small(tiny_llama_dir)
+    digest = load_finetune_data(config, tokenizer).content_digest
+    assert len(digest) == 16 and digest == load_finetune_data(config, tokenizer).content_digest
+    other = config.with_overrides(train_examples=SIZES["train"] + 1)
+    assert load_finetune_data(other, tokenizer).content_digest != digest
+
+
 def test_the_fresh_4_digit_split_repeats_no_question_of_another_split() -> None:
     """Drawn after every other split, with a seed of its own: adding it changed none of them,
     and it shares no question with test_harder, the split whose result it tests afresh."""
@@ -328,7 +339,7 @@ def test_command_line(
     from numtok.cli import main
 
     out = tmp_path / "cli"
-    arguments = ["repro", "--preset", "smollm2-arithmetic", "--model", str(tiny_llama_dir),
+    arguments = ["compare", "--preset", "smollm2-arithmetic", "--model", str(tiny_llama_dir),
                  "--steps", "2", "--seeds", "1", "--arms", "base,ce", "--threads", "1",
                  "--out", str(out), "--no-progress"]  # fmt: skip
     assert main(arguments) == 0

@@ -211,7 +211,7 @@ def test_unknown_preset_lists_the_presets(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit):
-        main(["repro", "--preset", "huge", "--out", str(tmp_path / "run")])
+        main(["compare", "--preset", "huge", "--out", str(tmp_path / "run")])
     error = capsys.readouterr().err
     assert "unknown preset 'huge'" in error
     assert all(name in error for name in PRESETS)
@@ -224,11 +224,11 @@ def test_cli_runs_in_worker_processes_and_matches_the_in_process_run(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     _, cache, in_process = smoke_run
-    status = main(["repro", "--preset", "smoke", "--workers", "2", "--no-progress",
+    status = main(["compare", "--preset", "smoke", "--workers", "2", "--no-progress",
                    "--out", str(tmp_path / "run"), "--cache-dir", str(cache)])  # fmt: skip
     assert status == 0
     output = capsys.readouterr().out
     assert "exact acc" in output and f"run folder: {tmp_path / 'run'}" in output
     spawned = json.loads((tmp_path / "run" / "results.json").read_text())
-    assert spawned["command"].startswith("numtok repro --preset smoke")
+    assert spawned["command"].startswith("numtok compare --preset smoke")
     assert spawned["summary"] == in_process["summary"]  # workers do not change results

@@ -30,12 +30,13 @@ from numtok.experiments.rjokes.evaluate import (
 from numtok.experiments.rjokes.model import ScoreRegressor
 from numtok.experiments.rjokes.report import constant_predictions
 from numtok.experiments.rjokes.train import (
+    RJokesTask,
     ScoredTrainingSet,
     arm_step,
     build_arm,
     build_tokenizer,
-    train_arm,
 )
+from numtok.experiments.scratch import train_arm
 from numtok.experiments.tasks.rjokes import (
     RJokesData,
     evaluation_subset,
@@ -328,17 +329,18 @@ def test_progress_counts_steps_and_scored_jokes(data: RJokesData, tmp_path: Path
     config = SMOKE.with_overrides(steps=12, checkpoint_every=5)
     for arm in ("was", "head"):
         reported: list[int] = []
-        train_arm(config, 0, arm, data, tmp_path, progress=reported.append)
+        train_arm(RJokesTask(config, data), 0, arm, tmp_path, progress=reported.append)
         assert sum(reported) == 12 + config.eval_jokes
         again: list[int] = []
-        train_arm(config, 0, arm, data, tmp_path, progress=again.append)
+        train_arm(RJokesTask(config, data), 0, arm, tmp_path, progress=again.append)
         assert again == [12 + config.eval_jokes]  # read back, not trained again
 
 
 def test_command_line(data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     status = main(
-        ["repro", "--preset", "rjokes-smoke", "--seeds", "1", "--arms", "ce,head", "--workers", "1",
-         "--no-progress", "--data-dir", str(data_dir), "--out", str(tmp_path / "run")]
+        ["compare", "--preset", "rjokes-smoke", "--seeds", "1", "--arms", "ce,head",
+         "--workers", "1", "--no-progress", "--data-dir", str(data_dir),
+         "--out", str(tmp_path / "run")]
     )  # fmt: skip
     assert status == 0
     output = capsys.readouterr().out
@@ -348,7 +350,10 @@ def test_command_line(data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixt
         (["--task", "rjokes", "--train-questions", "5"], "--train-questions does not apply"),
         (["--task", "rjokes", "--data-dir", str(tmp_path)], "lacks train.tsv(.gz)"),
         (["--preset", "demo", "--task", "rjokes"], "does not fit the preset 'demo'"),
-        (["--preset", "smollm2-rjokes", "--validation-only"], "numtok compare --preset"),
+        (
+            ["--preset", "rjokes", "--adaptation", "lora"],
+            "--adaptation does not apply to the rJokes",
+        ),
         (["--task", "rjokes", "--arms", "ce,ntl"], "arms must be chosen from"),
     ):
         with pytest.raises(SystemExit) as exit_info:
@@ -380,16 +385,13 @@ def test_demo_runs_rjokes_when_its_data_is_found_else_arithmetic(
 
 
 def test_validation_only_scores_the_validation_split() -> None:
-    """demo and repro spell it as compare does: --validation-only sets evaluate_on, and a
-    fine-tuning preset under repro is sent to compare."""
+    """demo and compare spell it one way: --validation-only sets evaluate_on."""
     import numtok.experiments.commands as harness
     from numtok.cli import _build_config, _parser
 
     def config(*flags: str, preset: str = "rjokes-smoke") -> Any:
-        return _build_config(_parser().parse_args(["repro", *flags]), preset, harness)
+        return _build_config(_parser().parse_args(["demo", *flags]), preset, harness)
 
     assert config().evaluate_on == "test"
     assert config("--validation-only").evaluate_on == "validation"
     assert config("--validation-only", preset="smoke").evaluate_on == "validation"
-    with pytest.raises(ValueError, match="run numtok compare --preset smollm2-rjokes"):
-        config("--validation-only", preset="smollm2-rjokes")

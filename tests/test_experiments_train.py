@@ -27,9 +27,10 @@ from numtok.experiments.objectives import GLS_SIGMA, NUMBER_LOSS_ARMS
 from numtok.experiments.presets import PRESETS
 from numtok.experiments.run_folder import arm_directory
 from numtok.experiments.runner import run_experiment
+from numtok.experiments.scratch import train_arm
 from numtok.experiments.tasks.mathematics import MathData, load_data
 from numtok.experiments.tokenizer import CharTokenizer
-from numtok.experiments.train import build_arm, train_arm, train_step
+from numtok.experiments.train import ArithmeticTask, build_arm, train_step
 from numtok.losses.smoothing import gaussian_label_smoothing_ce
 
 SMOKE = PRESETS["smoke"].config
@@ -109,7 +110,8 @@ class _InterruptError(Exception):
 
 def test_interrupted_arm_resumes_to_identical_results(tmp_path: Path, data: MathData) -> None:
     config = SMOKE.with_overrides(steps=35, checkpoint_every=10, log_every=5)
-    reference = train_arm(config, 0, "was", data, tmp_path / "straight")
+    task = ArithmeticTask(config, data)
+    reference = train_arm(task, 0, "was", tmp_path / "straight")
 
     done = 0
 
@@ -120,17 +122,17 @@ def test_interrupted_arm_resumes_to_identical_results(tmp_path: Path, data: Math
             raise _InterruptError
 
     with pytest.raises(_InterruptError):
-        train_arm(config, 0, "was", data, tmp_path / "resumed", progress=interrupt_after_23_steps)
+        train_arm(task, 0, "was", tmp_path / "resumed", progress=interrupt_after_23_steps)
     directory = arm_directory(tmp_path / "resumed", 0, "was")
     assert (directory / "checkpoint.pt").exists() and not (directory / "result.json").exists()
 
     resumed_steps: list[int] = []
-    resumed = train_arm(config, 0, "was", data, tmp_path / "resumed", progress=resumed_steps.append)
+    resumed = train_arm(task, 0, "was", tmp_path / "resumed", progress=resumed_steps.append)
     assert resumed_steps[0] == 20  # restarted from the checkpoint at step 20, not from 0
     assert _comparable(resumed) == _comparable(reference)
     assert not (directory / "checkpoint.pt").exists()
     # A finished arm is read back, not trained again.
-    assert train_arm(config, 0, "was", data, tmp_path / "resumed") == resumed
+    assert train_arm(task, 0, "was", tmp_path / "resumed") == resumed
 
 
 def _wait_for(path: Path, process: subprocess.Popen[bytes], timeout: float) -> None:

@@ -6,17 +6,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
-
-import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import gpu_budget
 import gpu_report
 import gpu_variants
+import pytest
 
 
 def _lines(path: Path, rows: list[dict[str, Any]]) -> None:

@@ -19,8 +19,12 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+import gpu_common
+import gpu_variants
 import pytest
 import torch
+from gpu_common import LAUNCH_TOLERANCE, short, synchronize
+from gpu_variants import describe
 
 import test_fused_triton as suite
 from _gpu import Section
@@ -80,12 +84,6 @@ def _cached_binaries(kernel: Any) -> int | None:
 def test_every_kernel_variant_compiles_and_launches(
     gpu_device: torch.device, gpu_section: Section
 ) -> None:
-    # benchmarks/gpu_*.py: on the path where gpu.sh runs this test (-p gpu_pytest_rows)
-    import gpu_common
-    import gpu_variants
-    from gpu_common import LAUNCH_TOLERANCE, short, synchronize
-    from gpu_variants import describe
-
     device = gpu_device
 
     recorded = _Launches(device, gpu_common, gpu_variants)

@@ -24,14 +24,14 @@ this Python>).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import site
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from _environments import build_environment, environment_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,48 +60,15 @@ def __getattr__(name):
 SCENARIOS = ["full", "accumulated", "lora"]
 
 
-def _environment_folder() -> Path:
-    key = "\n".join(
-        [sys.version, *site.getsitepackages(), *NO_DEPS, *REQUIREMENTS, TORCHAUDIO_STAND_IN]
-    )
-    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
-    default = Path.home() / ".cache" / "numtok" / f"llamafactory-0.9.5-{digest}"
-    return Path(os.environ.get("NUMTOK_LLAMAFACTORY_ENV", default))
-
-
-def _pip(python: Path, *args: str) -> None:
-    command = [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", *args]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=1200, check=False)
-    assert result.returncode == 0, f"{' '.join(command)} failed:\n{result.stderr[-4000:]}"
-
-
 @pytest.fixture(scope="module")
 def llamafactory_python() -> Path:
     """The Python of the LLaMA-Factory environment, built on first use."""
-    folder = _environment_folder()
-    python = folder / "bin" / "python"
-    done = folder / ".numtok-complete"
-    if done.exists():
-        return python
-    subprocess.run(
-        [sys.executable, "-m", "venv", "--clear", "--without-pip", str(folder)], check=True
-    )
-    purelib = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    # After the venv's own site-packages: this environment's, for torch and what LLaMA-Factory
-    # does not pin (a .pth line is appended to sys.path).
-    ours = "\n".join(site.getsitepackages())
-    (Path(purelib) / "zz_numtok_dev_environment.pth").write_text(ours + "\n")
-    _pip(python, "--no-deps", *NO_DEPS)
-    _pip(python, *REQUIREMENTS)
-    (Path(purelib) / "torchaudio").mkdir()
-    (Path(purelib) / "torchaudio" / "__init__.py").write_text(TORCHAUDIO_STAND_IN)
-    done.touch()
-    return python
+    contents = [*site.getsitepackages(), *NO_DEPS, *REQUIREMENTS, TORCHAUDIO_STAND_IN]
+    folder = environment_folder("llamafactory-0.9.5", contents, "NUMTOK_LLAMAFACTORY_ENV")
+    return build_environment(
+        folder, inherit=True, without_dependencies=NO_DEPS, requirements=REQUIREMENTS,
+        files={"torchaudio/__init__.py": TORCHAUDIO_STAND_IN},
+    )  # fmt: skip
 
 
 @pytest.mark.slow

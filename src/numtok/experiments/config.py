@@ -118,6 +118,27 @@ class RunConfig:
             f"{arm} {self.weight_of(arm):g}" for arm in self.arms if arm in NUMBER_LOSS_ARMS
         )
 
+    def trained_arms(self) -> int:
+        """How many arms the run trains: every (seed, arm)."""
+        return len(self.seeds) * len(self.arms)
+
+    def plan(self) -> str:
+        """One line of what the run will train, printed before it starts (and all that
+        ``--dry-run`` does once the settings are checked); with one seed, a warning that the run
+        cannot give a verdict."""
+        total = self.trained_arms() * self.steps
+        plan = (
+            f"plan: arms {', '.join(self.arms)} × seeds {list(self.seeds)}, {self.weights_text()}: "
+            f"{self.trained_arms()} arms to train × {self.steps} steps of {self.batch_size} "
+            f"examples = {total:,} training steps on {self.device}, threads {self.threads}"
+        )
+        if len(self.seeds) == 1:
+            plan += (
+                "; one seed gives no interval and so no verdict on any arm (the seed-to-seed "
+                "spread is unknown): use 3 or more to compare"
+            )
+        return plan
+
     def to_dict(self) -> dict[str, Any]:
         """The settings as JSON holds them (tuples as lists, ``arm_weights``' pairs as lists),
         so that a run folder's stored settings compare equal to the same config's."""

@@ -1,4 +1,4 @@
-"""Named settings: ``demo`` (the default of ``numtok demo``), the longer arithmetic ``repro``
+"""Named settings: ``demo`` (the default of ``numtok demo``), the longer arithmetic
 presets and the rJokes presets."""
 
 from __future__ import annotations
@@ -278,7 +278,8 @@ PRESETS: dict[str, Preset] = {
     )
 }
 
-#: The preset ``numtok repro --task rjokes`` runs when none is named.
+#: The preset ``numtok repro --task rjokes`` (the alias of ``numtok compare --preset``) runs when
+#: none is named.
 DEFAULT_RJOKES_PRESET = "rjokes"
 #: The preset ``numtok repro`` runs when none is named: the smallest budget we measured at which
 #: the models have learned to add (~30 % exact on easy questions) and arm differences exceed the
@@ -286,16 +287,9 @@ DEFAULT_RJOKES_PRESET = "rjokes"
 DEFAULT_REPRO_PRESET = "add_or_sub-6k"
 
 
-def check_preset(name: object, *, fine_tuning: bool | None = None) -> Preset:
-    """The preset called ``name``; otherwise a ValueError listing the presets a command can run:
-    ``fine_tuning`` True, those of a pretrained model (``numtok compare``); False, those trained
-    from scratch; None, all."""
-    eligible = {
-        key: preset
-        for key, preset in PRESETS.items()
-        if fine_tuning is None or isinstance(preset.config, FinetuneConfig) == fine_tuning
-    }
-    if isinstance(name, str) and name in eligible:
-        return eligible[name]
-    listing = "\n".join(f"  {p.name}: {p.description}" for p in eligible.values())
+def check_preset(name: object) -> Preset:
+    """The preset called ``name``; otherwise a ValueError listing every preset."""
+    if isinstance(name, str) and name in PRESETS:
+        return PRESETS[name]
+    listing = "\n".join(f"  {p.name}: {p.description}" for p in PRESETS.values())
     raise ValueError(f"unknown preset {name!r}; the presets are:\n{listing}")

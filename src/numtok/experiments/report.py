@@ -340,6 +340,7 @@ def _plot(results: dict[str, Any], path: Path) -> None:
     ]
     width = 0.8 / len(config.arms)
     for axis, metric, title, log_scale in panels:
+        plotted: list[float] = []
         for index, arm in enumerate(config.arms):
             means, errors = [], []
             for split in splits:
@@ -349,6 +350,7 @@ def _plot(results: dict[str, Any], path: Path) -> None:
             positions = [
                 i + (index - (len(config.arms) - 1) / 2) * width for i in range(len(splits))
             ]
+            plotted += means
             axis.bar(
                 positions,
                 means,
@@ -360,7 +362,8 @@ def _plot(results: dict[str, Any], path: Path) -> None:
             )
         axis.set_xticks(range(len(splits)), splits)
         axis.set(title=f"{title} (mean ± std over seeds)")
-        if log_scale:
+        # A log axis needs a positive value: a run too short to answer any number has none.
+        if log_scale and any(value > 0 for value in plotted):
             axis.set_yscale("log")
         axis.legend()
     figure.suptitle(

@@ -1,27 +1,21 @@
-"""Run a whole comparison: data for every seed, every (seed, arm) in worker processes, the step
-timing, and the report. Rerunning the same settings into the same folder resumes: finished arms
-are read back, interrupted ones continue from their checkpoints."""
+"""The arithmetic comparison as :func:`~numtok.experiments.scratch.run_scratch` runs it
+(:class:`ArithmeticRun`): DeepMind's Mathematics questions generated for every seed and cached,
+then every (seed, arm), the step timing, and the report. Rerunning the same settings into the
+same folder resumes: finished arms are read back, interrupted ones continue from their
+checkpoints."""
 
 from __future__ import annotations
 
-import json
 import os
-import sys
-import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from numtok.experiments.config import ExperimentConfig
-from numtok.experiments.parallel import (
-    Executor,
-    Job,
-    open_executor,
-    progress_bar,
-    report_progress,
-)
+from numtok.experiments.parallel import Executor, Job, progress_bar, report_progress
 from numtok.experiments.report import write_report
-from numtok.experiments.run_folder import prepare_run_dir
+from numtok.experiments.scratch import run_scratch
 from numtok.experiments.tasks.mathematics import (
     TASKS,
     Example,
@@ -36,12 +30,9 @@ from numtok.experiments.tasks.mathematics import (
     write_cache,
 )
 from numtok.experiments.tasks.mathematics_compat import load_mathematics_dataset
-from numtok.experiments.timing import measure_step_times
-from numtok.experiments.train import train_arm
+from numtok.experiments.train import ArithmeticTask
 
-__all__ = ["default_cache_dir", "run_experiment"]
-
-_TIMING = "timing.json"
+__all__ = ["ArithmeticRun", "default_cache_dir", "run_experiment"]
 
 
 def default_cache_dir() -> Path:
@@ -68,21 +59,6 @@ def _training_job(
 ) -> list[Example]:
     config = ExperimentConfig.from_dict(config_dict)
     return generate_training(TASKS[config.task], seed, level, count, held_out, report_progress)
-
-
-def _arm_job(
-    config_dict: dict[str, Any], seed: int, arm: str, run_dir: str, cache_dir: str
-) -> dict[str, Any]:
-    config = ExperimentConfig.from_dict(config_dict)
-    data = load_data(
-        config.task,
-        seed,
-        train_questions=config.train_questions,
-        eval_questions=config.eval_questions,
-        cache_dir=Path(cache_dir),
-        evaluate_on=config.evaluate_on,
-    )
-    return train_arm(config, seed, arm, data, Path(run_dir), progress=report_progress)
 
 
 def _generate_data(
@@ -120,6 +96,56 @@ def _generate_data(
         write_cache(MathData(config.task, seed, train, evaluation), cache_dir=cache)
 
 
+@dataclass(frozen=True)
+class ArithmeticRun:
+    """The arithmetic comparison of ``config``, its questions cached in ``cache_dir``."""
+
+    config: ExperimentConfig
+    cache_dir: str
+    timing_rounds: int = 30
+    #: Timed alone after the arms: nothing else runs on the machine meanwhile.
+    timing_beside_arms: bool = False
+
+    def describe(self) -> str:
+        return self.config.task
+
+    def prepare(self, executor: Executor, show_progress: bool) -> None:
+        _generate_data(self.config, executor, Path(self.cache_dir), show_progress)
+
+    def jobs(self) -> list[tuple[int, str]]:
+        return [(seed, arm) for seed in self.config.seeds for arm in self.config.arms]
+
+    def scored_items(self) -> int:
+        return 0
+
+    def task(self, seed: int) -> ArithmeticTask:
+        config = self.config
+        data = load_data(
+            config.task,
+            seed,
+            train_questions=config.train_questions,
+            eval_questions=config.eval_questions,
+            cache_dir=Path(self.cache_dir),
+            evaluate_on=config.evaluate_on,
+        )
+        return ArithmeticTask(config, data)
+
+    def report(
+        self,
+        runs: list[dict[str, Any]],
+        timing: dict[str, Any],
+        run_dir: Path,
+        *,
+        command: str | None,
+        wall_seconds: float,
+        workers: int,
+    ) -> dict[str, Any]:
+        return write_report(
+            self.config, runs, timing, run_dir,
+            command=command, wall_seconds=wall_seconds, workers=workers,
+        )  # fmt: skip
+
+
 def run_experiment(
     config: ExperimentConfig,
     run_dir: Path,
@@ -130,62 +156,13 @@ def run_experiment(
     command: str | None = None,
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Run (or resume) the comparison described by ``config`` in ``run_dir``.
-
-    Writes ``run_dir/results.json``, ``report.md`` and ``curves.png`` and returns the results.
-    In this process (``workers == 1``) it sets torch's thread count to ``config.threads``.
-
-    Args:
-        workers: processes that run jobs at the same time; each uses ``config.threads`` threads.
-            Results do not depend on it.
-        cache_dir: where generated questions are kept (default :func:`default_cache_dir`).
-        command: the command line, recorded in the report.
-        log: where status lines go (default: stderr).
-    """
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers must be a positive int, got {workers!r}")
+    """Run (or resume) the comparison described by ``config`` in ``run_dir``
+    (:func:`~numtok.experiments.scratch.run_scratch`): writes ``results.json``, ``report.md`` and
+    ``curves.png`` and returns the results. ``cache_dir``: where generated questions are kept
+    (default :func:`default_cache_dir`)."""
     load_mathematics_dataset()  # a missing dependency fails here, before any work
-    started = time.perf_counter()
-    say = log or (lambda text: print(text, file=sys.stderr))
-    run_dir = Path(run_dir)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    prepare_run_dir(config, run_dir)
-    say(
-        f"numtok: {config.task}, arms {', '.join(config.arms)}, seeds {list(config.seeds)}, "
-        f"{config.steps} steps; run folder {run_dir}"
-    )
-
-    jobs = [(seed, arm) for seed in config.seeds for arm in config.arms]
-    with open_executor(workers) as executor:
-        _generate_data(config, executor, cache, show_progress)
-        with progress_bar(show_progress, len(jobs) * config.steps, "training", "step") as bar:
-            arm_jobs: list[Job] = [
-                (_arm_job, (config.to_dict(), seed, arm, str(run_dir), str(cache)))
-                for seed, arm in jobs
-            ]
-            results = executor.run(arm_jobs, bar)
-
-    timing_path = run_dir / _TIMING
-    if timing_path.exists():
-        timing = json.loads(timing_path.read_text())
-    else:
-        say("numtok: timing one training step per arm (interleaved rounds)...")
-        data = load_data(
-            config.task,
-            config.seeds[0],
-            train_questions=config.train_questions,
-            eval_questions=config.eval_questions,
-            cache_dir=cache,
-        )
-        timing = measure_step_times(config, data)
-        timing_path.write_text(json.dumps(timing, indent=1))
-
-    return write_report(
-        config,
-        results,
-        timing,
-        run_dir,
-        command=command,
-        wall_seconds=time.perf_counter() - started,
-        workers=workers,
-    )
+    return run_scratch(
+        ArithmeticRun(config, str(cache)), run_dir,
+        workers=workers, show_progress=show_progress, command=command, log=log,
+    )  # fmt: skip

@@ -9,16 +9,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-import torch
 
-from numtok.experiments.batches import TrainingSet
-from numtok.experiments.config import ExperimentConfig
-from numtok.experiments.loop import Step, learning_rate_at
-from numtok.experiments.tasks.mathematics import MathData
-from numtok.experiments.tokenizer import CharTokenizer
-from numtok.experiments.train import build_arm, train_step
+from numtok.experiments.loop import Step
 
-__all__ = ["interleaved_step_times", "measure_step_times"]
+__all__ = ["interleaved_step_times"]
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -69,35 +63,3 @@ def interleaved_step_times(
             "ratio_p80": _quantile(ratios, 0.8),
         }
     return result
-
-
-def measure_step_times(
-    config: ExperimentConfig, data: MathData, *, rounds: int = 30, warmup_rounds: int = 3
-) -> dict[str, Any]:
-    """:func:`interleaved_step_times` for every arm of the arithmetic comparison, on the first
-    seed's initial weights and batches."""
-    device = torch.device(config.device)
-    if device.type == "cpu":
-        torch.set_num_threads(config.threads)
-    tokenizer = CharTokenizer()
-    training = TrainingSet(data.train, tokenizer)
-    seed = config.seeds[0]
-
-    def arm_step(arm: str) -> Step:
-        model, optimizer, objective = build_arm(config, seed, arm, tokenizer)
-
-        def step(round_index: int, rate: float) -> Any:
-            batch = training.batch(seed, round_index, config.batch_size).to(device)
-            return train_step(model, optimizer, objective, batch, config, rate)
-
-        return step
-
-    return interleaved_step_times(
-        {arm: arm_step(arm) for arm in config.arms},
-        learning_rate=lambda index: learning_rate_at(index, config),
-        batch_size=config.batch_size,
-        device=config.device,
-        threads=config.threads,
-        rounds=rounds,
-        warmup_rounds=warmup_rounds,
-    )

@@ -1,4 +1,5 @@
-"""Training one arm of the arithmetic comparison for one seed, and evaluating it.
+"""The arithmetic comparison's arms: how one is built, trains a step and is scored
+(:class:`ArithmeticTask`; :func:`numtok.experiments.scratch.train_arm` runs it).
 
 Everything that varies from step to step is a function of (seed, step): the initial weights come
 from ``torch.manual_seed(seed)``, the batch of step ``s`` from :class:`~.batches.TrainingSet`, and
@@ -9,28 +10,22 @@ interrupted arm exactly.
 
 from __future__ import annotations
 
-import time
-from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from numtok.experiments.batches import PackedBatch, TrainingSet
 from numtok.experiments.config import ExperimentConfig
 from numtok.experiments.evaluate import evaluate
-from numtok.experiments.loop import (
-    Progress,
-    median_step_seconds,
-    optimizer_step,
-    train_with_checkpoints,
-)
+from numtok.experiments.loop import Progress, optimizer_step
 from numtok.experiments.model import Transformer
 from numtok.experiments.objectives import Objective
-from numtok.experiments.run_folder import arm_directory, finish_arm, read_result
+from numtok.experiments.scratch import Arm, Scored
 from numtok.experiments.tasks.mathematics import MathData
 from numtok.experiments.tokenizer import CharTokenizer
 
-__all__ = ["build_arm", "train_arm", "train_step"]
+__all__ = ["ArithmeticTask", "build_arm", "train_step"]
 
 
 def build_arm(
@@ -66,62 +61,42 @@ def train_step(
     return loss, ce, ntl
 
 
-def train_arm(
-    config: ExperimentConfig,
-    seed: int,
-    arm: str,
-    data: MathData,
-    run_dir: Path,
-    progress: Progress | None = None,
-) -> dict[str, Any]:
-    """Train and evaluate one arm for one seed; returns (and writes) its result.
+class ArithmeticTask:
+    """The arithmetic comparison as a :class:`~numtok.experiments.scratch.ScratchTask`: the
+    character tokenizer, the packed batches of ``data.train`` (batch ``s`` of a seed a function
+    of (seed, s)), and greedy answers scored on every split of ``data.evaluation``."""
 
-    A finished arm's ``result.json`` is read back instead of training again; an interrupted arm
-    resumes from its ``checkpoint.pt``.
+    #: Scoring reports no items to the progress bar (it counts training steps only).
+    scored_items = 0
 
-    Returns:
-        ``{"seed", "arm", "history": [{"step", "loss", "ce", "ntl"}], "metrics": {split: {...}},
-        "median_step_seconds", "train_seconds", "eval_seconds", "examples": {split: [...]}}``.
-    """
-    directory = arm_directory(run_dir, seed, arm)
-    stored = read_result(directory)
-    if stored is not None:
-        if progress is not None:
-            progress(config.steps)
-        return stored
-    device = torch.device(config.device)
-    if device.type == "cpu":
-        torch.set_num_threads(config.threads)
+    def __init__(self, config: ExperimentConfig, data: MathData) -> None:
+        self.config = config
+        self.data = data
+        self.tokenizer = CharTokenizer()
+        self.training = TrainingSet(data.train, self.tokenizer)
 
-    tokenizer = CharTokenizer()
-    model, optimizer, objective = build_arm(config, seed, arm, tokenizer)
-    training = TrainingSet(data.train, tokenizer)
+    def build(self, seed: int, arm: str) -> Arm:
+        device = torch.device(self.config.device)
+        model, optimizer, objective = build_arm(self.config, seed, arm, self.tokenizer)
 
-    def step(index: int, learning_rate: float) -> Any:
-        batch = training.batch(seed, index, config.batch_size).to(device)
-        return train_step(model, optimizer, objective, batch, config, learning_rate)
+        def step(index: int, learning_rate: float) -> Any:
+            batch = self.training.batch(seed, index, self.config.batch_size).to(device)
+            return train_step(model, optimizer, objective, batch, self.config, learning_rate)
 
-    log = train_with_checkpoints(
-        model,
-        optimizer,
-        step,
-        config,
-        directory,
-        has_ntl=objective.ntl is not None,
-        progress=progress,
-    )
-    eval_started = time.perf_counter()
-    evaluation = evaluate(
-        model, tokenizer, data.evaluation, batch_size=config.eval_batch_size, device=device
-    )
-    result = {
-        "seed": seed,
-        "arm": arm,
-        "history": log.history,
-        "metrics": evaluation.metrics,
-        "examples": evaluation.examples,
-        "median_step_seconds": median_step_seconds(log),
-        "train_seconds": float(sum(log.step_seconds)),
-        "eval_seconds": time.perf_counter() - eval_started,
-    }
-    return finish_arm(directory, result, evaluation.predictions)
+        return Arm(model, optimizer, step, has_ce=True, has_ntl=objective.ntl is not None)
+
+    def score(self, arm: str, model: nn.Module, progress: Progress) -> Scored:
+        """``{"metrics": {split: {...}}, "examples": {split: [...]}}``; the predictions are the
+        generated answers per split."""
+        assert isinstance(model, Transformer)
+        evaluation = evaluate(
+            model,
+            self.tokenizer,
+            self.data.evaluation,
+            batch_size=self.config.eval_batch_size,
+            device=torch.device(self.config.device),
+        )
+        return Scored(
+            {"metrics": evaluation.metrics, "examples": evaluation.examples},
+            evaluation.predictions,
+        )

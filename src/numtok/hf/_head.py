@@ -39,7 +39,6 @@ __all__ = [
     "causal_lm_of",
     "check_bypass_is_exact",
     "logit_settings_of",
-    "output_layer_of",
     "softcap_of",
 ]
 
@@ -96,29 +95,6 @@ def _forward_replaced(
             del own["forward"]
         else:
             own["forward"] = previous
-
-
-def output_layer_of(model: Any) -> torch.nn.Linear:
-    """``model.get_output_embeddings()``, checked: an ``nn.Linear`` with a floating-point weight
-    (V, H). Raises a ``ValueError`` that says why logits-free training cannot use the model."""
-    name = type(model).__name__
-    get_output_embeddings = getattr(model, "get_output_embeddings", None)
-    head = get_output_embeddings() if callable(get_output_embeddings) else None
-    if head is None:
-        raise ValueError(
-            f"logits_free=True needs the model's output layer, but {name}.get_output_embeddings() "
-            "returns None (or does not exist): load a causal LM (AutoModelForCausalLM), or use "
-            "logits_free=False"
-        )
-    if not isinstance(head, torch.nn.Linear) or not head.weight.is_floating_point():
-        raise ValueError(
-            f"logits_free=True needs an output layer that is a plain torch.nn.Linear with a "
-            f"floating-point weight; {name}.get_output_embeddings() is "
-            f"{type(head).__name__} with weight dtype "
-            f"{getattr(getattr(head, 'weight', None), 'dtype', None)} (an adapter or quantised "
-            "layer): use logits_free=False"
-        )
-    return head
 
 
 @dataclass(frozen=True)
@@ -259,10 +235,9 @@ def _two_forwards(
 
 def check_bypass_is_exact(
     model: Any, head: torch.nn.Linear, read_logits: Callable[[Any], torch.Tensor]
-) -> float | None:
+) -> None:
     """Refuse a model whose logits, its soft cap switched off, are not ``P(h) @ W.T + b`` with
-    ``P(h)`` what it returns when its output layer is bypassed; return the soft cap (None
-    without one), which the loss then applies.
+    ``P(h)`` what it returns when its output layer is bypassed (the loss applies the soft cap).
 
     Two forwards of four tokens with the soft cap off, in eval mode without gradients: one with
     the layer's output multiplied by ``k = 1000 / max|logits|`` (large logits, where any other
@@ -271,8 +246,6 @@ def check_bypass_is_exact(
     built inside ``deepspeed.zero.Init`` runs them with each module's weights gathered for its
     call (:func:`numtok.hf._zero3.each_module_gathered`).
     """
-    name = type(model).__name__
-    settings = logit_settings_of(model)
     with each_module_gathered(model), gathered([head.weight, head.bias]):
         logits, passed, scale = _two_forwards(model, head, read_logits)
         weight = head.weight.detach()
@@ -288,15 +261,15 @@ def check_bypass_is_exact(
             error = float((logits - expected).abs().max() / expected.abs().max().clamp_min(1e-30))
             exact = error <= tolerance
     if not exact:
-        named = ", ".join(f"{key}={value}" for key, value in settings.items())
+        named = ", ".join(f"{key}={value}" for key, value in logit_settings_of(model).items())
         because = (
             f"its configuration sets {named}"
             if named
             else "it transforms the output layer's result, or computes the logits without it"
         )
         raise ValueError(
-            f"{name}'s logits are not its output layer applied to what the model returns when "
-            f"the layer is bypassed ({because}; with a bias, a logit scale also breaks this), so "
-            "logits_free=True cannot compute its loss exactly: use logits_free=False"
+            f"{type(model).__name__}'s logits are not its output layer applied to what the model "
+            f"returns when the layer is bypassed ({because}; with a bias, a logit scale also "
+            "breaks this), so logits_free=True cannot compute its loss exactly: use "
+            "logits_free=False"
         )
-    return softcap_of(model)

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from numtok.hf._head import logit_settings_of, softcap_of
+from numtok.hf._head import logit_settings_of
 from numtok.hf._zero3 import each_module_gathered, full_shape, gathered
 
 __all__ = ["HiddenStatesCapture", "check_head_reads_hidden", "decoder_of"]
@@ -105,19 +105,17 @@ def _logits_and_hidden(
 
 
 def check_head_reads_hidden(
-    model: Any, head: torch.nn.Linear, capture: HiddenStatesCapture
-) -> float | None:
+    model: Any, head: torch.nn.Linear, capture: HiddenStatesCapture, softcap: float | None
+) -> None:
     """Refuse a model whose logits are not ``softcap(h @ W.T + b)`` with ``h`` what ``capture``
-    sees (a logit scale, a head computed from something else); return the soft cap (None
-    without one), which the number head then applies.
+    sees (a logit scale, a head computed from something else); ``softcap`` is the model's soft
+    cap (None without one), which the number head then applies.
 
     One forward of four tokens, in eval mode without gradients (where fused losses such as
     Liger-Kernel's still return the logits): the logits must equal the output layer applied to
     the captured hidden states up to rounding (1e-3 of the largest logit in float32, 3e-2 in
     16-bit dtypes). A model built inside ``deepspeed.zero.Init`` runs it with each module's
     weights gathered for its call (:func:`numtok.hf._zero3.each_module_gathered`)."""
-    name = type(model).__name__
-    softcap = softcap_of(model)
     with each_module_gathered(model), gathered([head.weight, head.bias]):
         logits, hidden = _logits_and_hidden(model, head, capture)
         weight = head.weight.detach()
@@ -136,8 +134,7 @@ def check_head_reads_hidden(
         named = ", ".join(f"{key}={value}" for key, value in logit_settings_of(model).items())
         because = f"its configuration sets {named}" if named else "it transforms them otherwise"
         raise ValueError(
-            f"{name}'s logits are not its output layer applied to its decoder's last hidden "
-            f"states ({because}), so the number head beside its own loss would read other "
-            "logits than that loss: use cross_entropy='numtok'"
+            f"{type(model).__name__}'s logits are not its output layer applied to its decoder's "
+            f"last hidden states ({because}), so the number head beside its own loss would read "
+            "other logits than that loss: use cross_entropy='numtok'"
         )
-    return softcap

@@ -7,7 +7,7 @@ add_fused_lm_head``): ``model(**inputs, fused_lm_head=True)`` runs the decoder, 
 only the positions whose label is not ``-100`` and returns per-token ``log_probs``, ``entropy``,
 ``is_top1`` and ``label_mask``, never the logits; ``compute_loss`` takes ``-Σ log_probs /
 num_items_in_batch`` (times the processes, as the Trainer does) and logs the entropy and the
-token accuracy from the same outputs. :func:`attach_to_trl` keeps all of that and adds NTL:
+token accuracy from the same outputs. :func:`trl_route` keeps all of that and adds NTL:
 
 * ``cross_entropy="model"``: TRL's head (the model's forward with ``fused_lm_head=True``) computes
   the cross-entropy and the metrics. The causal LM's forward (on the instance, over TRL's) captures
@@ -37,59 +37,25 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
-import importlib.metadata
 import inspect
-import re
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from numtok.hf._head import (
-    OutputLayerBypass,
-    causal_lm_of,
-    check_bypass_is_exact,
-    output_layer_of,
-)
-from numtok.hf._hidden import HiddenStatesCapture, check_head_reads_hidden, decoder_of
+from numtok.hf._head import OutputLayerBypass
+from numtok.hf._hidden import HiddenStatesCapture
 from numtok.hf._in_forward import check_whole_weight, install_forward, run_forward
 from numtok.hf._loss import denominator_dtype, number_head_mean
+from numtok.hf._model_facts import ModelFacts
 from numtok.hf._step_counts import StepCounts, StepLink
 from numtok.hf._zero3 import gathered
 from numtok.losses.linear import linear_loss_and_row_terms
 from numtok.maths.ntl import LossSpec
 from numtok.numbers.vocab import NumberVocab
 
-__all__ = ["attach_to_trl", "takes_the_trl_route"]
-
-#: What computes the cross-entropy on TRL's route: ``"auto"`` chooses per device.
-#: The first TRL release whose SFTTrainer computes its loss from the fused LM head.
-_FUSED_HEAD_RELEASE = (1, 16)
-
-
-def _release(version: str) -> tuple[int, int]:
-    """``(major, minor)`` of a version string such as ``"1.16.0"`` or ``"1.17.0.dev0"``."""
-    major, minor, *_ = [*version.split("."), "0"]
-    return int(major), int(re.sub(r"\D.*", "", minor) or 0)
-
-
-def takes_the_trl_route(trainer: Any) -> bool:
-    """Whether ``trainer`` is TRL's ``SFTTrainer`` from 1.16 on, with no ``compute_loss_func``,
-    computing its loss from the fused LM head (no label smoothing, which TRL computes from the
-    logits), with ``num_items_in_batch`` reaching its loss."""
-    trl = sys.modules.get("trl")
-    sft_trainer = getattr(trl, "SFTTrainer", None)
-    if not isinstance(sft_trainer, type) or not isinstance(trainer, sft_trainer):
-        return False
-    if _release(importlib.metadata.version("trl")) < _FUSED_HEAD_RELEASE:
-        return False
-    return (
-        getattr(trainer, "compute_loss_func", None) is None
-        and getattr(trainer, "label_smoother", None) is None
-        and bool(getattr(trainer, "model_accepts_loss_kwargs", False))
-    )
+__all__ = ["trl_route"]
 
 
 @dataclass
@@ -116,6 +82,11 @@ class _NumtokCrossEntropy:
 
 @dataclass
 class _TrlRoute:
+    """The TRL route of one attached loss, checked: what the causal LM's patched forward and the
+    wrapped ``compute_loss`` need, and the micro-batch being computed (None outside
+    ``compute_loss``)."""
+
+    causal_lm: Any  # whose forward TRL calls with fused_lm_head=True
     vocab: NumberVocab
     spec: LossSpec  # with the model's soft cap
     ntl_weight: float
@@ -211,6 +182,58 @@ class _TrlRoute:
         )
         return ntl, counts
 
+    def install(self, trainer: Any) -> None:
+        """Patch the causal LM's forward and wrap ``trainer.compute_loss``, which adds NTL to
+        TRL's loss (or hands on numtok's) and records the terms."""
+        install_forward(
+            self.causal_lm,
+            self,
+            "NTLossForTrainer.attach (TRL's fused LM head)",
+            lambda own_forward: functools.partial(self.forward, own_forward),
+        )
+        compute_loss = trainer.compute_loss
+        signature = inspect.signature(compute_loss)
+
+        @functools.wraps(compute_loss)
+        def compute_loss_with_ntl(*args: Any, **kwargs: Any) -> Any:
+            arguments = signature.bind(*args, **kwargs).arguments
+            inputs = arguments.get("inputs")
+            if not isinstance(inputs, Mapping) or not isinstance(
+                inputs.get("labels"), torch.Tensor
+            ):
+                return compute_loss(*args, **kwargs)
+            labels = inputs["labels"]
+            if "shift_labels" in inputs:
+                raise ValueError(
+                    "the batch holds shift_labels (context or sequence parallelism), which "
+                    "NTLossForTrainer's TRL route does not read: pass compute_loss_func=loss_fn "
+                    "to the SFTTrainer instead"
+                )
+            num_items_in_batch = arguments.get("num_items_in_batch")
+            self.step = step = _Step(labels, num_items_in_batch)
+            try:
+                result = compute_loss(*args, **kwargs)
+            finally:
+                self.step = None
+            if step.counts is None:
+                raise ValueError(
+                    "TRL's compute_loss did not call the model with its fused LM head "
+                    "(fused_lm_head=True), so NTL was not computed: something replaced the "
+                    "model's forward after attach(); attach the loss after every other patch"
+                )
+            # numtok's cross-entropy: the whole loss is TRL's already
+            if step.terms is not None:
+                self.link.record(*step.terms, step.counts)
+                return result
+            assert step.ntl is not None
+            loss, outputs = result if arguments.get("return_outputs") else (result, None)
+            scale = _loss_scale(trainer, num_items_in_batch)
+            self.link.record(loss.detach() / scale, step.ntl.detach(), step.counts)
+            loss = loss + (self.ntl_weight * scale) * step.ntl.to(loss.dtype)
+            return (loss, outputs) if arguments.get("return_outputs") else loss
+
+        trainer.compute_loss = compute_loss_with_ntl
+
 
 def _summing_to(
     values: torch.Tensor, loss: torch.Tensor, factor: torch.Tensor, mask: torch.Tensor
@@ -233,22 +256,22 @@ def _loss_scale(trainer: Any, num_items_in_batch: object) -> int:
     return int(trainer.accelerator.num_processes) // tp_size
 
 
-def attach_to_trl(
+def trl_route(
     trainer: Any,
+    facts: ModelFacts,
     vocab: NumberVocab,
     spec: LossSpec,
     ntl_weight: float,
     link: StepLink,
     cross_entropy: str,
-) -> None:
-    """Add ``ntl_weight · Σ ntl / |P|`` to TRL's fused-head loss, with TRL's cross-entropy
-    (``"model"``) or numtok's (``"numtok"``) (see the module docstring): checks the model, patches
-    its forward and wraps ``trainer.compute_loss``."""
-    causal_lm = causal_lm_of(trainer.model)
-    head = output_layer_of(causal_lm)
-    capture = HiddenStatesCapture(decoder_of(causal_lm))
-    softcap = check_head_reads_hidden(causal_lm, head, capture)
-    capped = dataclasses.replace(spec, logit_softcap=softcap)
+) -> _TrlRoute:
+    """The route that adds ``ntl_weight · Σ ntl / |P|`` to TRL's fused-head loss, with TRL's
+    cross-entropy (``"model"``) or numtok's (``"numtok"``) (see the module docstring), checked on
+    the trainer and on the causal LM that ``facts`` describes; :meth:`_TrlRoute.install`
+    installs it."""
+    head = facts.output_layer()
+    capture = facts.capture()
+    capped = dataclasses.replace(spec, logit_softcap=facts.softcap)
     numtok = None
     if cross_entropy == "numtok":
         for setting, value, fine in (
@@ -261,52 +284,7 @@ def attach_to_trl(
                     f"{value!r} would reweigh or add to: use NTLossForTrainer(..., "
                     "cross_entropy='model')"
                 )
-        exact = check_bypass_is_exact(causal_lm, head, lambda outputs: outputs["logits"])
+        bypass = facts.bypass(lambda outputs: outputs["logits"])
         output_type = importlib.import_module("trl.trainer.utils").FusedCausalLMOutput
-        numtok = _NumtokCrossEntropy(OutputLayerBypass(causal_lm, head, exact), output_type)
-    route = _TrlRoute(vocab, capped, ntl_weight, link, capture, head, numtok)
-    install_forward(
-        causal_lm,
-        route,
-        "NTLossForTrainer.attach (TRL's fused LM head)",
-        lambda own_forward: functools.partial(route.forward, own_forward),
-    )
-    compute_loss = trainer.compute_loss
-    signature = inspect.signature(compute_loss)
-
-    @functools.wraps(compute_loss)
-    def compute_loss_with_ntl(*args: Any, **kwargs: Any) -> Any:
-        arguments = signature.bind(*args, **kwargs).arguments
-        inputs = arguments.get("inputs")
-        if not isinstance(inputs, Mapping) or not isinstance(inputs.get("labels"), torch.Tensor):
-            return compute_loss(*args, **kwargs)
-        labels = inputs["labels"]
-        if "shift_labels" in inputs:
-            raise ValueError(
-                "the batch holds shift_labels (context or sequence parallelism), which "
-                "NTLossForTrainer's TRL route does not read: pass compute_loss_func=loss_fn "
-                "to the SFTTrainer instead"
-            )
-        num_items_in_batch = arguments.get("num_items_in_batch")
-        route.step = step = _Step(labels, num_items_in_batch)
-        try:
-            result = compute_loss(*args, **kwargs)
-        finally:
-            route.step = None
-        if step.counts is None:
-            raise ValueError(
-                "TRL's compute_loss did not call the model with its fused LM head "
-                "(fused_lm_head=True), so NTL was not computed: something replaced the model's "
-                "forward after attach(); attach the loss after every other patch"
-            )
-        if step.terms is not None:  # numtok's cross-entropy: the whole loss is TRL's already
-            link.record(*step.terms, step.counts)
-            return result
-        assert step.ntl is not None
-        loss, outputs = result if arguments.get("return_outputs") else (result, None)
-        scale = _loss_scale(trainer, num_items_in_batch)
-        link.record(loss.detach() / scale, step.ntl.detach(), step.counts)
-        loss = loss + (ntl_weight * scale) * step.ntl.to(loss.dtype)
-        return (loss, outputs) if arguments.get("return_outputs") else loss
-
-    trainer.compute_loss = compute_loss_with_ntl
+        numtok = _NumtokCrossEntropy(bypass, output_type)
+    return _TrlRoute(facts.loss_model, vocab, capped, ntl_weight, link, capture, head, numtok)

@@ -49,13 +49,8 @@ from typing import Any
 import torch
 
 from numtok._common.validation import check_bool, check_ntl_weight
-from numtok.hf._head import (
-    OutputLayerBypass,
-    check_bypass_is_exact,
-    output_layer_of,
-    softcap_of,
-)
-from numtok.hf._hidden import HiddenStatesCapture, check_head_reads_hidden, decoder_of
+from numtok.hf._head import OutputLayerBypass
+from numtok.hf._hidden import HiddenStatesCapture
 from numtok.hf._in_forward import (
     check_not_patched,
     check_whole_weight,
@@ -76,7 +71,7 @@ from numtok.hf._loss import (
     number_head_mean,
     token_share_denominators,
 )
-from numtok.hf._zero3 import full_shape
+from numtok.hf._model_facts import model_facts
 from numtok.losses.fused import CEWithNTLOutput
 from numtok.maths.ntl import Kind, LossSpec, refuse_number_level
 from numtok.numbers.vocab import NumberVocab
@@ -209,16 +204,17 @@ def patch_model(
             model partitioned by ``deepspeed.zero.Init``) and FSDP2 are tested exact with two
             processes; FSDP1 is not tested.
     """
-    name = type(model).__name__
-    if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+    facts = model_facts(model)
+    if facts.is_encoder_decoder:
         raise ValueError(
             f"patch_model computes a causal LM's loss (labels shifted by one position), and "
-            f"{name} is an encoder-decoder: use NTLossForTrainer(..., shift=False) with it"
+            f"{type(model).__name__} is an encoder-decoder: use NTLossForTrainer(..., "
+            "shift=False) with it"
         )
     check_not_patched(model)
-    head = output_layer_of(model)
-    # The full size, also of a weight that deepspeed.zero.Init partitioned (shape (0,)).
-    vocab = _vocab_for(model, vocab_or_tokenizer, full_shape(head.weight)[0])
+    head = facts.output_layer()
+    assert facts.columns is not None, "the checked output layer has a (V, H) weight"
+    vocab = _vocab_for(model, vocab_or_tokenizer, facts.columns)
     refuse_number_level(kind, "patch_model", NUMBER_LEVEL_INSTEAD)
     spec = LossSpec.build(
         vocab,
@@ -239,16 +235,13 @@ def patch_model(
             "reweigh=True needs each number position's full log-sum-exp, which the model's "
             "own loss does not hand out: use cross_entropy='numtok' with reweigh"
         )
-    head_spec = dataclasses.replace(spec, logit_softcap=softcap_of(model))
+    head_spec = dataclasses.replace(spec, logit_softcap=facts.softcap)
     patch = _Patch(vocab, spec, head_spec, weight, backend, head, cross_entropy)
     if cross_entropy != "model" and free:
-        softcap = check_bypass_is_exact(model, head, lambda outputs: outputs["logits"])
-        patch.bypass = OutputLayerBypass(model, head, softcap)
+        patch.bypass = facts.bypass(lambda outputs: outputs["logits"])
     if cross_entropy == "model" or (cross_entropy == "auto" and not reweigh):
         try:
-            capture = HiddenStatesCapture(decoder_of(model))
-            check_head_reads_hidden(model, head, capture)
-            patch.capture = capture
+            patch.capture = facts.capture()
         except ValueError as error:
             if cross_entropy == "model":
                 raise

@@ -75,14 +75,8 @@ import torch
 
 from numtok._common.extras import require_extra
 from numtok._common.validation import check_bool, check_ntl_weight
-from numtok.hf._head import (
-    BypassedHead,
-    OutputLayerBypass,
-    check_bypass_is_exact,
-    output_layer_of,
-)
+from numtok.hf._head import BypassedHead, OutputLayerBypass
 from numtok.hf._in_forward import (
-    check_not_patched,
     install_forward,
     refuse_tensor_parallelism,
     run_forward,
@@ -97,8 +91,9 @@ from numtok.hf._loss import (
     denominator_dtype,
     token_share_denominators,
 )
+from numtok.hf._model_facts import ModelFacts, model_facts
 from numtok.hf._step_counts import StepCounts, StepLink
-from numtok.hf._trl import attach_to_trl, takes_the_trl_route
+from numtok.hf._trl import trl_route
 from numtok.hf._zero3 import full_shape
 from numtok.losses.fused import CEWithNTLOutput
 from numtok.maths.ntl import Kind, LossSpec, refuse_number_level
@@ -142,12 +137,6 @@ def _is_encoder_decoder_output(outputs: Any) -> bool:
     return "encoder_last_hidden_state" in fields or (
         isinstance(outputs, Mapping) and "encoder_last_hidden_state" in outputs
     )
-
-
-def _size(trainer: Any, getter: str) -> int:
-    """``trainer.get_tp_size()`` and the like; 1 where the trainer has no such method."""
-    get_size = getattr(trainer, getter, None)
-    return int(get_size()) if callable(get_size) else 1
 
 
 @dataclass
@@ -399,9 +388,8 @@ class NTLossForTrainer:
                 "shift=True: its decoder already reads right-shifted labels, so the logits at t "
                 "predict the label at t. Use NTLossForTrainer(..., shift=False)"
             )
-        self._check_vocab_size(
-            logits if head is None else head.weight.new_empty(0, full_shape(head.weight)[0])
-        )
+        columns = logits.shape[-1] if logits.dim() else 0
+        self._check_vocab_size(columns if head is None else full_shape(head.weight)[0])
         tables = self.vocab.tables(logits.device)
         link = self._link
         dtype = denominator_dtype(logits)
@@ -418,8 +406,9 @@ class NTLossForTrainer:
             link.record(out.ce, out.ntl, counts)
         return out.loss
 
-    def _check_vocab_size(self, logits: torch.Tensor) -> None:
-        columns, expected = (logits.shape[-1] if logits.dim() else 0), self.vocab.vocab_size
+    def _check_vocab_size(self, columns: int) -> None:
+        """Refuse ``columns`` logits per position other than the vocabulary's size."""
+        expected = self.vocab.vocab_size
         if columns == expected:
             return
         hint = (
@@ -507,28 +496,47 @@ class NTLossForTrainer:
                 "which NTLossForTrainer does not support: launch one process per GPU with "
                 "torchrun or accelerate launch (DDP)"
             )
-        self._check_model(trainer.model)
-        on_trl = takes_the_trl_route(trainer)
-        if self.cross_entropy != "auto" and not on_trl:
+        facts = model_facts(trainer.model, trainer)
+        self._check_model(facts)
+        link = self._step_link(trainer, facts)
+        install = self._route(trainer, facts, link)
+        self._link = link
+        link.wrap(trainer)
+        install(trainer)
+        return trainer
+
+    def _route(self, trainer: Any, facts: ModelFacts, link: StepLink) -> Callable[[Any], None]:
+        """The route for this trainer and its model, chosen from ``facts`` and checked (what it
+        refuses, the probes it runs on the model) before anything is changed: what installs it
+        on the trainer."""
+        if self.cross_entropy != "auto" and not facts.on_trl:
             raise ValueError(
                 f"cross_entropy={self.cross_entropy!r} chooses the cross-entropy on TRL's "
                 f"SFTTrainer (from 1.16 on, without compute_loss_func, label smoothing or "
                 f"sequence parallelism), got a {type(trainer).__name__}: leave "
                 "cross_entropy='auto'"
             )
-        if on_trl:
+        if facts.on_trl or self.logits_free:  # the routes that read the weight in the forward
             refuse_tensor_parallelism(
-                _size(trainer, "get_tp_size"),
-                "pass compute_loss_func=loss_fn to the SFTTrainer (the loss from the logits)",
+                facts.tp_size,
+                "pass compute_loss_func=loss_fn to the SFTTrainer (the loss from the logits)"
+                if facts.on_trl
+                else "use logits_free=False",
             )
-            self._link = link = self._step_link(trainer)
-            link.wrap(trainer)
+        if facts.on_trl:
             chosen = self.cross_entropy
             if chosen == "auto":
-                chosen = auto_cross_entropy(args.device)
-            attach_to_trl(trainer, self.vocab, self.spec, self.ntl_weight, link, chosen)
-            return trainer
-        bypass = self._output_layer_bypass(trainer) if self.logits_free else None
+                chosen = auto_cross_entropy(trainer.args.device)
+            route = trl_route(trainer, facts, self.vocab, self.spec, self.ntl_weight, link, chosen)
+            return route.install
+        bypass = facts.bypass(_logits_of) if self.logits_free else None
+        return lambda trainer: self._install(trainer, facts.loss_model, bypass)
+
+    def _install(self, trainer: Any, model: Any, bypass: OutputLayerBypass | None) -> None:
+        """Make this loss the trainer's ``compute_loss_func``, compiled where the trainer
+        compiles; with a ``bypass`` (logits-free), patch the ``model``'s forward to compute it
+        and hand it the batch's labels."""
+        args = trainer.args
         trainer.compute_loss_func = self
         if bypass is not None and bypass.softcap is not None:
             # The model's soft cap, switched off during bypassed steps, applied by the loss.
@@ -541,12 +549,10 @@ class NTLossForTrainer:
             )
         else:
             self._terms = self._loss_terms(compile=bool(self._compile))
-        self._link = link = self._step_link(trainer)
-        link.wrap(trainer)
         if bypass is not None:
             self._in_forward = in_forward = _LossInForward(bypass)
             install_forward(
-                trainer.model,
+                model,
                 self,
                 "NTLossForTrainer(logits_free=True).attach",
                 lambda own_forward: functools.partial(
@@ -554,54 +560,40 @@ class NTLossForTrainer:
                 ),
             )
             _labels_to_the_forward(trainer, in_forward)
-        return trainer
 
-    def _step_link(self, trainer: Any) -> StepLink:
+    def _step_link(self, trainer: Any, facts: ModelFacts) -> StepLink:
         """How this loss counts the trainer's steps and sums over its processes."""
         args = trainer.args
-        replicas = 1
-        for size in ("get_tp_size", "get_cp_size", "get_sp_size"):
-            replicas *= _size(trainer, size)
         return StepLink(
             vocab=self.vocab,
             spec=self.spec,
             gather=trainer.accelerator.gather,
             sum_over_processes=bool(getattr(args, "average_tokens_across_devices", False))
             and args.world_size > 1,
-            replicas=replicas,
+            replicas=facts.replicas,
         )
 
-    def _output_layer_bypass(self, trainer: Any) -> OutputLayerBypass:
-        """Check that logits-free training is exact for this trainer and its model."""
-        refuse_tensor_parallelism(_size(trainer, "get_tp_size"), "use logits_free=False")
-        model = trainer.model
-        check_not_patched(model)
-        head = output_layer_of(model)
-        softcap = check_bypass_is_exact(model, head, _logits_of)
-        return OutputLayerBypass(model, head, softcap)
-
-    def _check_model(self, model: Any) -> None:
-        config = getattr(model, "config", None)
-        if self.spec.shift and getattr(config, "is_encoder_decoder", False):
+    def _check_model(self, facts: ModelFacts) -> None:
+        """Refuse an encoder-decoder with ``shift=True`` (warn of a causal LM with
+        ``shift=False``), and an output layer of another size than the vocabulary, after
+        rebuilding a tokenizer's vocabulary for a layer padded beyond it."""
+        name = type(facts.model).__name__
+        if self.spec.shift and facts.is_encoder_decoder:
             raise ValueError(
-                f"{type(model).__name__} is an encoder-decoder model and shift=True: its decoder "
+                f"{name} is an encoder-decoder model and shift=True: its decoder "
                 "already reads right-shifted labels, so the logits at t predict the label at t. "
                 "Use NTLossForTrainer(..., shift=False)"
             )
-        if not self.spec.shift and not getattr(config, "is_encoder_decoder", True):
+        if not self.spec.shift and facts.is_encoder_decoder is False:
             warnings.warn(
-                f"{type(model).__name__} is a causal LM and shift=False: the logits at t will be "
+                f"{name} is a causal LM and shift=False: the logits at t will be "
                 "trained to predict the label at t, their own input. Keep shift=True unless the "
                 "labels are already shifted",
                 stacklevel=3,
             )
-        get_output_embeddings = getattr(model, "get_output_embeddings", None)
-        head = get_output_embeddings() if callable(get_output_embeddings) else None
-        weight = getattr(head, "weight", None)
-        # The full shape, also of a weight that deepspeed.zero.Init partitioned (shape (0,)).
-        if isinstance(weight, torch.Tensor) and len(full_shape(weight)) == 2:
-            self._fit_output_layer(full_shape(weight)[0])
-            self._check_vocab_size(weight.new_empty((0, full_shape(weight)[0])))
+        if facts.columns is not None:
+            self._fit_output_layer(facts.columns)
+            self._check_vocab_size(facts.columns)
 
     def _fit_output_layer(self, columns: int) -> None:
         """Built from a tokenizer without ``vocab_size`` and the model's output layer is padded

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
@@ -66,17 +67,23 @@ def _floats(text: str) -> tuple[float, ...]:
 
 
 def add_compare_arguments(
-    parser: argparse.ArgumentParser, seeds: Any, arms: Any, arm_weights: Any
+    parser: argparse.ArgumentParser,
+    seeds: Any,
+    arms: Any,
+    arm_weights: Any,
+    *,
+    source_required: bool = True,
 ) -> None:
     """The flags of ``numtok compare`` (``seeds``, ``arms``, ``arm_weights``: the command line's
-    parsers of those values)."""
-    source = parser.add_mutually_exclusive_group(required=True)
+    parsers of those values; ``source_required``: one of ``--data`` and ``--preset`` must be
+    given)."""
+    source = parser.add_mutually_exclusive_group(required=source_required)
     source.add_argument(
         "--data", type=Path,
         help="your task: a .jsonl file (one {\"prompt\": ..., \"answer\": number, \"split\": "
         "train|validation|test} per line; split optional) or a folder of them",
     )  # fmt: skip
-    source.add_argument("--preset", help="a built-in comparison instead (numtok list: smollm2-*)")
+    source.add_argument("--preset", help="a built-in comparison instead (numtok list)")
     parser.add_argument(
         "--model", help="a local causal LM folder (default smollm2: SmolLM2-135M-Instruct, built "
         "by numtok model smollm2 on first use)"
@@ -96,7 +103,7 @@ def add_compare_arguments(
         help="train every number loss at each λ of GRID (e.g. 0.3,1,3) and keep, per arm, the "
         "λ with the best mean validation --metric over the seeds (ties: the smaller)",
     )  # fmt: skip
-    parser.add_argument("--steps", type=int, help="training steps per arm (default 60)")
+    parser.add_argument("--steps", type=int, help="training steps per arm (default 60 with --data)")
     parser.add_argument("--batch-size", type=int, help="examples per step (default 16)")
     parser.add_argument("--learning-rate", type=float, help="default 1e-3 (LoRA)")
     parser.add_argument("--head-learning-rate", type=float, help="the head arm's own rate")
@@ -118,8 +125,10 @@ def add_compare_arguments(
     parser.add_argument("--max-new-tokens", type=int, help="tokens generated per answer (8)")
     parser.add_argument("--device", help="cpu (default), cuda, cuda:N or mps")
     parser.add_argument("--threads", type=int, help="torch threads (default 2)")
-    parser.add_argument("--data-dir", type=Path, help="--preset smollm2-rjokes*: the rJokes folder")
-    parser.add_argument("--out", type=Path, help="run folder (default runs/compare-<hash>)")
+    parser.add_argument("--data-dir", type=Path, help="--preset *rjokes*: the rJokes folder")
+    parser.add_argument(
+        "--out", type=Path, help="run folder (default runs/<preset or compare>-<settings hash>)"
+    )
     parser.add_argument(
         "--preregister", type=Path, metavar="FILE",
         help="pre-registration: if FILE does not exist, write the hypothesis, primary endpoint, "
@@ -326,11 +335,18 @@ def run_compare(
     if (args.hypothesis or args.primary) and not registering:
         fail("--hypothesis and --primary write a new pre-registration: give --preregister FILE "
              "with a file that does not exist yet")  # fmt: skip
+    if args.dry_run:
+        print(f"{args.preset or 'compare'}: {config.plan()}")
+        print("a dry run: the settings and flags are checked; the model and the data are read "
+              "when the run starts, and nothing is trained or written")  # fmt: skip
+        return 0
     from numtok.experiments.finetune.preregistration import write_preregistration
     from numtok.experiments.finetune.runner import (
         check_registered,
+        estimate_minutes,
         prepare,
         preregistration_of,
+        remaining_work,
         run_finetune,
     )
     from numtok.experiments.run_folder import prepare_run_dir
@@ -355,6 +371,16 @@ def run_compare(
         prepare_run_dir(config, run_dir)
     except (ValueError, TypeError, ModuleNotFoundError, DataError) as error:
         fail(str(error))
+    work = remaining_work(config, prepared, run_dir)
+    print(config.plan(), file=sys.stderr)
+    if work.steps + work.examples:
+        minutes, step_seconds, example_seconds = estimate_minutes(config, prepared, work)
+        print(
+            f"estimate: {minutes:.0f} min for the {work.steps:,} training steps and "
+            f"{work.examples:,} scored examples left (a probe: {step_seconds:.2f} s a CE step, "
+            f"{example_seconds:.2f} s an example)",
+            file=sys.stderr,
+        )
     # A progress bar, or (--no-progress, e.g. into a log file) a line every ten steps.
     results = run_finetune(
         config, run_dir, data_dir=args.data_dir, preregistered=args.preregister,

@@ -116,6 +116,15 @@ class FinetuneConfig(RunConfig):
             return (0.0,)
         return self.weight_grid or (self.weight_of(arm),)
 
+    def weights_text(self) -> str:
+        if self.weight_grid:
+            return f"λ chosen on validation from {', '.join(f'{w:g}' for w in self.weight_grid)}"
+        return super().weights_text()
+
+    def trained_arms(self) -> int:
+        """Every (seed, arm, λ) but the ``base`` arm, which is not trained."""
+        return len(self.seeds) * sum(len(self.weights_of(a)) for a in self.arms if a != "base")
+
     def validate(self) -> None:
         if self.task not in FINETUNE_TASKS:
             raise ValueError(f"task must be one of {list(FINETUNE_TASKS)}, got {self.task!r}")

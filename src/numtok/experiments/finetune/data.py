@@ -18,6 +18,7 @@ context is a :class:`~numtok.experiments.tasks.jsonl.DataError` naming the examp
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,19 @@ class FinetuneData:
     splits: dict[str, list[Encoded]]
     notes: list[str] = field(default_factory=list)
     digest: str = ""
+
+    @property
+    def content_digest(self) -> str:
+        """A hash of every split's examples as the model reads them (the prompt's and the
+        answer's token ids and the answer's value), generated data included: equal digests,
+        the same examples under the same tokenizer and template."""
+        hasher = hashlib.sha256()
+        for split in sorted(self.splits):
+            hasher.update(split.encode())
+            for example in self.splits[split]:
+                row = [list(example.prompt), list(example.answer), example.value]
+                hasher.update(json.dumps(row).encode())
+        return hasher.hexdigest()[:16]
 
 
 def _arithmetic(config: FinetuneConfig, tokenizer: Any) -> FinetuneData:

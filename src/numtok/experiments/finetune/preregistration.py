@@ -3,12 +3,15 @@ down before anything is trained, and the run held against them.
 
 ``numtok compare ... --preregister FILE --hypothesis TEXT --primary ARM`` writes FILE (JSON)
 and stops: commit it, then run the same command again. The run then refuses to start unless its
-settings, its data and its model are the ones FILE names, and its report opens with the primary
-endpoint: ``ARM − CE`` on the run's metric and readout, on its first test split, with its
-interval and verdict. A registration written before the crossed analysis (its ``tests`` names
-the two intervals of the old rule) does not match a run of this version: that run is not the
-analysis it registered. The report also says whether FILE is committed in git, and when (a
-file committed after the run began does not pre-register it).
+settings, its data (the files' digest and the examples' content digest, generated data included)
+and its model are the ones FILE names, and its report opens with the primary endpoint: ``ARM −
+CE`` on the run's metric and readout, on its first test split, with its interval and verdict. A
+registration written before the crossed analysis (its ``tests`` names the two intervals of the
+old rule) does not match a run of this version: that run is not the analysis it registered. The
+report also says whether FILE is committed in git, and when (a file committed after the run
+began does not pre-register it). FILE records the analysis code it was written with (numtok's
+version and git commit, :func:`code_version`); the run is not held to it, since committing FILE
+makes a new commit, but anyone can check out that code to redo the analysis.
 """
 
 from __future__ import annotations
@@ -23,9 +26,17 @@ from typing import Any
 from numtok.experiments.finetune.config import FinetuneConfig
 from numtok.experiments.objectives import NUMBER_LOSS_ARMS
 
-__all__ = ["check_preregistration", "git_provenance", "preregistration", "write_preregistration"]
+__all__ = [
+    "check_preregistration",
+    "code_version",
+    "git_provenance",
+    "preregistration",
+    "write_preregistration",
+]
 
 _VERSION = 1
+#: What a pre-registration records but does not hold the run to.
+_NOT_HELD = ("written", "code")
 
 
 def preregistration(
@@ -66,7 +77,31 @@ def preregistration(
         "splits": data,
         "model_digest": model_digest,
         "settings": config.to_dict(),
+        "code": code_version(),
     }
+
+
+def code_version() -> dict[str, Any]:
+    """``{"numtok", "commit", "modified"}``: numtok's version, and when it runs from a git
+    checkout the commit it is at and whether its source differs from that commit (None where
+    it is installed from a wheel)."""
+    import numtok
+
+    source = Path(numtok.__file__).resolve().parent
+    result: dict[str, Any] = {"numtok": numtok.__version__, "commit": None, "modified": None}
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=source,
+            capture_output=True, text=True, check=True, timeout=30,
+        ).stdout.strip()  # fmt: skip
+        changed = subprocess.run(
+            ["git", "status", "--porcelain", "--", "."], cwd=source,
+            capture_output=True, text=True, check=True, timeout=30,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return result
+    result.update(commit=commit, modified=bool(changed))
+    return result
 
 
 def write_preregistration(path: Path, record: dict[str, Any]) -> None:
@@ -84,7 +119,7 @@ def check_preregistration(path: Path, record: dict[str, Any]) -> dict[str, Any]:
     stored: dict[str, Any] = json.loads(path.read_text())
     differing = [
         key for key in sorted(set(stored) | set(record))
-        if key != "written" and stored.get(key) != record.get(key)
+        if key not in _NOT_HELD and stored.get(key) != record.get(key)
     ]  # fmt: skip
     if differing:
         details = "; ".join(_difference(key, stored.get(key), record.get(key)) for key in differing)

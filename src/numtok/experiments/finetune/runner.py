@@ -21,12 +21,14 @@ seed of CE.
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from numtok.experiments.finetune.choose import choose_weights
@@ -36,7 +38,7 @@ from numtok.experiments.finetune.evaluate import score_split
 from numtok.experiments.finetune.models import model_digest, resolve_model
 from numtok.experiments.finetune.preregistration import check_preregistration, preregistration
 from numtok.experiments.finetune.report import write_report
-from numtok.experiments.finetune.train import Trained, load_trained, train_arm
+from numtok.experiments.finetune.train import Trained, load_model, load_trained, train_arm
 from numtok.experiments.item_metrics import answer_values, item_metrics
 from numtok.experiments.loop import median_step_seconds
 from numtok.experiments.objectives import NUMBER_LOSS_ARMS
@@ -47,10 +49,13 @@ from numtok.numbers.vocab import NumberVocab
 
 __all__ = [
     "Prepared",
+    "Work",
     "check_registered",
+    "estimate_minutes",
     "job_directory",
     "prepare",
     "preregistration_of",
+    "remaining_work",
     "run_finetune",
 ]
 
@@ -96,7 +101,8 @@ def preregistration_of(
     sizes = {split: len(examples) for split, examples in prepared.data.splits.items()}
     return preregistration(
         config, hypothesis=hypothesis, primary_arm=primary_arm,
-        data={"sizes": sizes, "digest": prepared.data.digest, "notes": prepared.data.notes},
+        data={"sizes": sizes, "digest": prepared.data.digest,
+              "content_digest": prepared.data.content_digest, "notes": prepared.data.notes},
         model_digest=prepared.digest,
     )  # fmt: skip
 
@@ -158,21 +164,63 @@ def _score(
     return scored
 
 
-def _work(config: FinetuneConfig, prepared: Prepared, run_dir: Path) -> int:
-    """What the progress bar counts: every training step and every scored example still to do."""
+@dataclass(frozen=True)
+class Work:
+    """What a run still has to do: training steps and scored examples (a finished phase's
+    stored results are not done again)."""
+
+    steps: int
+    examples: int
+
+
+def remaining_work(config: FinetuneConfig, prepared: Prepared, run_dir: Path) -> Work:
+    """Every training step and every scored example of ``config`` not yet stored in
+    ``run_dir``."""
     splits = prepared.data.splits
-    total = 0
+    steps = examples = 0
     for seed in config.seeds:
         for arm in config.arms:
             if arm == "base" and seed != config.seeds[0]:
                 continue
             for weight in config.weights_of(arm):
                 if not (job_directory(run_dir, config, seed, arm, weight) / VALIDATION).exists():
-                    total += (config.steps if arm != "base" else 0) + len(splits["validation"])
+                    steps += config.steps if arm != "base" else 0
+                    examples += len(splits["validation"])
             tested = job_directory(run_dir, config, seed, arm, config.weights_of(arm)[0]) / TEST
             if not tested.exists():
-                total += sum(len(splits[s]) for s in config.evaluation_splits)
-    return total
+                examples += sum(len(splits[s]) for s in config.evaluation_splits)
+    return Work(steps, examples)
+
+
+#: The probe's training steps; the first, with its one-off allocations, is not timed.
+_PROBE_STEPS = 3
+
+
+def estimate_minutes(
+    config: FinetuneConfig, prepared: Prepared, work: Work
+) -> tuple[float, float, float]:
+    """``(minutes, seconds per step, seconds per example)``: ``work`` timed by a short probe,
+    CE trained for a few steps on the first seed (in a folder deleted after; only when training
+    is left) and one batch of validation examples scored with this run's readouts. A number-loss
+    arm's step costs CE's plus its overhead (``docs/fused.md``): for them it is a lower estimate."""
+    step_seconds = 0.0
+    if work.steps:
+        probe = config.with_overrides(steps=_PROBE_STEPS, warmup_steps=1, checkpoint_every=1000)
+        with tempfile.TemporaryDirectory() as folder:
+            trained, log = train_arm(
+                probe, "ce", 0.0, config.seeds[0], prepared.model_dir,
+                prepared.data.splits["train"], prepared.vocab, prepared.pad_id, Path(folder),
+            )  # fmt: skip
+        step_seconds = float(np.median(log.step_seconds[1:]))
+    else:  # scoring left alone: the pretrained model scores as fast as a trained one
+        trained = Trained(load_model(prepared.model_dir, config, config.seeds[0]).eval(), None,
+                          (0.0, 1.0))  # fmt: skip
+    examples = prepared.data.splits["validation"][: config.eval_batch_size]
+    began = time.perf_counter()
+    score_split(trained, prepared.tokenizer, config, examples)
+    example_seconds = (time.perf_counter() - began) / len(examples)
+    seconds = work.steps * step_seconds + work.examples * example_seconds
+    return seconds / 60, step_seconds, example_seconds
 
 
 def _validation_phase(
@@ -316,8 +364,9 @@ def run_finetune(
         registration = check_registered(config, prepared, Path(preregistered))
     prepare_run_dir(config, run_dir)
     created = _check_model(run_dir, prepared)
-    work = _work(config, prepared, run_dir)
-    with progress_bar(show_progress, work, "steps + scored examples", "it") as bar:
+    work = remaining_work(config, prepared, run_dir)
+    total = work.steps + work.examples
+    with progress_bar(show_progress, total, "steps + scored examples", "it") as bar:
         validation = _validation_phase(config, run_dir, prepared, log, bar)
         choice = _choose(config, validation, prepared)
         test: dict[tuple[int, str], dict[str, Any]] = {}

@@ -1,4 +1,5 @@
-"""Training one rJokes arm for one seed, and scoring it.
+"""The rJokes comparison's arms: how one is built, trains a step and is scored
+(:class:`RJokesTask`; :func:`numtok.experiments.scratch.train_arm` runs it).
 
 Every arm of a seed starts from the same trunk weights (``torch.manual_seed(seed)``) and sees the
 same batches (:class:`~numtok.experiments.batches.TrainingSet`); the arms differ in the loss:
@@ -13,9 +14,7 @@ same batches (:class:`~numtok.experiments.batches.TrainingSet`); the arms differ
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,13 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from numtok.experiments.batches import TrainingSet
-from numtok.experiments.loop import (
-    Progress,
-    Step,
-    median_step_seconds,
-    optimizer_step,
-    train_with_checkpoints,
-)
+from numtok.experiments.loop import Progress, Step, optimizer_step
 from numtok.experiments.model import Transformer
 from numtok.experiments.objectives import Objective
 from numtok.experiments.rjokes.config import RJokesConfig
@@ -41,17 +34,17 @@ from numtok.experiments.rjokes.evaluate import (
     token_predictions,
 )
 from numtok.experiments.rjokes.model import ScoreRegressor
-from numtok.experiments.run_folder import arm_directory, finish_arm, read_result
+from numtok.experiments.scratch import Arm, Scored
 from numtok.experiments.tasks.rjokes import Joke, RJokesData, evaluation_subset
 from numtok.experiments.tokenizer import WordTokenizer
 
 __all__ = [
+    "RJokesTask",
     "ScoredTrainingSet",
     "arm_step",
     "build_tokenizer",
     "evaluation_jokes",
     "prepare_training",
-    "train_arm",
 ]
 
 _EXAMPLES = 8
@@ -171,89 +164,68 @@ def _examples(
     ]
 
 
-def train_arm(
-    config: RJokesConfig,
-    seed: int,
-    arm: str,
-    data: RJokesData,
-    run_dir: Path,
-    progress: Progress | None = None,
-) -> dict[str, Any]:
-    """Train and score one arm for one seed; returns (and writes) its result. A finished arm is
-    read back; an interrupted one resumes from its checkpoint. ``progress`` hears of every
-    training step and every scored joke.
+class RJokesTask:
+    """The rJokes comparison as a :class:`~numtok.experiments.scratch.ScratchTask`: the word
+    vocabulary and scored training jokes of ``data`` (built once per process), and the jokes of
+    the ``evaluate_on`` split, read out greedily and by the distribution's mean and median (token
+    arms) or by the head."""
 
-    Returns:
-        ``{"seed", "arm", "history", "metrics": {readout: {metric: value}}, "mass" (the mean
-        probability the distribution readouts cover; token arms), "pruned" (the largest
-        probability pruning left out of one joke's distribution), "by_score" (the mean prediction
-        per true score, per readout), "examples", "median_step_seconds", "train_seconds",
-        "eval_seconds"}``.
-    """
-    directory = arm_directory(run_dir, seed, arm)
-    jokes = evaluation_jokes(config, data)
-    stored = read_result(directory)
-    if stored is not None:
-        if progress is not None:
-            progress(config.steps + len(jokes))
-        return stored
-    device = torch.device(config.device)
-    if device.type == "cpu":
-        torch.set_num_threads(config.threads)
-    tokenizer, training = prepare_training(config, data)
-    model, optimizer, objective = build_arm(config, seed, arm, tokenizer)
-    log = train_with_checkpoints(
-        model,
-        optimizer,
-        arm_step(config, seed, model, optimizer, objective, training),
-        config,
-        directory,
-        has_ce=objective is not None,
-        has_ntl=objective is not None and objective.ntl is not None,
-        progress=progress,
-    )
+    def __init__(self, config: RJokesConfig, data: RJokesData) -> None:
+        self.config = config
+        self.jokes = evaluation_jokes(config, data)
+        self.tokenizer, self.training = prepare_training(config, data)
 
-    eval_started = time.perf_counter()
-    scored = progress or (lambda amount: None)
-    mass: list[float] | None = None
-    pruned: list[float] | None = None
-    if isinstance(model, ScoreRegressor):
-        predictions = head_predictions(
-            model,
-            tokenizer,
-            jokes,
-            batch_size=config.eval_batch_size,
-            mean=training.score_mean,
-            std=training.score_std,
-            device=device,
-            progress=scored,
+    @property
+    def scored_items(self) -> int:
+        return len(self.jokes)
+
+    def build(self, seed: int, arm: str) -> Arm:
+        model, optimizer, objective = build_arm(self.config, seed, arm, self.tokenizer)
+        step = arm_step(self.config, seed, model, optimizer, objective, self.training)
+        has_ntl = objective is not None and objective.ntl is not None
+        return Arm(model, optimizer, step, has_ce=objective is not None, has_ntl=has_ntl)
+
+    def score(self, arm: str, model: nn.Module, progress: Progress) -> Scored:
+        """``{"metrics": {readout: {metric: value}}, "mass" (the mean probability the
+        distribution readouts cover; token arms), "pruned" (the largest probability pruning
+        left out of one joke's distribution), "by_score" (the mean prediction per true score,
+        per readout), "examples"}``; ``progress`` hears of every scored joke."""
+        config, jokes, device = self.config, self.jokes, torch.device(self.config.device)
+        mass: list[float] | None = None
+        pruned: list[float] | None = None
+        if isinstance(model, ScoreRegressor):
+            predictions = head_predictions(
+                model,
+                self.tokenizer,
+                jokes,
+                batch_size=config.eval_batch_size,
+                mean=self.training.score_mean,
+                std=self.training.score_std,
+                device=device,
+                progress=progress,
+            )
+        else:
+            assert isinstance(model, Transformer)
+            predictions, mass, pruned = token_predictions(
+                model,
+                self.tokenizer,
+                jokes,
+                batch_size=config.eval_batch_size,
+                max_digits=config.max_digits,
+                min_probability=config.min_probability,
+                device=device,
+                progress=progress,
+            )
+        scores = [score for _, score in jokes]
+        return Scored(
+            {
+                "metrics": {
+                    r: regression_metrics(predictions[r], scores) for r in readouts_of(arm)
+                },
+                "mass": None if mass is None else sum(mass) / len(mass),
+                "pruned": None if pruned is None else max(pruned),
+                "by_score": {r: mean_by_score(predictions[r], scores) for r in readouts_of(arm)},
+                "examples": _examples(jokes, predictions),
+            },
+            {**predictions, "mass": mass, "pruned": pruned, "scores": scores},
         )
-    else:
-        assert isinstance(model, Transformer)
-        predictions, mass, pruned = token_predictions(
-            model,
-            tokenizer,
-            jokes,
-            batch_size=config.eval_batch_size,
-            max_digits=config.max_digits,
-            min_probability=config.min_probability,
-            device=device,
-            progress=scored,
-        )
-    scores = [score for _, score in jokes]
-    result = {
-        "seed": seed,
-        "arm": arm,
-        "history": log.history,
-        "metrics": {r: regression_metrics(predictions[r], scores) for r in readouts_of(arm)},
-        "mass": None if mass is None else sum(mass) / len(mass),
-        "pruned": None if pruned is None else max(pruned),
-        "by_score": {r: mean_by_score(predictions[r], scores) for r in readouts_of(arm)},
-        "examples": _examples(jokes, predictions),
-        "median_step_seconds": median_step_seconds(log),
-        "train_seconds": float(sum(log.step_seconds)),
-        "eval_seconds": time.perf_counter() - eval_started,
-    }
-    return finish_arm(
-        directory, result, {**predictions, "mass": mass, "pruned": pruned, "scores": scores}
-    )

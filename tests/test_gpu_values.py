@@ -1,58 +1,70 @@
-"""The value checks of ``benchmarks/gpu.sh``: ``large`` (16,384 x 152,064 bfloat16 logits against
-float64) and ``small`` (a few calls under compute-sanitizer); see ``gpu_checks.py``."""
+"""benchmarks/gpu.sh's ``large`` and ``sanitizer`` steps, GPU acceptance tests (``gpu`` marker):
+the values and gradients of the Triton paths on the device, every error ``‖a − b‖ / ‖b‖`` in
+float64 (``benchmarks/runner.py``'s :class:`~runner.Residual`).
+
+* :func:`test_large_logits_against_float64` (``large``): ``cross_entropy_with_ntl`` (Triton,
+  Triton in place, ``"auto"``) at 16,384 × 152,064 bfloat16 logits (row offsets past 2^31),
+  against the float64 reference computed 1,024 rows at a time: the value, the gradient over all
+  rows and over the rows past 2^31.
+* :func:`test_small_triton_calls_against_torch` (``sanitizer``, which gpu.sh runs under
+  ``compute-sanitizer --tool memcheck`` where the machine has it): four small calls, each loss
+  against ``impl="torch"``.
+
+Each writes its rows and report section after every call (``gpu_section``: into gpu.sh's report
+where it runs); with ``NUMTOK_GPU_QUICK=1`` (gpu.sh's dry run) the shapes are small.
+"""
 
 from __future__ import annotations
 
-import argparse
 import time
 import traceback
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from gpu_common import (
-    LAUNCH_TOLERANCE,
-    NTL_WEIGHT,
-    number_batch,
-    short,
-    synchronize,
-    write,
-    write_so_far,
-)
+import pytest
+import torch
+import torch.nn.functional as F
+from gpu_common import LAUNCH_TOLERANCE, NTL_WEIGHT, number_batch, short, synchronize
+from runner import Residual, relative_error
+
+from _gpu import Section
+from numtok import number_token_loss
+from numtok.losses.fused import cross_entropy_with_ntl
+from numtok.losses.linear import linear_cross_entropy_with_ntl
+
+pytestmark = pytest.mark.gpu
+
+#: The large case's bounds: the value's relative error, the gradient's (bfloat16 rounding).
+VALUE_BOUND, GRADIENT_BOUND = 1e-4, 1e-2
 
 
-def large(args: argparse.Namespace) -> int:
-    import torch
-    import torch.nn.functional as F
-
-    from numtok import number_token_loss
-    from numtok.losses.fused import cross_entropy_with_ntl
-
-    device = torch.device(args.device)
-    tokens, vocab_size = (64, 40_000) if args.quick else (16_384, 152_064)
-    upstream, chunk = 0.37, 1024 if not args.quick else 16
+def test_large_logits_against_float64(
+    gpu_device: torch.device, gpu_quick: bool, gpu_section: Section
+) -> None:
+    device = gpu_device
+    tokens, vocab_size = (64, 40_000) if gpu_quick else (16_384, 152_064)
+    upstream, chunk = 0.37, 16 if gpu_quick else 1024
     started = time.perf_counter()
     generator = torch.Generator(device).manual_seed(0)
     logits = torch.randn(
         tokens, vocab_size, device=device, dtype=torch.bfloat16, generator=generator
     ).mul_(2)
     labels, vocab = number_batch(tokens, vocab_size, 0.05, device)
-    settings = {"ntl_weight": NTL_WEIGHT, "reweigh": True}
     past = -(-(2**31) // vocab_size)  # the first row whose offset row * V passes 2^31
     results: dict[str, dict[str, Any]] = {}
-    gradients: dict[str, Any] = {}
+    gradients: dict[str, torch.Tensor] = {}
     for name, impl, inplace in [
         ("triton", "triton", False),
         ("triton in place", "triton", True),
         ("auto (F.cross_entropy + number head)", "auto", False),
     ]:
-        leaf = logits.detach().clone() if inplace else logits.detach()
-        leaf.requires_grad_()
+        leaf = (logits.detach().clone() if inplace else logits.detach()).requires_grad_()
         began = time.perf_counter()
         try:
             out = cross_entropy_with_ntl(
-                leaf, labels, vocab, impl=impl, inplace_backward=inplace, **settings
-            )
+                leaf, labels, vocab, impl=impl, inplace_backward=inplace, ntl_weight=NTL_WEIGHT,
+                reweigh=True,
+            )  # fmt: skip
             out.loss.backward(torch.full_like(out.loss, upstream))
             synchronize(device)
         except Exception as error:
@@ -60,27 +72,29 @@ def large(args: argparse.Namespace) -> int:
             traceback.print_exc()
             continue
         results[name] = {"value": float(out.loss.detach()), "seconds": time.perf_counter() - began}
+        assert leaf.grad is not None
         gradients[name] = leaf.grad
         del out, leaf
         ran = [
             {"variant": k, **{f: r[f] for f in ("value", "seconds", "error") if f in r}}
             for k, r in results.items()
         ]
-        write_so_far(
-            Path(args.out),
+        gpu_section(
             ran,
             [
-                f"{tokens:,} × {vocab_size:,} bfloat16 logits: "
-                f"{', '.join(results)} ran; the float64 reference "
-                "next."
+                f"{tokens:,} × {vocab_size:,} bfloat16 logits: {', '.join(results)} ran; the "
+                "float64 reference next."
             ],
+            finished=False,
         )
-    # The float64 reference, 1,024 rows at a time: mean CE over the non-ignored labels plus 0.3 x
+    # The float64 reference, `chunk` rows at a time: mean CE over the non-ignored labels plus 0.3 x
     # the mean NTL over the number-labelled ones (the denominators of the whole batch).
     targets = float((labels != -100).sum())
     numbers = float(torch.isin(labels, vocab.ids.to(device)).sum())
     reference = 0.0
-    sums = {name: {"all": [0.0, 0.0], "past": [0.0, 0.0], "max": [0.0, 0.0]} for name in gradients}
+    every_row = {name: Residual() for name in gradients}
+    past_2_31 = {name: Residual() for name in gradients} if past < tokens else {}
+    largest = {name: [0.0, 0.0] for name in gradients}  # the largest entry error, entry
     for start in range(0, tokens, chunk):
         rows = slice(start, min(start + chunk, tokens))
         z = logits[rows].double().requires_grad_()
@@ -90,14 +104,13 @@ def large(args: argparse.Namespace) -> int:
         (expected,) = torch.autograd.grad(part * upstream, z)
         reference += float(part)
         for name, gradient in gradients.items():
-            difference = gradient[rows].double() - expected
-            for key, first in (("all", 0), ("past", past - start)):
-                if first < rows.stop - start:
-                    low = max(first, 0)
-                    sums[name][key][0] += float(difference[low:].square().sum())
-                    sums[name][key][1] += float(expected[low:].square().sum())
-            sums[name]["max"][0] = max(sums[name]["max"][0], float(difference.abs().max()))
-            sums[name]["max"][1] = max(sums[name]["max"][1], float(expected.abs().max()))
+            every_row[name].add(gradient[rows], expected)
+            if name in past_2_31 and past < rows.stop:
+                low = max(past - start, 0)
+                past_2_31[name].add(gradient[rows][low:], expected[low:])
+            worst = float((gradient[rows].double() - expected).abs().max())
+            entry = float(expected.abs().max())
+            largest[name] = [max(largest[name][0], worst), max(largest[name][1], entry)]
         del z, expected
     rows_out, ok = [], bool(gradients) and len(gradients) == len(results)
     lines = [
@@ -117,17 +130,20 @@ def large(args: argparse.Namespace) -> int:
             rows_out.append({"variant": name, **result})
             ok = False
             continue
-        value_error = abs(result["value"] - reference) / abs(reference)
-        s = sums[name]
-        errors = [
-            (s[key][0] / s[key][1]) ** 0.5 if s[key][1] else float("nan") for key in ("all", "past")
-        ]
-        good = value_error <= 1e-4 and all(e <= 1e-2 for e in errors if e == e)
+        value_error = relative_error(
+            torch.tensor(result["value"], dtype=torch.float64),
+            torch.tensor(reference, dtype=torch.float64),
+        )
+        gradient_error = every_row[name].relative
+        beyond = past_2_31[name].relative if name in past_2_31 else None
+        good = value_error <= VALUE_BOUND and all(
+            e <= GRADIENT_BOUND for e in (gradient_error, beyond) if e is not None
+        )
         ok &= good
         lines.append(
-            f"| {name} | {value_error:.1e} | {errors[0]:.1e} / "
-            f"{'(none)' if errors[1] != errors[1] else f'{errors[1]:.1e}'} | "
-            f"{s['max'][0]:.1e} / {s['max'][1]:.1e} | {result['seconds']:.2f} |"
+            f"| {name} | {value_error:.1e} | {gradient_error:.1e} / "
+            f"{'(none)' if beyond is None else f'{beyond:.1e}'} | "
+            f"{largest[name][0]:.1e} / {largest[name][1]:.1e} | {result['seconds']:.2f} |"
             + ("" if good else " **off**")
         )
         rows_out.append(
@@ -138,47 +154,42 @@ def large(args: argparse.Namespace) -> int:
                 "value": result["value"],
                 "reference": reference,
                 "value_relative_error": value_error,
-                "gradient_relative_error": errors[0],
-                "gradient_relative_error_past_2_31": errors[1],
-                "largest_entry_error": s["max"][0],
-                "largest_entry": s["max"][1],
+                "gradient_relative_error": gradient_error,
+                "gradient_relative_error_past_2_31": beyond,
+                "largest_entry_error": largest[name][0],
+                "largest_entry": largest[name][1],
                 "seconds": result["seconds"],
                 "ok": good,
             }
         )
+    peak = (
+        f", peak {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB"
+        if device.type == "cuda"
+        else ""
+    )
     lines += [
         "",
-        "Bounds: value 1e-4, gradient 1e-2 (bfloat16 rounding); "
-        f"**{'passed' if ok else 'FAILED'}** in {time.perf_counter() - started:.1f} s"
-        + (
-            f", peak {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB."
-            if device.type == "cuda"
-            else "."
-        ),
+        f"Bounds: value {VALUE_BOUND:g}, gradient {GRADIENT_BOUND:g} (bfloat16 rounding); "
+        f"**{'passed' if ok else 'FAILED'}** in {time.perf_counter() - started:.1f} s{peak}.",
     ]
-    write(Path(args.out), rows_out, lines)
-    return 0 if ok else 1
+    gpu_section(rows_out, lines, finished=True)
+    assert ok, "\n".join(lines)
 
 
-def small(args: argparse.Namespace) -> int:
+def test_small_triton_calls_against_torch(
+    gpu_device: torch.device, gpu_quick: bool, gpu_section: Section
+) -> None:
     """Four small calls of the Triton paths, for ``compute-sanitizer``, which instruments every
     launch (PyTorch's too) and so multiplies each call's time: rows on chip (4,096 columns,
     bfloat16) with reweigh and an upstream gradient of 0.5; rows in blocks (40,000, float32),
     reweigh, in place; SMMD over the 1,110 number tokens (its pair tiles); the logits-free loss
     in chunks of 8 rows with DIST2 (place weights, row offsets). Each loss against
-    ``impl="torch"`` on the same tensors, each row written as its call finishes. Exits 1 when a
-    call raises or differs; the sanitizer's own verdict is its exit status
-    (``--error-exitcode``)."""
-    import torch
-
-    from numtok.losses.fused import cross_entropy_with_ntl
-    from numtok.losses.linear import linear_cross_entropy_with_ntl
-
-    device = torch.device(args.device)
+    ``impl="torch"`` on the same tensors, within its dtype's ``LAUNCH_TOLERANCE``; the
+    sanitizer's own verdict is its exit status (``--error-exitcode``)."""
+    device = gpu_device
     generator = torch.Generator(device).manual_seed(0)
-    base = None if args.out is None else Path(args.out)
     rows: list[dict[str, Any]] = []
-    tokens = 8 if args.quick else 24
+    tokens = 8 if gpu_quick else 24
     table = ["| call | dtype | relative difference to torch | s |", "|---|---|---|---|"]
 
     def section(verdict: str) -> list[str]:
@@ -207,9 +218,8 @@ def small(args: argparse.Namespace) -> int:
             synchronize(device)
             with torch.no_grad():
                 plain = {**settings, "inplace_backward": False} if inplace else settings
-                expected = function(*inputs, impl="torch", **plain).loss.double()
-            value = out.loss.detach().double()
-            difference = float((value - expected).abs().max() / expected.abs().max())
+                expected = function(*inputs, impl="torch", **plain).loss
+            difference = relative_error(out.loss.detach(), expected)
             row |= {"relative_difference_to_torch": difference}
             row["ok"] = difference <= LAUNCH_TOLERANCE[row["dtype"]]
         except Exception as error:
@@ -223,9 +233,9 @@ def small(args: argparse.Namespace) -> int:
             else f"{row['relative_difference_to_torch']:.1e}" + ("" if row["ok"] else " **off**")
         )
         table.append(f"| {name} | {row['dtype']} | {cell} | {row['seconds']} |")
-        write_so_far(base, rows, section(""))
+        gpu_section(rows, section(""), finished=False)
 
-    def logits_of(vocab_size: int, dtype: Any) -> tuple[Any, Any, Any]:
+    def logits_of(vocab_size: int, dtype: torch.dtype) -> tuple[torch.Tensor, Any, Any]:
         labels, vocab = number_batch(tokens, vocab_size, 0.2, device)
         logits = torch.randn(tokens, vocab_size, device=device, dtype=dtype, generator=generator)
         return logits.requires_grad_(), labels, vocab
@@ -264,8 +274,5 @@ def small(args: argparse.Namespace) -> int:
     )
     ok = all(row["ok"] for row in rows)
     lines = section("**passed**: " if ok else "**FAILED**: ")
-    if base is not None:
-        write(base, rows, lines)
-    else:
-        print("\n".join(lines))
-    return 0 if ok else 1
+    gpu_section(rows, lines, finished=True)
+    assert ok, "\n".join(lines)

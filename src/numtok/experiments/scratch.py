@@ -1,0 +1,280 @@
+"""A comparison trained from scratch, whatever its task: the run (:func:`run_scratch`: every
+(seed, arm) in worker processes, the step timing, the report), the arm job (:func:`train_arm`:
+train with the loop every comparison shares, score, store) and the arms' step timing.
+
+A task supplies, for one arm (:class:`ScratchTask`), how to build it for a seed (its model
+initialised from the seed, its optimiser, and its training step over the seed's batches) and how
+to score a trained model; for the whole run (:class:`ScratchRun`), its data, its jobs and its
+report. The arithmetic task is :class:`numtok.experiments.train.ArithmeticTask` and
+:class:`numtok.experiments.runner.ArithmeticRun`; rJokes
+:class:`numtok.experiments.rjokes.train.RJokesTask` and
+:class:`numtok.experiments.rjokes.runner.RJokesRun`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from numtok.experiments.config import TrainingConfig
+from numtok.experiments.loop import (
+    Progress,
+    Step,
+    learning_rate_at,
+    median_step_seconds,
+    train_with_checkpoints,
+)
+from numtok.experiments.parallel import (
+    Executor,
+    Job,
+    open_executor,
+    progress_bar,
+    report_progress,
+)
+from numtok.experiments.run_folder import arm_directory, finish_arm, prepare_run_dir, read_result
+from numtok.experiments.timing import interleaved_step_times
+
+__all__ = [
+    "Arm",
+    "Scored",
+    "ScratchRun",
+    "ScratchTask",
+    "run_scratch",
+    "step_times",
+    "train_arm",
+]
+
+_TIMING = "timing.json"
+
+
+@dataclass
+class Arm:
+    """An arm ready to train: ``step(index, learning_rate) -> (loss, ce, ntl)`` runs one
+    optimiser step of ``model`` on the seed's batch ``index``; ``has_ce``/``has_ntl`` say which
+    terms it logs."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    step: Step
+    has_ce: bool
+    has_ntl: bool
+
+
+@dataclass
+class Scored:
+    """A trained arm's scores: ``result`` the task's entries of ``result.json`` (metrics,
+    examples, ...), ``predictions`` what ``predictions.json`` keeps."""
+
+    result: dict[str, Any]
+    predictions: Any
+
+
+class ScratchTask(Protocol):
+    """What a task trained from scratch supplies to :func:`train_arm` and :func:`step_times`."""
+
+    @property
+    def config(self) -> TrainingConfig: ...
+
+    @property
+    def scored_items(self) -> int:
+        """How many items scoring an arm reports to the progress bar."""
+        ...
+
+    def build(self, seed: int, arm: str) -> Arm:
+        """The arm on ``config.device``, its weights initialised from ``seed`` (the same for every
+        arm of a seed)."""
+        ...
+
+    def score(self, arm: str, model: nn.Module, progress: Progress) -> Scored: ...
+
+
+def _silent(_amount: int) -> None:
+    return None
+
+
+def train_arm(
+    task: ScratchTask, seed: int, arm: str, run_dir: Path, progress: Progress | None = None
+) -> dict[str, Any]:
+    """Train and score one arm for one seed; returns (and writes) its result. A finished arm's
+    ``result.json`` is read back; an interrupted one resumes from its checkpoint.
+
+    Returns:
+        ``{"seed", "arm", "history": [{"step", "loss", "ce", "ntl"}], **the task's scores,
+        "median_step_seconds", "train_seconds", "eval_seconds"}``.
+    """
+    config = task.config
+    directory = arm_directory(run_dir, seed, arm)
+    stored = read_result(directory)
+    if stored is not None:
+        if progress is not None:
+            progress(config.steps + task.scored_items)
+        return stored
+    if torch.device(config.device).type == "cpu":
+        torch.set_num_threads(config.threads)
+    built = task.build(seed, arm)
+    log = train_with_checkpoints(
+        built.model,
+        built.optimizer,
+        built.step,
+        config,
+        directory,
+        has_ce=built.has_ce,
+        has_ntl=built.has_ntl,
+        progress=progress,
+    )
+    eval_started = time.perf_counter()
+    scored = task.score(arm, built.model, progress or _silent)
+    result = {
+        "seed": seed,
+        "arm": arm,
+        "history": log.history,
+        **scored.result,
+        "median_step_seconds": median_step_seconds(log),
+        "train_seconds": float(sum(log.step_seconds)),
+        "eval_seconds": time.perf_counter() - eval_started,
+    }
+    return finish_arm(directory, result, scored.predictions)
+
+
+def step_times(task: ScratchTask, *, rounds: int) -> dict[str, Any]:
+    """:func:`~numtok.experiments.timing.interleaved_step_times` for every arm, on the first
+    seed's initial weights and batches."""
+    config = task.config
+    if torch.device(config.device).type == "cpu":
+        torch.set_num_threads(config.threads)
+    seed = config.seeds[0]
+    return interleaved_step_times(
+        {arm: task.build(seed, arm).step for arm in config.arms},
+        learning_rate=lambda index: learning_rate_at(index, config),
+        batch_size=config.batch_size,
+        device=config.device,
+        threads=config.threads,
+        rounds=rounds,
+    )
+
+
+class ScratchRun(Protocol):
+    """A whole comparison trained from scratch, as :func:`run_scratch` runs it. It is sent to
+    the worker processes, which rebuild their :class:`ScratchTask` from it: it holds settings and
+    paths, not data."""
+
+    @property
+    def config(self) -> TrainingConfig: ...
+
+    @property
+    def timing_rounds(self) -> int:
+        """Interleaved rounds of the step timing."""
+        ...
+
+    @property
+    def timing_beside_arms(self) -> bool:
+        """True: the step timing runs as one more job beside the arms' (a worker would idle
+        otherwise); False: alone in this process once every arm has finished."""
+        ...
+
+    def describe(self) -> str:
+        """What the run compares, for its first status line."""
+        ...
+
+    def prepare(self, executor: Executor, show_progress: bool) -> None:
+        """Make the data every job reads (for example, generate and cache it)."""
+        ...
+
+    def jobs(self) -> list[tuple[int, str]]:
+        """Every (seed, arm), in the order the workers take them."""
+        ...
+
+    def scored_items(self) -> int:
+        """How many items scoring one arm reports to the progress bar."""
+        ...
+
+    def task(self, seed: int) -> ScratchTask:
+        """The task a worker trains ``seed``'s arms with."""
+        ...
+
+    def report(
+        self,
+        runs: list[dict[str, Any]],
+        timing: dict[str, Any],
+        run_dir: Path,
+        *,
+        command: str | None,
+        wall_seconds: float,
+        workers: int,
+    ) -> dict[str, Any]:
+        """Write the run's report files into ``run_dir``; the results."""
+        ...
+
+
+def _arm_job(run: ScratchRun, seed: int, arm: str, run_dir: str) -> dict[str, Any]:
+    return train_arm(run.task(seed), seed, arm, Path(run_dir), report_progress)
+
+
+def _timing_job(run: ScratchRun, run_dir: str) -> dict[str, Any]:
+    """:func:`step_times` on the first seed's task, stored in the run folder so that a resumed
+    run does not measure again."""
+    path = Path(run_dir) / _TIMING
+    if path.exists():
+        stored: dict[str, Any] = json.loads(path.read_text())
+        return stored
+    timing = step_times(run.task(run.config.seeds[0]), rounds=run.timing_rounds)
+    path.write_text(json.dumps(timing, indent=1))
+    return timing
+
+
+def run_scratch(
+    run: ScratchRun,
+    run_dir: Path,
+    *,
+    workers: int = 1,
+    show_progress: bool = True,
+    command: str | None = None,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Run (or resume) ``run`` in ``run_dir``: its data, every (seed, arm) in ``workers``
+    processes (each with ``config.threads`` threads; results do not depend on it), the step
+    timing, the report. Finished arms are read back, interrupted ones continue from their
+    checkpoints. ``command``: the command line, recorded in the report; ``log``: where status
+    lines go (default: stderr)."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be a positive int, got {workers!r}")
+    started = time.perf_counter()
+    say = log or (lambda text: print(text, file=sys.stderr))
+    config = run.config
+    run_dir = Path(run_dir)
+    prepare_run_dir(config, run_dir)
+    say(
+        f"numtok: {run.describe()}, arms {', '.join(config.arms)}, seeds {list(config.seeds)}, "
+        f"{config.steps} steps; run folder {run_dir}"
+    )
+    jobs: list[Job] = [(_arm_job, (run, seed, arm, str(run_dir))) for seed, arm in run.jobs()]
+    arms = len(jobs)
+    if run.timing_beside_arms:
+        jobs.append((_timing_job, (run, str(run_dir))))
+    with open_executor(workers) as executor:
+        run.prepare(executor, show_progress)
+        work = arms * (config.steps + run.scored_items())
+        with progress_bar(show_progress, work, "training steps + scored items", "it") as bar:
+            outputs = executor.run(jobs, bar)
+    if run.timing_beside_arms:
+        timing = outputs[-1]
+    else:
+        if not (run_dir / _TIMING).exists():
+            say("numtok: timing one training step per arm (interleaved rounds)...")
+        timing = _timing_job(run, str(run_dir))
+    return run.report(
+        outputs[:arms],
+        timing,
+        run_dir,
+        command=command,
+        wall_seconds=time.perf_counter() - started,
+        workers=workers,
+    )
