@@ -152,7 +152,16 @@ def test_a_whole_arithmetic_run_reports_and_resumes(
     assert was["history"][-1]["ntl"] >= 0 and was["history"] != ce["history"]
     compared = [c for c in results["comparisons"] if c["arm"] == "del" and c["split"] == "test"]
     assert {c["metric"] for c in compared} >= {"exact_accuracy", "log_mae", "within_1_percent"}
-    assert all(set(c) >= {"seed", "bootstrap", "verdict"} for c in compared)
+    assert all(set(c) >= {"difference", "low", "high", "df", "mde", "verdict", "reason",
+                          "parsed_share"} for c in compared)  # fmt: skip
+    # One interval per comparison, its verdict from it; a verdict needs both arms to have
+    # learnt on validation (the gate is per comparison).
+    learnt = {(e["arm"], e["readout"]): e["learnt"] for e in results["gate"]["arms"]}
+    for c in results["comparisons"]:
+        gated = learnt[(c["arm"], c["readout"])] and learnt[("ce", c["baseline"])]
+        assert c["verdict"] == (c["interval_verdict"] if gated else "no verdict")
+        if c["verdict"] in ("better", "worse"):
+            assert c["low"] > 0 or c["high"] < 0
     run_dir = tmp_path / "run"
     report = (run_dir / "report.md").read_text()
     assert report.index("## Primary endpoint") < report.index("## Learnability gate")
@@ -336,6 +345,9 @@ def test_command_line(
     assert main(arguments) == 0
     printed = capsys.readouterr().out
     assert "report.md" in printed and "learnability gate" in printed
+    assert "one seed cannot give a verdict" in printed and "degrees of freedom" not in printed
+    report = (out / "report.md").read_text()
+    assert "**One seed cannot give a verdict**" in report and "0 degrees" not in report
     assert json.loads((out / "config.json").read_text())["steps"] == 2
     with pytest.raises(SystemExit):
         main([*arguments[:5], "--eval-jokes", "3"])

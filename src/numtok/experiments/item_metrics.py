@@ -17,6 +17,20 @@ of them. With ``q = [p is a number]``:
 
 With ``w = 1`` these are :func:`numtok.numeric_metrics`' values (tested). An infinite answer
 (``"1e999"``) makes the error metrics infinite wherever it is drawn, as there.
+
+**Unparsed answers, scored by one rule** (``unparsed=``, what ``numtok compare`` passes): every
+error metric (``mae``, ``rmse``, ``log_mae``, ``within_1_percent``, ``pearson``) scores an answer
+without a number as if it were ``unparsed`` (the training answers' median): an arm cannot gain
+by answering less than answering that median would give it. ``exact_accuracy`` still counts it
+wrong, and ``parsed_share`` still counts it as unparsed. Without ``unparsed`` the error metrics
+drop such answers, as :func:`numtok.numeric_metrics` does.
+
+**Per-item scores** (:func:`item_scores`): the metrics that are means of one score per item,
+:data:`MEAN_METRICS` (0/1 for ``exact_accuracy`` and ``within_1_percent``, the absolute, log or
+squared error for ``mae``, ``log_mae`` and ``mse``), for an analysis over seeds and items
+(:mod:`numtok.experiments.crossed`). RMSE and Pearson's r are not such means: RMSE is tested as
+``mse`` (the pooled RMSE is the square root of the pooled MSE, so they order arms alike,
+:func:`per_item_metric`), Pearson's r not at all.
 """
 
 from __future__ import annotations
@@ -28,11 +42,15 @@ import numpy as np
 from numpy.typing import NDArray
 
 __all__ = [
+    "ENDPOINT_METRICS",
     "HIGHER_IS_BETTER",
     "ITEM_METRICS",
+    "MEAN_METRICS",
     "answer_values",
     "item_metric",
     "item_metrics",
+    "item_scores",
+    "per_item_metric",
 ]
 
 Vector = NDArray[np.float64]
@@ -140,10 +158,29 @@ _METRICS: dict[str, Callable[[Weights, Vector, Vector], Vector]] = {
 ITEM_METRICS = tuple(_METRICS)
 
 
-def item_metric(metric: str, answers: Vector, references: Vector, weights: Weights) -> Vector:
+#: The metrics that score an unparsed answer as ``unparsed`` when it is given.
+_FILLED = frozenset({"mae", "rmse", "log_mae", "within_1_percent", "pearson", "mse"})
+
+
+def _filled(metric: str, answers: Vector, unparsed: float | None) -> Vector:
+    if unparsed is None or metric not in _FILLED:
+        return answers
+    filled: Vector = np.where(np.isnan(answers), unparsed, answers)
+    return filled
+
+
+def item_metric(
+    metric: str,
+    answers: Vector,
+    references: Vector,
+    weights: Weights,
+    *,
+    unparsed: float | None = None,
+) -> Vector:
     """``metric`` of ``answers`` (m,) against ``references`` (m,) under each row of ``weights``
     (B, m) of item counts: (B,) values (see the module docstring; a (m,) ``weights`` gives a
-    0-dim result)."""
+    0-dim result). ``unparsed``: the answer an error metric scores where ``answers`` is NaN
+    (None: the error metrics drop such answers)."""
     if metric not in _METRICS:
         raise ValueError(f"metric must be one of {list(ITEM_METRICS)}, got {metric!r}")
     if answers.shape != references.shape or weights.shape[-1] != answers.shape[-1]:
@@ -151,12 +188,65 @@ def item_metric(metric: str, answers: Vector, references: Vector, weights: Weigh
             f"answers {answers.shape}, references {references.shape} and weights "
             f"{weights.shape} must share their last (item) dimension"
         )
-    return _METRICS[metric](weights.astype(np.float64), answers, references)
+    scored = _filled(metric, answers, unparsed)
+    return _METRICS[metric](weights.astype(np.float64), scored, references)
 
 
-def item_metrics(answers: Vector, references: Vector) -> dict[str, float | None]:
+def item_metrics(
+    answers: Vector, references: Vector, *, unparsed: float | None = None
+) -> dict[str, float | None]:
     """Every metric of :data:`ITEM_METRICS` on the items themselves (weights 1); None where it is
-    undefined (NaN)."""
+    undefined (NaN). ``unparsed`` as :func:`item_metric` takes it."""
     ones = np.ones_like(references)
-    values = {name: float(item_metric(name, answers, references, ones)) for name in _METRICS}
+    values = {
+        name: float(item_metric(name, answers, references, ones, unparsed=unparsed))
+        for name in _METRICS
+    }
     return {name: (None if math.isnan(value) else value) for name, value in values.items()}
+
+
+def _scores(metric: str, p: Vector, r: Vector) -> Vector:
+    with np.errstate(invalid="ignore"):
+        if metric == "exact_accuracy":
+            return (np.abs(p - r) <= 0.0).astype(np.float64)  # NaN: False, wrong
+        if metric == "within_1_percent":
+            return (np.abs(p - r) <= 0.01 * np.abs(r)).astype(np.float64)
+        if metric == "mae":
+            return np.abs(p - r)
+        if metric == "log_mae":
+            return np.abs(_slog(p) - _slog(r))
+    squared: Vector = (p - r) ** 2
+    return squared
+
+
+#: The metrics that are means of one score per item, :func:`item_scores`' (``mse``: the squared
+#: error, RMSE's test; not in :data:`ITEM_METRICS`' tables).
+MEAN_METRICS = ("exact_accuracy", "within_1_percent", "mae", "mse", "log_mae")
+#: The metrics a run may choose, its ``--metric`` (λ's choice, the gate, the primary endpoint).
+ENDPOINT_METRICS = ("exact_accuracy", "within_1_percent", "mae", "rmse", "log_mae")
+
+
+def per_item_metric(metric: str) -> str:
+    """The metric of :data:`MEAN_METRICS` that tests ``metric``: ``mse`` for ``rmse``, the
+    metric itself for the others of :data:`ENDPOINT_METRICS`."""
+    if metric == "rmse":
+        return "mse"
+    if metric not in MEAN_METRICS:
+        raise ValueError(
+            f"{metric!r} is not a mean of per-item scores: test one of {list(ENDPOINT_METRICS)}"
+        )
+    return metric
+
+
+def item_scores(metric: str, answers: Vector, references: Vector, *, unparsed: float) -> Vector:
+    """One score per item of ``answers`` (..., m) against ``references`` (m,): their mean over
+    the items is :func:`item_metric` of ``metric`` (``mse``: the square of ``rmse``) with the same
+    ``unparsed`` (module docstring); ``metric`` one of :data:`MEAN_METRICS`.
+
+    Example:
+        >>> item_scores("mae", np.array([1.0, np.nan]), np.array([2.0, 4.0]), unparsed=3.0)
+        array([1., 1.])
+    """
+    if metric not in MEAN_METRICS:
+        raise ValueError(f"metric must be one of {list(MEAN_METRICS)}, got {metric!r}")
+    return _scores(metric, _filled(metric, answers, unparsed), references)

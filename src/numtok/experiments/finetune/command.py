@@ -1,7 +1,8 @@
 """``numtok compare``: does a number loss help on *your* task? Fine-tune your model on your JSON
 Lines (or a built-in preset) with CE and each number loss, paired seeds, λ chosen on
-validation, the learnability gate, the test split scored once, and a report with both
-intervals (:mod:`numtok.experiments.finetune.runner`).
+validation, the learnability gate per comparison, the test split scored once, and a report with
+one interval per difference, the crossed seed × item analysis
+(:mod:`numtok.experiments.finetune.runner`).
 
 Every check runs before any training: the settings, the data (one line per error: file, line,
 field), the model, a run folder that holds other settings, and a pre-registration the run does
@@ -110,7 +111,7 @@ def add_compare_arguments(
     parser.add_argument("--lora-rank", type=int, help="default 16")
     parser.add_argument(
         "--metric", help="the endpoint: λ's choice, the gate and the primary endpoint "
-        "(exact_accuracy, mae, rmse, log_mae [default], within_1_percent, pearson)"
+        "(exact_accuracy, mae, rmse, log_mae [default], within_1_percent)"
     )  # fmt: skip
     parser.add_argument(
         "--readout", help="greedy (default), expected, median, mode (need --max-value), head"
@@ -198,38 +199,65 @@ def compare_config(args: argparse.Namespace, base: FinetuneConfig | None) -> Fin
 
 
 def summary_lines(results: dict[str, Any], config: FinetuneConfig) -> list[str]:
-    """What the command prints at the end: the gate and the primary endpoint of every arm."""
+    """What the command prints at the end: the gate and the primary endpoint of every arm, or
+    with one seed that it cannot give a verdict."""
+    from numtok.experiments.item_metrics import per_item_metric
     from numtok.experiments.report_format import signed
 
     gate = results["gate"]
     split = config.evaluation_splits[0]
     if split not in results["answers"]:
         split = "validation"
+    learnt = sum(entry["learnt"] for entry in gate["arms"])
+    closest = gate["closest"]
+    one_seed = len(config.seeds) == 1
+    if one_seed:
+        outcome = "cannot be shown with one seed (no interval): no verdict on any loss"
+    elif learnt:
+        outcome = f"shown for {learnt} of {gate['candidates']} arm × readout candidates"
+    else:
+        outcome = "not shown at this budget for any arm: no verdict on any loss"
+    if closest is not None and not one_seed:
+        outcome += (
+            f" (closest not shown: {closest['arm']} ({closest['readout']}), "
+            f"{signed(closest['improvement'], 4)} [{signed(closest['low'], 4)}, "
+            f"{signed(closest['high'], 4)}], MDE {_positive(closest['mde'])})"
+        )
     lines = [
-        f"learnability gate (validation {config.metric}): "
-        + (
-            "passed"
-            if gate["passed"]
-            else "FAILED: the task was not learnt, no verdict on any loss"
-        ),
-        f"primary endpoint, {config.metric} ({config.readout}) on {split}, arm − CE"
-        + (" (the test splits not scored: nothing to claim):" if split == "validation" else ":"),
+        f"learnability gate (validation {config.metric}, beating the best constant at one-sided "
+        f"α {gate['alpha']:g}, Bonferroni over {gate['candidates']}): {outcome}",
     ]
+    if one_seed:
+        lines.append(
+            "one seed cannot give a verdict: the seed-to-seed variance cannot be estimated from "
+            "one seed, so no difference has an interval (run at least 2 seeds; 3 or more for "
+            "useful power)"
+        )
+    metric = per_item_metric(config.metric)
+    lines.append(
+        f"primary endpoint, {metric} ({config.readout}) on {split}, arm − CE"
+        + (" (the test splits not scored: nothing to claim):" if split == "validation" else ":")
+    )
     for entry in results["comparisons"]:
         if (entry["split"], entry["readout"], entry["baseline"], entry["metric"]) == (
             split,
             config.readout,
             config.readout,
-            config.metric,
+            metric,
         ):
-            seed, boot = entry["seed"], entry["bootstrap"]
+            verdict = entry["verdict"]
+            if verdict == "no verdict" and not one_seed:  # one seed: said above
+                verdict += f" ({entry['reason']})"
             lines.append(
-                f"  {entry['arm']}: {signed(entry['mean'], 4)}, seed t "
-                f"[{signed(seed['low'], 4)}, {signed(seed['high'], 4)}], bootstrap "
-                f"[{signed(boot['low'], 4)}, {signed(boot['high'], 4)}]: "
-                f"{entry['verdict'] or 'no verdict'}"
+                f"  {entry['arm']}: {signed(entry['difference'], 4)} "
+                f"[{signed(entry['low'], 4)}, {signed(entry['high'], 4)}], MDE "
+                f"{_positive(entry['mde'])}: {verdict}"
             )
     return lines
+
+
+def _positive(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4f}"
 
 
 def _log_lines(quiet: bool) -> Callable[[str], None]:

@@ -8,7 +8,7 @@ from typing import ClassVar
 
 from numtok._common.validation import check_number
 from numtok.experiments.config import RunConfig, check_non_negative_int, check_positive_int
-from numtok.experiments.item_metrics import ITEM_METRICS
+from numtok.experiments.item_metrics import ENDPOINT_METRICS
 from numtok.experiments.objectives import NUMBER_LOSS_ARMS
 from numtok.readout.distribution import MAX_DIGITS
 
@@ -169,8 +169,11 @@ class FinetuneConfig(RunConfig):
                 f"test_splits of task {self.task!r} must be distinct splits from "
                 f"{list(allowed)}, got {list(self.test_splits)}"
             )
-        if self.metric not in ITEM_METRICS:
-            raise ValueError(f"metric must be one of {list(ITEM_METRICS)}, got {self.metric!r}")
+        if self.metric not in ENDPOINT_METRICS:
+            raise ValueError(
+                f"metric must be one of {list(ENDPOINT_METRICS)} (a mean of per-item scores, or "
+                f"RMSE, tested as MSE), got {self.metric!r}"
+            )
         arms_readouts = set(self.readouts) | ({"head"} if "head" in self.arms else set())
         if self.readout not in arms_readouts:
             raise ValueError(

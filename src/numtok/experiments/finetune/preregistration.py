@@ -5,11 +5,13 @@ down before anything is trained, and the run held against them.
 and stops: commit it, then run the same command again. The run then refuses to start unless its
 settings, its data (the files' digest and the examples' content digest, generated data included)
 and its model are the ones FILE names, and its report opens with the primary endpoint: ``ARM −
-CE`` on the run's metric and readout, on its first test split, with both intervals. The report
-also says whether FILE is committed in git, and when (a file committed after the run began does
-not pre-register it). FILE records the analysis code it was written with (numtok's version and
-git commit, :func:`code_version`); the run is not held to it, since committing FILE makes a
-new commit, but anyone can check out that code to redo the analysis.
+CE`` on the run's metric and readout, on its first test split, with its interval and verdict. A
+registration written before the crossed analysis (its ``tests`` names the two intervals of the
+old rule) does not match a run of this version: that run is not the analysis it registered. The
+report also says whether FILE is committed in git, and when (a file committed after the run
+began does not pre-register it). FILE records the analysis code it was written with (numtok's
+version and git commit, :func:`code_version`); the run is not held to it, since committing FILE
+makes a new commit, but anyone can check out that code to redo the analysis.
 """
 
 from __future__ import annotations
@@ -62,8 +64,10 @@ def preregistration(
             "metric": config.metric,
             "readout": config.readout,
             "split": config.evaluation_splits[0],
-            "tests": "paired-seed t interval and seed x item bootstrap, both 95 %; a verdict "
-            "only when both exclude 0 and the learnability gate passed",
+            "tests": "the crossed seed x item analysis's 95 % interval (generalized, "
+            "Satterthwaite df), a verdict when it excludes 0 and both arms beat the best constant "
+            "on validation (one-sided 5 %, Bonferroni over the arm x readout candidates); "
+            "unparsed answers scored as the training median by every error metric",
         },
         "arms": list(config.arms),
         "weights": {

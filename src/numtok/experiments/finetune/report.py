@@ -3,12 +3,16 @@ to every item, every metric and comparison; ``null`` where a value is undefined)
 and ``report.png`` in the run folder.
 
 ``report.md`` opens with what a reader needs first: the pre-registration (when there is one)
-and the primary endpoint, then the learnability gate — when it fails, the report says the task
-was not learnt at this budget and gives no verdict on any loss — then the λ chosen on
-validation, and per split every arm's metrics (every seed shown), the constant answers, and the
-paired differences from CE with the paired-seed t interval, the seed × item bootstrap interval,
-the bootstrap's minimal detectable effect (MDE) and the verdict
-(:mod:`~numtok.experiments.analysis`).
+and the primary endpoint, then the learnability gate — which arms, by which readout, beat the
+best constant answer on validation; a comparison of an arm that did not gets no verdict, and the
+gate says "not shown at this budget" with the closest arm's improvement, its interval and the
+smallest improvement the run could have shown — then the λ chosen on validation, and per split
+every arm's metrics (every seed shown, the parsed share beside them), the constant answers, and
+the differences from CE, each with one interval (the crossed seed × item analysis), its minimal
+detectable effect (MDE), the parsed shares and the verdict read from that interval
+(:mod:`~numtok.experiments.analysis`). Every error metric scores an unparsed answer as the
+training answers' median; exact accuracy counts it wrong. One seed gives no interval and no
+verdict, and the report says so.
 """
 
 from __future__ import annotations
@@ -23,12 +27,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from numtok.experiments.analysis import (
-    BOOTSTRAP_REPLICATES,
-    comparisons,
-    learnability_gate,
-    metric_table,
-)
+from numtok.experiments.analysis import comparisons, learnability_gate, metric_table
 from numtok.experiments.finetune.config import FinetuneConfig
 from numtok.experiments.finetune.data import FinetuneData
 from numtok.experiments.finetune.preregistration import git_provenance
@@ -37,6 +36,7 @@ from numtok.experiments.item_metrics import (
     ITEM_METRICS,
     answer_values,
     item_metrics,
+    per_item_metric,
 )
 from numtok.experiments.objectives import NUMBER_LOSS_ARMS
 from numtok.experiments.report_format import json_safe, signed
@@ -44,8 +44,11 @@ from numtok.readout.distribution import FAST_TOLERANCE
 
 __all__ = ["write_report"]
 
-#: The metrics of the tables (``parsed_share`` is in results.json).
-SHOWN_METRICS = tuple(m for m in ITEM_METRICS if m != "parsed_share")
+#: What one seed gets instead of an interval.
+ONE_SEED = (
+    "**One seed cannot give a verdict**: the seed-to-seed variance cannot be estimated from one "
+    "seed, so no difference has an interval (run at least 2 seeds; 3 or more for useful power)."
+)
 
 
 def _answers(
@@ -80,27 +83,45 @@ def _interval(low: float | None, high: float | None) -> str:
     return "n/a" if low is None or high is None else f"[{signed(low)}, {signed(high)}]"
 
 
+def _verdict_cell(entry: dict[str, Any]) -> str:
+    verdict = entry["verdict"]
+    if verdict in ("better", "worse"):
+        return f"**{verdict}**"
+    return f"no verdict: {entry['reason']}" if verdict == "no verdict" else verdict
+
+
 def _difference_cells(entry: dict[str, Any]) -> list[str]:
-    boot = entry["bootstrap"]
-    verdict = entry["verdict"] or "–"
+    parsed = entry["parsed_share"]
     return [
-        signed(entry["mean"]),
-        _interval(entry["seed"]["low"], entry["seed"]["high"]),
-        _interval(boot["low"], boot["high"]),
-        _number(boot["mde"]),
-        f"**{verdict}**" if entry["verdict"] else verdict,
+        signed(entry["difference"]),
+        _interval(entry["low"], entry["high"]),
+        _number(entry["df"], 1),
+        _number(entry["mde"]),
+        f"{_number(parsed['arm'])} / {_number(parsed['ce'])}",
+        _verdict_cell(entry),
     ]
+
+
+#: The header of a table of differences after its first columns.
+DIFFERENCE_HEADER = "Δ | 95 % interval | df | MDE | parsed, arm / CE | verdict |"
+
+
+def _metric_name(metric: str) -> str:
+    tested = per_item_metric(metric)
+    return metric if tested == metric else f"{tested} (the test of {metric})"
 
 
 def _primary_lines(
     config: FinetuneConfig,
     entries: Sequence[dict[str, Any]],
     arms: Sequence[str],
-    gate: bool,
     tested: bool,
 ) -> list[str]:
-    split, metric, readout = config.evaluation_splits[0], config.metric, config.readout
+    split, readout = config.evaluation_splits[0], config.readout
+    metric = per_item_metric(config.metric)
     lines = ["## Primary endpoint", ""]
+    if len(config.seeds) == 1:
+        lines += [ONE_SEED, ""]
     if not tested:
         lines += [
             "**Not measured: the test splits were not scored** (a validation-only run, for "
@@ -110,13 +131,14 @@ def _primary_lines(
         ]
         split = "validation"
     lines += [
-        f"{metric} of the {readout} readout on {split}, each arm minus CE (paired by seed; "
-        f"{len(config.seeds)} seeds). Verdict only when both 95 % intervals exclude 0"
-        + ("" if gate else "; **none here: the learnability gate failed**")
-        + ".",
+        f"{_metric_name(config.metric)} of the {readout} readout on {split}, each arm minus CE, "
+        f"paired by seed and item ({len(config.seeds)} seeds). One 95 % interval per "
+        "difference, the crossed seed × item analysis (df: Satterthwaite's; MDE: the difference "
+        "this design finds with 80 % power); the verdict is read from that interval alone, and "
+        "only where both arms learnt on validation (the gate below).",
         "",
-        "| arm − CE | Δ | seed t 95 % | seed × item bootstrap 95 % | MDE | verdict |",
-        "|---|---|---|---|---|---|",
+        f"| arm − CE | {DIFFERENCE_HEADER}",
+        "|---|---|---|---|---|---|---|",
     ]
     for arm in arms:
         found = [
@@ -129,37 +151,54 @@ def _primary_lines(
     return lines
 
 
+def _improvement(entry: dict[str, Any]) -> str:
+    return (
+        f"{entry['arm']} ({entry['readout']}), {signed(entry['improvement'])} "
+        f"{_interval(entry['low'], entry['high'])}; the smallest improvement this run could have "
+        f"shown (its MDE): {_number(entry['mde'])}"
+    )
+
+
 def _gate_lines(gate: dict[str, Any]) -> list[str]:
-    best = gate["best"]
+    level = f"{gate['confidence'] * 100:.1f} %"
     constant = (
         f"answering the training {gate['constant']} ({gate['constant_value']:.4g}) to every "
-        f"example: {gate['metric']} {_number(gate['constant_metric'])}"
+        f"example: {gate['tested']} {_number(gate['constant_score'])}"
     )
-    lines = ["## Learnability gate (validation)", ""]
-    if gate["passed"]:
+    learnt = [e for e in gate["arms"] if e["learnt"]]
+    lines = [
+        "## Learnability gate (validation)",
+        "",
+        f"Each arm × readout against the best constant answer, {constant}, by the same crossed "
+        f"analysis: one-sided at α = {gate['alpha']:g} with Bonferroni's correction over the "
+        f"{gate['candidates']} candidates (each interval at {level}). A difference from CE gets "
+        "a verdict only where both arms it compares, by their readouts, beat the constant.",
+        "",
+    ]
+    closest = gate["closest"]
+    if gate["seeds"] < 2:
         lines.append(
-            f"**Passed.** The best constant is {constant}; {best['arm']} ({best['readout']}) "
-            f"beats it by {_number(best['improvement'])} (bootstrap standard error "
-            f"{_number(best['se'])})."
+            "**Cannot be shown with one seed** (no interval), so no comparison has a verdict."
+        )
+    elif not learnt:
+        lines.append(
+            "**Not shown at this budget** for any arm or readout, so no comparison has a "
+            "verdict" + (f". Closest: {_improvement(closest)}." if closest else ".")
+        )
+    elif closest is not None:
+        lines.append(
+            f"**Shown for {len(learnt)} of {gate['candidates']}**; not shown at this budget for "
+            f"the others, whose comparisons get no verdict (closest: {_improvement(closest)})."
         )
     else:
-        lines.append(
-            f"**Failed: the task was not learnt at this budget, so this report gives no verdict "
-            f"on any loss.** No trained arm beats the best constant, {constant}, by more than "
-            "the standard error of the difference"
-            + (
-                f" (closest: {best['arm']} ({best['readout']}), {signed(best['improvement'])} "
-                f"± {_number(best['se'])})."
-                if best
-                else "."
-            )
-        )
-    lines += ["", "| arm | readout | improvement over the constant | bootstrap SE | passes |",
-              "|---|---|---|---|---|"]  # fmt: skip
+        lines.append("**Shown for every arm and readout.**")
+    lines += ["", f"| arm | readout | improvement over the constant | {level} interval | MDE | "
+              "parsed | learnt |", "|---|---|---|---|---|---|---|"]  # fmt: skip
     for entry in gate["arms"]:
         lines.append(
             f"| {entry['arm']} | {entry['readout']} | {signed(entry['improvement'])} | "
-            f"{_number(entry['se'])} | {'yes' if entry['passes'] else 'no'} |"
+            f"{_interval(entry['low'], entry['high'])} | {_number(entry['mde'])} | "
+            f"{_number(entry['parsed_share'])} | {'yes' if entry['learnt'] else entry['reason']} |"
         )
     return lines
 
@@ -178,17 +217,19 @@ def _split_lines(
     entries: Sequence[dict[str, Any]],
     constants: dict[str, dict[str, Any]],
     metric_of_run: str,
+    unparsed: float,
 ) -> list[str]:
     best = _best_constant(constants, metric_of_run)
     lines = [f"## {split}", "", "Mean ± std over seeds, every seed in brackets; the last column: "
              f"whether the mean {metric_of_run} beats every constant answer's "
-             f"({_number(best)}, table below).", "",
-             "| arm | readout | " + " | ".join(SHOWN_METRICS) + " | beats the constants |",
-             "|---|---|" + "---|" * (len(SHOWN_METRICS) + 1)]  # fmt: skip
+             f"({_number(best)}, table below). Every error metric scores an unparsed answer as "
+             f"the training median ({unparsed:.4g}); exact accuracy counts it wrong.", "",
+             "| arm | readout | " + " | ".join(ITEM_METRICS) + " | beats the constants |",
+             "|---|---|" + "---|" * (len(ITEM_METRICS) + 1)]  # fmt: skip
     rows = list(dict.fromkeys((e["arm"], e["readout"]) for e in table if e["split"] == split))
     for arm, readout in rows:
         cells = []
-        for metric in SHOWN_METRICS:
+        for metric in ITEM_METRICS:
             entry = next(e for e in table if (e["split"], e["arm"], e["readout"], e["metric"])
                          == (split, arm, readout, metric))  # fmt: skip
             text = _number(entry["mean"])
@@ -205,17 +246,18 @@ def _split_lines(
         lines.append(f"| {arm} | {readout} | " + " | ".join(cells) + f" | {beats} |")
     lines += ["", "Constant answers (the training answers' statistic, the same for every "
               "example): an arm that does not beat them learnt nothing from the prompts.", "",
-              "| constant | value | " + " | ".join(SHOWN_METRICS) + " |",
-              "|---|---|" + "---|" * len(SHOWN_METRICS)]  # fmt: skip
+              "| constant | value | " + " | ".join(ITEM_METRICS) + " |",
+              "|---|---|" + "---|" * len(ITEM_METRICS)]  # fmt: skip
     for name, scored in constants.items():
-        cells = [_number(scored["metrics"][m]) for m in SHOWN_METRICS]
+        cells = [_number(scored["metrics"][m]) for m in ITEM_METRICS]
         lines.append(f"| training {name} | {scored['value']:.4g} | " + " | ".join(cells) + " |")
-    lines += ["", "Paired differences from CE (arm − CE; MDE: the bootstrap's minimal "
-              "detectable effect at 80 % power).", "",
-              "| arm | readout | vs CE | metric | Δ | seed t 95 % | bootstrap 95 % | MDE | "
-              "verdict |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines += ["", "Differences from CE (arm − CE, paired by seed and item; the crossed seed × "
+              "item analysis; MDE: the difference this design finds with 80 % power; RMSE is "
+              "tested as MSE, Pearson's r not at all).", "",
+              f"| arm | readout | vs CE | metric | {DIFFERENCE_HEADER}",
+              "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for entry in entries:
-        if entry["split"] == split and entry["metric"] in SHOWN_METRICS:
+        if entry["split"] == split:
             lines.append(
                 f"| {entry['arm']} | {entry['readout']} | CE {entry['baseline']} | "
                 f"{entry['metric']} | " + " | ".join(_difference_cells(entry)) + " |"
@@ -253,7 +295,7 @@ def _preregistration_lines(
 
 def _constants(
     constants: Mapping[str, float], references: Mapping[str, NDArray[np.float64]]
-) -> dict[str, dict[str, dict[str, Any]]]:
+) -> dict[str, dict[str, dict[str, Any]]]:  # a constant always parses: no unparsed rule
     return {
         split: {
             name: {"value": value,
@@ -310,11 +352,12 @@ def write_report(
     answers = _answers(config, validation, choice["chosen"], test)
     references = {split: answer_values([e.value for e in data.splits[split]]) for split in answers}
     seeds = len(config.seeds)
-    trained = {arm: by_readout for arm, by_readout in answers["validation"].items()
-               if arm != "base"}  # fmt: skip
-    gate = learnability_gate(trained, constants, references["validation"], seeds, config.metric)
-    table = metric_table(answers, references, seeds)
-    entries = comparisons(answers, references, seeds, verdicts=gate["passed"])
+    unparsed = constants["median"]
+    gate = learnability_gate(
+        answers["validation"], constants, references["validation"], seeds, config.metric, unparsed
+    )
+    table = metric_table(answers, references, seeds, unparsed)
+    entries = comparisons(answers, references, seeds, unparsed, gate)
     scored_constants = _constants(constants, references)
     minutes = sum(r["train_minutes"] + r["score_minutes"] for r in validation.values())
     minutes += sum(r["score_minutes"] for r in test.values())
@@ -331,7 +374,7 @@ def write_report(
         "metrics": table,
         "comparisons": entries,
         "constants": scored_constants,
-        "bootstrap_replicates": BOOTSTRAP_REPLICATES,
+        "unparsed_answer": unparsed,
         "references": {split: truth for split, truth in references.items()},
         "answers": {split: {arm: {r: rows for r, rows in by_readout.items()}
                             for arm, by_readout in by_arm.items()}
@@ -353,11 +396,13 @@ def write_report(
     compared_arms = [arm for arm in config.arms if arm != "ce"]
     if preregistered is not None:  # the registered arm alone is primary
         compared_arms = [preregistered[1]["primary_endpoint"]["difference"].split(" ")[0]]
-    lines += _primary_lines(config, entries, compared_arms, gate["passed"], bool(test))
+    lines += _primary_lines(config, entries, compared_arms, bool(test))
     lines += ["", *_gate_lines(gate), ""]
-    lines += _settings_lines(config, data, choice, minutes, largest_unexplored)
+    lines += _settings_lines(config, data, choice, minutes, largest_unexplored, unparsed)
+    lines += _choice_lines(config, validation, choice)
     for split in (*(s for s in config.evaluation_splits if s in answers), "validation"):
-        lines += ["", *_split_lines(split, table, entries, scored_constants[split], config.metric)]
+        lines += ["", *_split_lines(split, table, entries, scored_constants[split], config.metric,
+                                    unparsed)]  # fmt: skip
     (run_dir / "report.md").write_text("\n".join(lines) + "\n")
     _plot(config, list(answers), table, scored_constants, run_dir / "report.png")
     loaded: dict[str, Any] = json.loads((run_dir / "results.json").read_text())
@@ -370,6 +415,7 @@ def _settings_lines(
     choice: dict[str, Any],
     minutes: float,
     largest_unexplored: float | None,
+    unparsed: float,
 ) -> list[str]:
     weights = ", ".join(
         f"{arm} {w:g}" for arm, w in choice["chosen"].items() if arm in NUMBER_LOSS_ARMS
@@ -380,10 +426,13 @@ def _settings_lines(
         f"Seeds {list(config.seeds)}; {config.adaptation} fine-tuning, {config.steps} steps × "
         f"{config.batch_size} examples, learning rate {config.learning_rate:g}; λ: "
         f"{weights or 'none'}. Data: " + "; ".join(data.notes or ["generated"]) + ". "
-        f"{minutes:.1f} minutes of training and scoring. Intervals: the paired-seed t interval "
-        f"({len(config.seeds) - 1} degrees of freedom) and the seed × item bootstrap "
-        f"({BOOTSTRAP_REPLICATES} replicates). Many comparisons at the 5 % level: a few verdicts "
-        "may come from chance; the primary endpoint is the one the run was made for.",
+        f"{minutes:.1f} minutes of training and scoring. Intervals: the generalized interval of "
+        "the crossed seed × item design (numtok.experiments.crossed, docs/statistics.md), one "
+        "per difference, "
+        + ("none with one seed" if len(config.seeds) == 1 else "its df Satterthwaite's")
+        + f". Unparsed answers: every error metric scores them as the training median "
+        f"({unparsed:.4g}), exact accuracy as wrong. Many comparisons at the 5 % level: a few "
+        "verdicts may come from chance; the primary endpoint is the one the run was made for.",
     ]
     if largest_unexplored is not None:
         lines[-1] += (
@@ -392,16 +441,32 @@ def _settings_lines(
             "moves by at most unexplored / (covered + unexplored) of the range 0.."
             f"{config.max_value}."
         )
-    if choice["means"]:
-        lines += ["", f"λ chosen on validation (mean {config.metric} of the {config.readout} "
-                  "readout over the seeds; ties to the smaller λ):", "",
-                  "| arm | " + " | ".join(f"λ={w}" for w in next(iter(choice['means'].values())))
-                  + " | chosen |",
-                  "|---|" + "---|" * (len(next(iter(choice["means"].values()))) + 1)]  # fmt: skip
-        for arm, means in choice["means"].items():
-            lines.append(
-                f"| {arm} | "
-                + " | ".join(_number(m, 4) for m in means.values())
-                + f" | {choice['chosen'][arm]:g} |"
-            )
+    return lines
+
+
+def _choice_lines(
+    config: FinetuneConfig,
+    validation: Mapping[tuple[int, str, float], dict[str, Any]],
+    choice: dict[str, Any],
+) -> list[str]:
+    """The λ grid's table: each λ's mean validation metric, its parsed share beside it."""
+    if not choice["means"]:
+        return []
+    weights = {f"{w:g}": w for w in config.weight_grid}
+
+    def parsed(arm: str, weight: str) -> float | None:
+        stored = [validation[(seed, arm, weights[weight])]["answers"].get(config.readout)
+                  for seed in config.seeds]  # fmt: skip
+        if any(answers is None for answers in stored):
+            return None
+        return float(np.mean([(~np.isnan(answer_values(a))).mean() for a in stored]))
+
+    grid = list(next(iter(choice["means"].values())))
+    lines = ["", f"λ chosen on validation (mean {config.metric} of the {config.readout} "
+             "readout over the seeds; ties to the smaller λ; the parsed share in brackets):", "",
+             "| arm | " + " | ".join(f"λ={w}" for w in grid) + " | chosen |",
+             "|---|" + "---|" * (len(grid) + 1)]  # fmt: skip
+    for arm, means in choice["means"].items():
+        cells = [f"{_number(m, 4)} ({_number(parsed(arm, w))})" for w, m in means.items()]
+        lines.append(f"| {arm} | " + " | ".join(cells) + f" | {choice['chosen'][arm]:g} |")
     return lines

@@ -13,7 +13,7 @@ Each comparison of RMSE, MAE and Pearson's r carries, beside the paired-seed t i
 × item bootstrap interval (:mod:`numtok.experiments.bootstrap`: the evaluated jokes' own noise
 too) and a verdict only where both exclude 0. The learnability check asks whether some trained
 arm beats the best constant answer by more than the bootstrap standard error
-(:func:`numtok.experiments.analysis.learnability_gate`): a run that learnt nothing
+(:func:`numtok.experiments.bootstrap.bootstrap_gate`): a run that learnt nothing
 from the jokes gets no verdict. It reads the evaluated split (these runs score no validation split
 beside it); it chooses nothing, it only withholds verdicts.
 """
@@ -27,8 +27,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from numtok.experiments.analysis import learnability_gate, resamples_of, verdict
-from numtok.experiments.bootstrap import seed_item_difference
+from numtok.experiments.bootstrap import (
+    bootstrap_gate,
+    both_intervals_verdict,
+    resamples_of,
+    seed_item_difference,
+)
 from numtok.experiments.item_metrics import answer_values
 from numtok.experiments.objectives import ARM_LABELS
 from numtok.experiments.report_format import ARM_COLOURS, json_safe, run_header, signed, table
@@ -198,7 +202,9 @@ def _with_bootstrap(
         for metric in BOOTSTRAPPED:
             entry = comparison[metric]
             entry["bootstrap"] = seed_item_difference(metric, rows, baseline, truth, resamples)
-            entry["verdict"] = verdict(metric, entry, entry["bootstrap"]) if verdicts else None
+            entry["verdict"] = (
+                both_intervals_verdict(metric, entry, entry["bootstrap"]) if verdicts else None
+            )
 
 
 def constant_predictions(train: Sequence[int], truth: Sequence[int]) -> dict[str, Any]:
@@ -548,7 +554,7 @@ def write_report(
     by_seed = {(r["seed"], r["arm"]): r for r in runs}
     pruned = [r["pruned"] for r in runs if r["pruned"] is not None]
     answers, truth = _answers(config, run_dir)
-    learnability = learnability_gate(
+    learnability = bootstrap_gate(
         answers, {name: entry["value"] for name, entry in constants.items()}, truth,
         len(config.seeds), "rmse",
     )  # fmt: skip
