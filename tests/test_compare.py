@@ -576,3 +576,17 @@ def test_compare_runs_every_preset_and_refuses_the_flags_of_the_other_kind(
             main(["compare", *arguments])
         assert stopped.value.code == 2
         assert capsys.readouterr().err.splitlines() == [f"numtok: error: {message}"]
+
+
+def test_lambda_is_chosen_with_unparsed_answers_scored_as_the_report_scores_them() -> None:
+    """An arm that answers less cannot win λ's choice: its unparsed answers count as the training
+    median in the validation metric, as in the report."""
+    from numtok.experiments.finetune.runner import _metric_of
+    from numtok.experiments.item_metrics import answer_values
+
+    references = answer_values([3.0, 5.0])
+    silent = {"answers": {"greedy": [None, 5.0]}}
+    answered = {"answers": {"greedy": [4.0, 5.0]}}
+    assert _metric_of(silent, "greedy", "mae", references, 100.0) == pytest.approx(48.5)
+    assert _metric_of(answered, "greedy", "mae", references, 100.0) == pytest.approx(0.5)
+    assert _metric_of(silent, "expected", "mae", references, 100.0) is None

@@ -260,9 +260,15 @@ def _validation_phase(
     return results
 
 
-def _metric_of(stored: dict[str, Any], readout: str, metric: str, references: Any) -> float | None:
+def _metric_of(
+    stored: dict[str, Any], readout: str, metric: str, references: Any, unparsed: float
+) -> float | None:
+    """``metric`` of one arm's ``readout`` answers, an unparsed answer scored as ``unparsed``
+    (the training median, the report's rule)."""
     answers = stored["answers"].get(readout)
-    return None if answers is None else item_metrics(answer_values(answers), references)[metric]
+    if answers is None:
+        return None
+    return item_metrics(answer_values(answers), references, unparsed=unparsed)[metric]
 
 
 def _choose(
@@ -275,11 +281,12 @@ def _choose(
     if not config.weight_grid:
         return {"chosen": chosen, "means": {}}
     references = answer_values([e.value for e in prepared.data.splits["validation"]])
+    unparsed = constant_answers([e.value for e in prepared.data.splits["train"]])["median"]
     values = {
         arm: {
             weight: [
                 _metric_of(validation[(seed, arm, weight)], config.readout, config.metric,
-                           references)
+                           references, unparsed)
                 for seed in config.seeds
             ]
             for weight in config.weight_grid
