@@ -115,6 +115,8 @@ def test_in_place_and_evaluation_agree_bit_for_bit(kind: Any) -> None:
     assert torch.equal(evaluation.loss, loss)
 
 
+# The interpreter runs every block and tile in Python (11 s): make test-slow.
+@pytest.mark.slow
 def test_rows_in_blocks_and_the_smmd_kernel_in_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
     """Blocks of 4 columns (the two-pass loop of rows longer than 32,768 columns; float64 rows
     take half) and SMMD's (46, 46) kernel read 2 columns at a time (23 tiles): still the

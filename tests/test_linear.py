@@ -396,6 +396,8 @@ def test_low_precision_matches_float32_reference(
         assert float((grad.float() - ref_grad).norm() / ref_grad.norm()) < LOW_PRECISION[dtype]
 
 
+# Dynamo traces the recompute pass (about 6 s a reduction): make test-slow.
+@pytest.mark.slow
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_torch_compile_matches_eager(reduction: str, device: torch.device) -> None:
     """Under torch.compile every reduction takes the recompute pass: two custom ops in the
