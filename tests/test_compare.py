@@ -208,8 +208,9 @@ def test_compare_runs_reports_and_resumes_from_the_command_line(
 
 
 def test_compare_chooses_lambda_on_validation(
-    tiny_llama_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+    tiny_llama_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
     from numtok.cli import main
 
     data = _write(tmp_path / "sums.jsonl", _sums(40))
@@ -218,6 +219,9 @@ def test_compare_chooses_lambda_on_validation(
                          "0.3,3", "--max-value", "none", "--metric", "mae")  # fmt: skip
     # First validation only: the test split stays unseen, every λ's weights are kept.
     assert main([*arguments, "--validation-only"]) == 0
+    # The estimate counts what this run will do: 6 arms × the validation split, no test split.
+    validation = len(read_user_data(data).splits["validation"])
+    assert f"and {6 * validation} scored examples left" in capsys.readouterr().err
     assert not list(out.rglob("test.json")) and len(list(out.rglob("model.pt"))) == 6
     assert "**Not measured: the test splits were not scored**" in (out / "report.md").read_text()
     assert list(_strict_json(out / "results.json")["answers"]) == ["validation"]

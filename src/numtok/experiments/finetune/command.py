@@ -371,7 +371,7 @@ def run_compare(
         prepare_run_dir(config, run_dir)
     except (ValueError, TypeError, ModuleNotFoundError, DataError) as error:
         fail(str(error))
-    work = remaining_work(config, prepared, run_dir)
+    work = remaining_work(config, prepared, run_dir, validation_only=args.validation_only)
     print(config.plan(), file=sys.stderr)
     if work.steps + work.examples:
         minutes, step_seconds, example_seconds = estimate_minutes(config, prepared, work)

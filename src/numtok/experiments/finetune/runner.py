@@ -173,9 +173,11 @@ class Work:
     examples: int
 
 
-def remaining_work(config: FinetuneConfig, prepared: Prepared, run_dir: Path) -> Work:
+def remaining_work(
+    config: FinetuneConfig, prepared: Prepared, run_dir: Path, *, validation_only: bool = False
+) -> Work:
     """Every training step and every scored example of ``config`` not yet stored in
-    ``run_dir``."""
+    ``run_dir`` (with ``validation_only``, none of the test splits')."""
     splits = prepared.data.splits
     steps = examples = 0
     for seed in config.seeds:
@@ -187,7 +189,7 @@ def remaining_work(config: FinetuneConfig, prepared: Prepared, run_dir: Path) ->
                     steps += config.steps if arm != "base" else 0
                     examples += len(splits["validation"])
             tested = job_directory(run_dir, config, seed, arm, config.weights_of(arm)[0]) / TEST
-            if not tested.exists():
+            if not validation_only and not tested.exists():
                 examples += sum(len(splits[s]) for s in config.evaluation_splits)
     return Work(steps, examples)
 
@@ -371,7 +373,7 @@ def run_finetune(
         registration = check_registered(config, prepared, Path(preregistered))
     prepare_run_dir(config, run_dir)
     created = _check_model(run_dir, prepared)
-    work = remaining_work(config, prepared, run_dir)
+    work = remaining_work(config, prepared, run_dir, validation_only=validation_only)
     total = work.steps + work.examples
     with progress_bar(show_progress, total, "steps + scored examples", "it") as bar:
         validation = _validation_phase(config, run_dir, prepared, log, bar)
