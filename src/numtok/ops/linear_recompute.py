@@ -15,7 +15,8 @@ once, with no sum over chunks. The price is one extra matrix product (the recomp
 three. Both ops are ``torch.library`` custom ops, so ``torch.compile`` sees one node each.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations` here: torch.library.custom_op reads the ops' annotations
+# as types, and torch before 2.5 cannot read them as strings (ValueError: infer_schema(func)).
 
 from typing import Any
 

@@ -33,7 +33,8 @@ the capped logits ``x' = c·tanh(x/c)`` where it reads ``x`` above, and the grad
 the gradient by ``x'`` times ``dx'/dx = 1 - (x'/c)²``, element by element, fix-ups included.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations` here: torch.library.custom_op reads the ops' annotations
+# as types, and torch before 2.5 cannot read them as strings (ValueError: infer_schema(func)).
 
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor

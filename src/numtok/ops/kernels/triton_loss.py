@@ -33,7 +33,8 @@ cross-entropy does. These were chosen from the kernels' shape, not measured here
 ``benchmarks/gpu.sh`` measures them.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations` here: torch.library.custom_op reads the ops' annotations
+# as types, and torch before 2.5 cannot read them as strings (ValueError: infer_schema(func)).
 
 import contextlib
 import functools
