@@ -341,6 +341,33 @@ def test_no_logits_sized_tensor_is_kept_for_backward() -> None:
     assert saved and max(t.numel() for t in saved) < logits_size / 4
 
 
+@pytest.mark.parametrize("query", ["private query", "probe"])
+def test_saved_tensor_hooks_take_the_recompute_pass(
+    query: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under saved-tensor hooks (save_on_cpu here) the recompute pass serves the call, read from
+    torch's private query of the hook stack (torch 2.8 and later) or, where torch has none (2.4
+    to 2.7, as here with the query taken away), from the probe; without hooks, the
+    gradient-in-forward pass; both equal the reference."""
+    if query == "probe":
+        monkeypatch.setattr("numtok.losses.linear._top_saved_tensors_hooks", None)
+    vocab = make_vocab("chunks")
+    hidden, weight, bias, labels = make_inputs("chunks", seed=5)
+    inputs = [hidden, weight, bias]
+    logits = materialised_logits(hidden, weight, bias)
+    ref_value, ref_grads = grads_for(reference(logits, labels, vocab)[0], inputs)
+    for hooks in (contextlib.nullcontext(), torch.autograd.graph.save_on_cpu()):
+        with hooks:
+            out = linear_cross_entropy_with_ntl(
+                hidden, weight, labels, vocab, bias=bias, ntl_weight=WEIGHT
+            )
+        in_forward = isinstance(hooks, contextlib.nullcontext)
+        assert (type(out.loss.grad_fn).__name__ == IN_FORWARD) == in_forward
+        value, grads = grads_for(out.loss, inputs)
+        torch.testing.assert_close(value, ref_value, rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(grads, ref_grads, rtol=1e-9, atol=1e-12)
+
+
 def test_backward_twice_with_retain_graph() -> None:
     """Backward scales the stored gradients without changing them: a second backward through a
     retained graph gives the same gradients again."""

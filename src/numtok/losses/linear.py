@@ -33,6 +33,7 @@ several (M, V) buffers.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -106,9 +107,29 @@ def _saved_tensors_hooks_active() -> bool:
     """Whether saved-tensor hooks are installed (``torch.autograd.graph.save_on_cpu``, activation
     offloading): the gradient-in-forward pass differentiates NTL with ``torch.func.vjp``, which
     refuses to run under them, so the recompute pass serves those calls. (PyTorch has no public
-    query; this private one exists since torch 2.0.)"""
-    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
-    return bool(top is not None and top(False) is not None)
+    query; the private one exists since torch 2.8. Before, a probe: a one-element product saves
+    its input through the hooks, if any, and a saved tensor whose hooks are set refuses a second
+    pair.)"""
+    if _top_saved_tensors_hooks is not None:
+        return bool(_top_saved_tensors_hooks(False) is not None)
+    probe = torch.zeros(1, requires_grad=True)
+    with torch.enable_grad():
+        grad_fn: Any = (probe * probe).grad_fn
+    try:
+        grad_fn._raw_saved_self.register_hooks(_identity, _identity)
+    except RuntimeError:
+        return True
+    return False
+
+
+def _identity(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
+
+
+# torch 2.8 and later; None before (tests/test_linear.py sets it to None to run the probe).
+_top_saved_tensors_hooks: Callable[[bool], object] | None = getattr(
+    torch._C._autograd, "_top_saved_tensors_default_hooks", None
+)
 
 
 def _check_chunk_size(chunk_size: object) -> int | None:
