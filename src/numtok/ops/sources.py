@@ -98,7 +98,9 @@ class HeadRows:
                                  number_rows.T)  # fmt: skip
         if self.softcap is not None:
             logits = self.softcap * torch.tanh(logits / self.softcap)
-        return logits.clamp_min(torch.finfo(self.dtype).min)
+        # In self.dtype also under autocast, whose products come out in bfloat16 (torch 2.4
+        # refuses to clamp those at float32's minimum).
+        return logits.to(self.dtype).clamp_min(torch.finfo(self.dtype).min)
 
     def lse(self, rows: torch.Tensor | None, label_logit: torch.Tensor) -> torch.Tensor:
         given = self.full_lse if self.full_lse is not None else self.label_log_probs
