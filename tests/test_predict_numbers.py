@@ -15,6 +15,16 @@ from numtok import NumberVocab
 from numtok.readout.decoding import predict_numbers
 
 from _hf_tiny import build_model, build_tokenizer
+from test_predict_numbers_cached import (
+    CACHE_LAYERS,
+    FALLBACK,
+    expected_table,
+    mixed_vocab,
+    tiny_model,
+)
+from test_predict_numbers_cached import (
+    PROMPTS as CACHED_PROMPTS,
+)
 
 PROMPTS = ["a+b=", "what is x? ", "z="]
 
@@ -130,3 +140,17 @@ def test_a_tokenizer_without_number_tokens_is_refused() -> None:
     model = build_model(tokenizer)
     with pytest.raises(ValueError, match="number token"):
         predict_numbers(model, tokenizer, ["a="])
+
+
+@pytest.mark.skipif(CACHE_LAYERS, reason="transformers 4.56 and later: the cache serves")
+def test_before_cache_layers_the_readout_falls_back_exactly() -> None:
+    """Before transformers 4.56 (a tuple from 4.46's models, a DynamicCache without layers from
+    4.48's) predict_numbers says once that it scores every sequence whole, and is exact."""
+    model = tiny_model("llama", seed=8)
+    vocab = mixed_vocab()
+    with pytest.warns(UserWarning, match=FALLBACK) as caught:
+        result = predict_numbers(model, vocab, CACHED_PROMPTS, max_digits=2)
+    assert len([w for w in caught if FALLBACK in str(w.message)]) == 1
+    for row, prompt in enumerate(CACHED_PROMPTS):
+        expected = expected_table(model, vocab, prompt, 2)
+        torch.testing.assert_close(result.probabilities[row], expected, rtol=1e-5, atol=1e-9)

@@ -6,18 +6,20 @@ pruning; and the fall-back to whole-sequence scoring for models whose cache it c
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import warnings
 from typing import Any
 
 import pytest
 import torch
+from packaging.version import Version
 
 pytest.importorskip("transformers")
 
 from numtok import NumberVocab
 from numtok.readout.decoding import greedy_tokens, predict_numbers
 from numtok.readout.distribution import number_distribution
-from numtok.readout.scorers import CachedScorer, WholeSequenceScorer
+from numtok.readout.scorers import CachedScorer, WholeSequenceScorer, cache_argument
 
 from test_readout import RecordingScorer, brute_force, mixed_vocab
 
@@ -26,6 +28,15 @@ from test_readout import RecordingScorer, brute_force, mixed_vocab
 VOCAB_SIZE = 17
 PROMPTS = [[15, 16, 15], [16], [15, 3, 16, 16, 15, 16, 15]]
 FALLBACK = "scored from the prompt's first token instead"
+
+# The cached scorer reads transformers' cache layers (4.56 and later). Before, every readout takes
+# the exact whole-sequence path (test_before_cache_layers_the_readout_falls_back_exactly).
+TRANSFORMERS = importlib.metadata.version("transformers")
+CACHE_LAYERS = Version(TRANSFORMERS) >= Version("4.56")
+pytestmark = pytest.mark.skipif(
+    not CACHE_LAYERS,
+    reason=f"transformers {TRANSFORMERS}: the cached readout needs 4.56's cache layers",
+)
 
 
 def tiny_config(kind: str) -> Any:
@@ -147,12 +158,14 @@ class WithoutLogitsToKeep(torch.nn.Module):
         cache: Any = None,
         use_cache: bool = False,
     ) -> Any:
+        # The wrapped model's own name for the cache: `cache` from transformers 5, before
+        # `past_key_values` (which takes **kwargs and would drop a `cache` unread).
         return self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            cache=cache,
             use_cache=use_cache,
+            **{cache_argument(self.model): cache},
         )
 
 

@@ -149,7 +149,9 @@ def returned_cache(output: Any) -> Any:
 
 def _keys_values(cache: Any) -> KeysValues:
     """Each layer's (keys, values) of a transformers ``DynamicCache`` of full-attention layers
-    (``layers[i].keys``; before transformers 4.56, ``key_cache[i]``)."""
+    (``layers[i].keys``). Caches from before transformers 4.56, which has no cache layers, are
+    refused: 4.46's models return a tuple, and with 4.48's ``DynamicCache`` (``key_cache[i]``)
+    the tree's extensions read wrong logits, so the exact whole-sequence path serves those."""
     if type(cache).__name__ != "DynamicCache":
         raise CacheUnsupportedError(
             f"the model returned a {type(cache).__name__}, not a DynamicCache"
@@ -157,16 +159,18 @@ def _keys_values(cache: Any) -> KeysValues:
             else "the model returned no key/value cache"
         )
     layers = getattr(cache, "layers", None)
-    if layers is not None:
-        kinds = {type(layer).__name__ for layer in layers}
-        if kinds != {"DynamicLayer"}:
-            raise CacheUnsupportedError(
-                f"its cache has layers of kind {sorted(kinds)} (a sliding window or a hybrid "
-                "model), not full attention only"
-            )
-        pairs = [(layer.keys, layer.values) for layer in layers]
-    else:
-        pairs = list(zip(cache.key_cache, cache.value_cache, strict=True))
+    if layers is None:
+        raise CacheUnsupportedError(
+            "its DynamicCache has no cache layers (transformers before 4.56, whose caches "
+            "the cached readout reads wrong logits from)"
+        )
+    kinds = {type(layer).__name__ for layer in layers}
+    if kinds != {"DynamicLayer"}:
+        raise CacheUnsupportedError(
+            f"its cache has layers of kind {sorted(kinds)} (a sliding window or a hybrid "
+            "model), not full attention only"
+        )
+    pairs = [(layer.keys, layer.values) for layer in layers]
     if not pairs or any(
         not isinstance(k, torch.Tensor) or k.dim() != 4 or k.shape != v.shape for k, v in pairs
     ):
@@ -271,6 +275,7 @@ class CachedScorer:
                     input_ids=input_ids[begin : begin + 1, :shared],
                     **({"logits_to_keep": torch.tensor([shared - 1])} if keeps_positions else {}),
                 )
+                _keys_values(prefix)  # one this scorer reads (transformers 4.46: a tuple)
                 prefix.batch_repeat_interleave(rows_of_chunk)
             last = self.prompt_lengths[chunk] - 1 - shared  # within the chunk's own tokens
             kept, column = (
