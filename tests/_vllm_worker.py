@@ -15,7 +15,7 @@ def build(folder: Path, data: Path) -> tuple[object, object]:
     than the default initialisation gives, so the readouts differ between prompts."""
     from transformers import GPT2Tokenizer, LlamaConfig, LlamaForCausalLM
 
-    tokenizer = GPT2Tokenizer(vocab=str(data / "encoder.json"), merges=str(data / "vocab.bpe"))
+    tokenizer = GPT2Tokenizer(str(data / "encoder.json"), str(data / "vocab.bpe"))
     config = LlamaConfig(
         vocab_size=50304,  # the output layer padded beyond the tokenizer's 50,257
         hidden_size=128,

