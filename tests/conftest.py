@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +111,18 @@ def gpu_section(request: pytest.FixtureRequest) -> Any:
 def _seed_torch() -> None:
     """Every test draws the same torch random numbers on every run, whatever ran before it."""
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _restore_accelerate_environment() -> Iterator[None]:
+    """transformers 4.46's TrainingArguments(bf16=True) writes ACCELERATE_MIXED_PRECISION=bf16 into
+    os.environ and never takes it back: every later Trainer in the process would run under
+    bfloat16 autocast. Each test gets the ACCELERATE_* variables it started with back."""
+    before = {k: v for k, v in os.environ.items() if k.startswith("ACCELERATE_")}
+    yield
+    for name in [k for k in os.environ if k.startswith("ACCELERATE_") and k not in before]:
+        del os.environ[name]
+    os.environ.update(before)
 
 
 LETTERS = list("abcdefghijklmnopqrstuvwxyz +-=.,?")
