@@ -320,7 +320,12 @@ def test_compare_refuses_bad_paths_in_one_line_before_loading_the_model(
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("what", ["out", "data file", "data folder", "preregistration"])
+# A real process each (3 s): the run folder in make test, the three reads slow.
+@pytest.mark.parametrize(
+    "what",
+    ["out", *(pytest.param(what, marks=pytest.mark.slow)
+             for what in ("data file", "data folder", "preregistration"))],
+)  # fmt: skip
 def test_compare_refuses_paths_without_permission_in_one_line(tmp_path: Path, what: str) -> None:
     """A run folder in a folder it may not write, data it may not read: one line, in a real
     process (as root: without the capabilities that bypass file permissions)."""

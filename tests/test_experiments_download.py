@@ -113,6 +113,7 @@ def test_the_pinned_checksums() -> None:
         assert {name: _sha256(local / name) for name in download.CHECKSUMS} == download.CHECKSUMS
 
 
+@pytest.mark.slow  # two short demo runs, 8 s: the download itself is held by the tests above
 def test_demo_fetches_the_data_when_none_is_found(
     served: tuple[_Server, dict[str, str]],
     tmp_path: Path,

@@ -107,7 +107,13 @@ def test_matches_reference(
     )
 
 
-@pytest.mark.parametrize("blocks", [False, True], ids=["row-on-chip", "rows-in-blocks"])
+# Rows in blocks: 2-4 s a case in the interpreter, so slow; test_rows_in_blocks_match_reference and
+# test_ignored_rows_are_not_read hold that path in make test.
+@pytest.mark.parametrize(
+    "blocks",
+    [False, pytest.param(True, marks=pytest.mark.slow)],
+    ids=["row-on-chip", "rows-in-blocks"],
+)
 @pytest.mark.parametrize(("name", "shape", "seed", "settings"), OTHER_PATH_CASES)
 def test_in_place_and_evaluation_agree_bit_for_bit(
     name: str,

@@ -313,8 +313,21 @@ def test_the_trainer_loss_takes_the_kinds() -> None:
     torch.testing.assert_close(loss_fn(logits, labels), expected.loss)
 
 
-@pytest.mark.parametrize("impl", ["torch", "triton"])
-@pytest.mark.parametrize("kind", ["del", "smmd", "dist2"])
+# Triton's interpreter under torch.compile takes 2-3 s a kind: one kind in make test, the rest slow.
+_SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize(
+    ("kind", "impl"),
+    [
+        ("del", "torch"),
+        ("smmd", "torch"),
+        ("dist2", "torch"),
+        ("dist2", "triton"),
+        pytest.param("del", "triton", marks=_SLOW),
+        pytest.param("smmd", "triton", marks=_SLOW),
+    ],
+)
 def test_torch_compile_keeps_one_graph_and_matches_eager(kind: str, impl: str) -> None:
     """fullgraph: both backends' kinds compile to one graph (Triton's as its custom ops)."""
     torch._dynamo.reset()
