@@ -601,3 +601,54 @@ def test_lambda_is_chosen_with_unparsed_answers_scored_as_the_report_scores_them
     assert _metric_of(silent, "greedy", "mae", references, 100.0) == pytest.approx(48.5)
     assert _metric_of(answered, "greedy", "mae", references, 100.0) == pytest.approx(0.5)
     assert _metric_of(silent, "expected", "mae", references, 100.0) is None
+
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+def test_reanalyse_rebuilds_the_committed_pre_registered_run_with_this_analysis(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The committed rows of the pre-registered run, analysed again: the crossed interval of
+    WAS − CE log-MAE (computed by hand from the same rows when the analysis replaced the
+    bootstrap: −0.0074 [−0.0276, +0.0128], df 5.7, MDE 0.027) and the gate on validation."""
+    from numtok.cli import main
+
+    rows = DOCS / "compare-arithmetic-fresh-rows.json"
+    assert main(["compare", "--reanalyse", str(rows), "--out", str(tmp_path / "again")]) == 0
+    printed = capsys.readouterr().out
+    assert "was: -0.0074 [-0.0276, +0.0128], MDE 0.0268: not shown" in printed
+    assert "shown for 2 of 2 arm × readout candidates" in printed
+    report = (tmp_path / "again" / "report.md").read_text()
+    assert "| was | -0.007 | [-0.028, +0.013] | 5.7 | 0.027 | 1.000 / 1.000 | not shown |" in report
+    assert "**Pre-registered** in `compare-arithmetic-fresh-preregistration.json`" in report
+    results = json.loads((tmp_path / "again" / "results.json").read_text())
+    assert "bootstrap_replicates" not in results  # the old analysis is not carried over
+    assert results["answers"] == json.loads(rows.read_text())["answers"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--reanalyse", "{docs}/compare-arithmetic-fresh-rows.json"],
+         "--reanalyse {docs}/compare-arithmetic-fresh-rows.json is a file: give --out DIR"),
+        (["--reanalyse", "{tmp}/nowhere"], "--reanalyse {tmp}/nowhere: no such run folder"),
+        (["--reanalyse", "{docs}/rjokes-test-rows.json", "--out", "{tmp}/x"],
+         "--reanalyse {docs}/rjokes-test-rows.json: not a fine-tuning run's results"),
+        (["--reanalyse", "{tmp}", "--seeds", "3"], "--seeds does not apply to --reanalyse"),
+        (["--reanalyse", "{tmp}"], "--reanalyse {tmp}: cannot read the run's results"),
+    ],
+)  # fmt: skip
+def test_reanalyse_refuses_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    from numtok.cli import main
+
+    def filled(text: str) -> str:
+        return text.format(docs=DOCS, tmp=tmp_path)
+
+    with pytest.raises(SystemExit) as stopped:
+        main(["compare", *(filled(flag) for flag in flags)])
+    assert stopped.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"numtok: error: {filled(message)}"), line

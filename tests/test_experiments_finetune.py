@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from numtok.experiments.finetune.config import FinetuneConfig
 from numtok.experiments.finetune.data import load_finetune_data
 from numtok.experiments.finetune.examples import encode, prompt_batch, training_batch
+from numtok.experiments.finetune.report import reanalyse
 from numtok.experiments.finetune.runner import run_finetune
 from numtok.experiments.finetune.train import answer_logits, load_model, prompt_states
 from numtok.experiments.presets import PRESETS
@@ -168,6 +169,13 @@ def test_a_whole_arithmetic_run_reports_and_resumes(
     assert "## test_harder" in report and "| del | greedy | CE greedy | log_mae |" in report
     assert (run_dir / "report.png").stat().st_size > 0
     assert not list(run_dir.rglob("model.pt"))  # dropped once the test splits were scored
+    # The rows hold everything the analysis reads: rebuilt from them, the report is the same.
+    again_from_rows = reanalyse(run_dir, tmp_path / "again")
+    assert again_from_rows == results
+    assert (tmp_path / "again" / "report.md").read_text() == report
+    assert (tmp_path / "again" / "results.json").read_text() == (
+        run_dir / "results.json"
+    ).read_text()
 
     import numtok.experiments.finetune.runner as runner
 

@@ -259,6 +259,11 @@ def _compare(
     def fail(message: str) -> NoReturn:
         parser.exit(2, f"numtok: error: {message}\n")
 
+    if args.reanalyse is not None:
+        _experiments(parser)  # the analysis and its plot: the demo extra
+        from numtok.experiments.finetune.command import run_reanalyse
+
+        return run_reanalyse(args, arguments, fail)
     base = None
     if args.command == "repro":
         harness = _experiments(parser)

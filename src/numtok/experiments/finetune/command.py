@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -28,6 +28,7 @@ __all__ = [
     "compare_config",
     "distribution_bound",
     "run_compare",
+    "run_reanalyse",
     "summary_lines",
 ]
 
@@ -84,6 +85,11 @@ def add_compare_arguments(
         "train|validation|test} per line; split optional) or a folder of them",
     )  # fmt: skip
     source.add_argument("--preset", help="a built-in comparison instead (numtok list)")
+    source.add_argument(
+        "--reanalyse", type=Path, metavar="RUN",
+        help="rebuild a finished fine-tuning run's report from its rows with this version's "
+        "analysis: its run folder or results file (writes into --out, default the run folder)",
+    )  # fmt: skip
     parser.add_argument(
         "--model", help="a local causal LM folder (default smollm2: SmolLM2-135M-Instruct, built "
         "by numtok model smollm2 on first use)"
@@ -389,4 +395,33 @@ def run_compare(
     )  # fmt: skip
     print("\n".join(summary_lines(results, config)))
     print(f"{results['minutes']:.1f} min; report.md, results.json and report.png in {run_dir}")
+    return 0
+
+
+def run_reanalyse(
+    args: argparse.Namespace, arguments: Sequence[str], fail: Callable[[str], NoReturn]
+) -> int:
+    """``numtok compare --reanalyse RUN [--out DIR]``: the report rebuilt from RUN's rows; any
+    other flag is an error (the rows hold the run's settings)."""
+    from numtok.experiments.finetune.config import FinetuneConfig
+    from numtok.experiments.finetune.report import reanalyse
+
+    others = [a.split("=")[0] for a in arguments[1:] if a.startswith("--")]
+    others = [flag for flag in others if flag not in ("--reanalyse", "--out")]
+    if others:
+        fail(f"{others[0]} does not apply to --reanalyse (the rows hold the run's settings; "
+             "only --out applies)")  # fmt: skip
+    source: Path = args.reanalyse
+    if not source.exists():
+        fail(f"--reanalyse {source}: no such run folder or file")
+    out = args.out or (source if source.is_dir() else None)
+    if out is None:
+        fail(f"--reanalyse {source} is a file: give --out DIR, the folder to write the report in")
+    try:
+        results = reanalyse(source, out)
+    except ValueError as error:
+        fail(str(error))
+    config = FinetuneConfig.from_dict(results["config"])
+    print("\n".join(summary_lines(results, config)))
+    print(f"report.md, results.json and report.png in {out} (reanalysed from {source})")
     return 0

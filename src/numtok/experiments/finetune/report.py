@@ -42,7 +42,7 @@ from numtok.experiments.objectives import NUMBER_LOSS_ARMS
 from numtok.experiments.report_format import json_safe, signed
 from numtok.readout.distribution import FAST_TOLERANCE
 
-__all__ = ["write_report"]
+__all__ = ["analyse_and_write", "reanalyse", "write_report"]
 
 #: What one seed gets instead of an interval.
 ONE_SEED = (
@@ -266,23 +266,27 @@ def _split_lines(
 
 
 def _preregistration_lines(
-    preregistered: tuple[Path, dict[str, Any]] | None, started: float
+    preregistered: tuple[Path, dict[str, Any]] | None, started: str | None
 ) -> list[str]:
     if preregistered is None:
         return ["Not pre-registered (`--preregister FILE`): read every difference as "
                 "exploratory.", ""]  # fmt: skip
     path, record = preregistered
     provenance = git_provenance(path)
-    began = datetime.datetime.fromtimestamp(started, datetime.timezone.utc)
     if provenance["committed"] is None:
         status = "**not committed in git as it is**: it does not prove it came before the run"
+    elif started is None:
+        status = (
+            f"committed in {provenance['commit'][:12]} at {provenance['committed']} (the run's "
+            "start is not in its rows: its first report said whether that came before)"
+        )
     else:
         committed = datetime.datetime.fromisoformat(provenance["committed"])
-        before = committed <= began
+        before = committed <= datetime.datetime.fromisoformat(started)
         status = (
             f"committed in {provenance['commit'][:12]} at {provenance['committed']}, "
             + ("before" if before else "**after**")
-            + f" the run began ({began.isoformat(timespec='seconds')})"
+            + f" the run began ({started})"
         )
     return [
         f"**Pre-registered** in `{path.name}` (sha256 {provenance['sha256'][:16]}), {status}; "
@@ -348,37 +352,25 @@ def write_report(
     started: float,
 ) -> dict[str, Any]:
     """Write ``results.json``, ``report.md`` and ``report.png`` into ``run_dir``; return the
-    results (as ``results.json`` holds them)."""
+    results (as ``results.json`` holds them). Everything the analysis reads is in the results'
+    rows (:func:`analyse_and_write`), so that :func:`reanalyse` rebuilds the same report."""
     answers = _answers(config, validation, choice["chosen"], test)
-    references = {split: answer_values([e.value for e in data.splits[split]]) for split in answers}
-    seeds = len(config.seeds)
-    unparsed = constants["median"]
-    gate = learnability_gate(
-        answers["validation"], constants, references["validation"], seeds, config.metric, unparsed
-    )
-    table = metric_table(answers, references, seeds, unparsed)
-    entries = comparisons(answers, references, seeds, unparsed, gate)
-    scored_constants = _constants(constants, references)
     minutes = sum(r["train_minutes"] + r["score_minutes"] for r in validation.values())
     minutes += sum(r["score_minutes"] for r in test.values())
     scores = [*validation.values(), *(s for r in test.values() for s in r["splits"].values())]
     unexplored = [u for scored in scores for u in scored.get("unexplored", [])]
-    largest_unexplored = max(unexplored) if unexplored else None
-    results = json_safe({
+    rows = {
         "config": config.to_dict(),
         "data": {"notes": data.notes, "digest": data.digest,
                  "sizes": {s: len(e) for s, e in data.splits.items()}},
         "preregistration": None if preregistered is None else str(preregistered[0]),
-        "choice": choice,
-        "gate": gate,
-        "metrics": table,
-        "comparisons": entries,
-        "constants": scored_constants,
-        "unparsed_answer": unparsed,
-        "references": {split: truth for split, truth in references.items()},
-        "answers": {split: {arm: {r: rows for r, rows in by_readout.items()}
-                            for arm, by_readout in by_arm.items()}
-                    for split, by_arm in answers.items()},
+        "started": datetime.datetime.fromtimestamp(started, datetime.timezone.utc).isoformat(
+            timespec="seconds"),
+        "choice": choice | {"parsed": _parsed_by_weight(config, validation, choice)},
+        "training_constants": dict(constants),
+        "references": {split: answer_values([e.value for e in data.splits[split]])
+                       for split in answers},
+        "answers": answers,
         "runs": [
             {"seed": seed, "arm": arm, "weight": weight, "history": r["history"],
              "seconds_per_step": r["seconds_per_step"], "train_minutes": r["train_minutes"],
@@ -388,18 +380,55 @@ def write_report(
         "test_minutes": {f"seed{seed}/{arm}": r["score_minutes"]
                          for (seed, arm), r in test.items()},
         "minutes": minutes,
-        "largest_unexplored": largest_unexplored,
+        "largest_unexplored": max(unexplored) if unexplored else None,
+    }  # fmt: skip
+    return analyse_and_write(run_dir, json_safe(rows), preregistered=preregistered)
+
+
+def analyse_and_write(
+    run_dir: Path,
+    rows: Mapping[str, Any],
+    *,
+    preregistered: tuple[Path, dict[str, Any]] | None,
+) -> dict[str, Any]:
+    """The analysis of a run's rows (``rows``: ``results.json`` without its analysis — the
+    config, data sizes, choice of λ, ``training_constants``, ``references[split]``, every seed's
+    ``answers[split][arm][readout]``, null where an answer held no number — and the run's
+    timings): the learnability gate, every metric and comparison (module docstring), written
+    with the rows as ``results.json``, ``report.md`` and ``report.png`` into ``run_dir``."""
+    config = FinetuneConfig.from_dict(rows["config"])
+    answers = {split: {arm: {readout: np.stack([answer_values(row) for row in stored])
+                             for readout, stored in by_readout.items()}
+                       for arm, by_readout in by_arm.items()}
+               for split, by_arm in rows["answers"].items()}  # fmt: skip
+    references = {split: answer_values(truth) for split, truth in rows["references"].items()}
+    constants = rows["training_constants"]
+    seeds = len(config.seeds)
+    unparsed = constants["median"]
+    gate = learnability_gate(
+        answers["validation"], constants, references["validation"], seeds, config.metric, unparsed
+    )
+    table = metric_table(answers, references, seeds, unparsed)
+    entries = comparisons(answers, references, seeds, unparsed, gate)
+    scored_constants = _constants(constants, references)
+    results = json_safe({
+        **{key: value for key, value in rows.items() if key not in _ANALYSIS},
+        "gate": gate,
+        "metrics": table,
+        "comparisons": entries,
+        "constants": scored_constants,
+        "unparsed_answer": unparsed,
     })  # fmt: skip
     (run_dir / "results.json").write_text(json.dumps(results, indent=1, allow_nan=False))
     lines = [f"# Fine-tuning {config.model} on {config.task}", ""]
-    lines += _preregistration_lines(preregistered, started)
+    lines += _preregistration_lines(preregistered, rows.get("started"))
     compared_arms = [arm for arm in config.arms if arm != "ce"]
     if preregistered is not None:  # the registered arm alone is primary
         compared_arms = [preregistered[1]["primary_endpoint"]["difference"].split(" ")[0]]
-    lines += _primary_lines(config, entries, compared_arms, bool(test))
+    lines += _primary_lines(config, entries, compared_arms, len(answers) > 1)
     lines += ["", *_gate_lines(gate), ""]
-    lines += _settings_lines(config, data, choice, minutes, largest_unexplored, unparsed)
-    lines += _choice_lines(config, validation, choice)
+    lines += _settings_lines(config, rows, unparsed)
+    lines += _choice_lines(config, rows["choice"])
     for split in (*(s for s in config.evaluation_splits if s in answers), "validation"):
         lines += ["", *_split_lines(split, table, entries, scored_constants[split], config.metric,
                                     unparsed)]  # fmt: skip
@@ -409,14 +438,49 @@ def write_report(
     return loaded
 
 
-def _settings_lines(
-    config: FinetuneConfig,
-    data: FinetuneData,
-    choice: dict[str, Any],
-    minutes: float,
-    largest_unexplored: float | None,
-    unparsed: float,
-) -> list[str]:
+#: What :func:`analyse_and_write` computes from the rows (and what older rows' ``bootstrap``
+#: analysis held): dropped from the rows before it writes its own.
+_ANALYSIS = ("gate", "metrics", "comparisons", "constants", "unparsed_answer",
+             "bootstrap_replicates")  # fmt: skip
+
+
+def reanalyse(source: Path, out: Path) -> dict[str, Any]:
+    """Rebuild a fine-tuning run's report from its rows with this version's analysis:
+    ``source`` a run folder (its ``results.json``) or a results file; ``out`` the folder to
+    write ``results.json``, ``report.md`` and ``report.png`` into. Rows written before the
+    training constants were stored take them from the scored constants (their ``value``); a
+    pre-registration is read from where the rows name it, when it is there."""
+    path = source / "results.json" if source.is_dir() else source
+    try:
+        rows = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"--reanalyse {source}: cannot read the run's results ({error})") from None
+    missing = [key for key in ("config", "answers", "references", "choice") if key not in rows]
+    if not isinstance(rows, dict) or missing:
+        raise ValueError(
+            f"--reanalyse {source}: not a fine-tuning run's results (no {', '.join(missing)}: "
+            "only runs of numtok compare --data or a smollm2-* preset store every answer)"
+        )
+    if "training_constants" not in rows:
+        scored = rows["constants"]["validation"]
+        rows["training_constants"] = {name: entry["value"] for name, entry in scored.items()}
+    preregistered = None
+    if rows.get("preregistration"):
+        registered = Path(rows["preregistration"])
+        if not registered.is_file():
+            registered = path.parent / registered.name
+        if registered.is_file():
+            preregistered = (registered, json.loads(registered.read_text()))
+    out.mkdir(parents=True, exist_ok=True)
+    return analyse_and_write(out, rows, preregistered=preregistered)
+
+
+def _settings_lines(config: FinetuneConfig, rows: Mapping[str, Any], unparsed: float) -> list[str]:
+    choice, minutes, largest_unexplored = (
+        rows["choice"],
+        rows["minutes"],
+        rows.get("largest_unexplored"),
+    )
     weights = ", ".join(
         f"{arm} {w:g}" for arm, w in choice["chosen"].items() if arm in NUMBER_LOSS_ARMS
     )
@@ -425,7 +489,7 @@ def _settings_lines(
         "",
         f"Seeds {list(config.seeds)}; {config.adaptation} fine-tuning, {config.steps} steps × "
         f"{config.batch_size} examples, learning rate {config.learning_rate:g}; λ: "
-        f"{weights or 'none'}. Data: " + "; ".join(data.notes or ["generated"]) + ". "
+        f"{weights or 'none'}. Data: " + "; ".join(rows["data"]["notes"] or ["generated"]) + ". "
         f"{minutes:.1f} minutes of training and scoring. Intervals: the generalized interval of "
         "the crossed seed × item design (numtok.experiments.crossed, docs/statistics.md), one "
         "per difference, "
@@ -444,29 +508,37 @@ def _settings_lines(
     return lines
 
 
-def _choice_lines(
+def _parsed_by_weight(
     config: FinetuneConfig,
     validation: Mapping[tuple[int, str, float], dict[str, Any]],
     choice: dict[str, Any],
-) -> list[str]:
-    """The λ grid's table: each λ's mean validation metric, its parsed share beside it."""
-    if not choice["means"]:
-        return []
-    weights = {f"{w:g}": w for w in config.weight_grid}
+) -> dict[str, dict[str, float | None]]:
+    """``parsed[arm][λ]``: the mean share of parsed answers of the run's readout over the seeds,
+    for each arm and λ of the grid's choice."""
 
-    def parsed(arm: str, weight: str) -> float | None:
-        stored = [validation[(seed, arm, weights[weight])]["answers"].get(config.readout)
+    def parsed(arm: str, weight: float) -> float | None:
+        stored = [validation[(seed, arm, weight)]["answers"].get(config.readout)
                   for seed in config.seeds]  # fmt: skip
         if any(answers is None for answers in stored):
             return None
         return float(np.mean([(~np.isnan(answer_values(a))).mean() for a in stored]))
 
+    return {arm: {f"{w:g}": parsed(arm, w) for w in config.weight_grid} for arm in choice["means"]}
+
+
+def _choice_lines(config: FinetuneConfig, choice: Mapping[str, Any]) -> list[str]:
+    """The λ grid's table: each λ's mean validation metric, its parsed share beside it (rows
+    written before the shares were stored: n/a)."""
+    if not choice["means"]:
+        return []
+    parsed = choice.get("parsed", {})
     grid = list(next(iter(choice["means"].values())))
     lines = ["", f"λ chosen on validation (mean {config.metric} of the {config.readout} "
              "readout over the seeds; ties to the smaller λ; the parsed share in brackets):", "",
              "| arm | " + " | ".join(f"λ={w}" for w in grid) + " | chosen |",
              "|---|" + "---|" * (len(grid) + 1)]  # fmt: skip
     for arm, means in choice["means"].items():
-        cells = [f"{_number(m, 4)} ({_number(parsed(arm, w))})" for w, m in means.items()]
+        cells = [f"{_number(m, 4)} ({_number(parsed.get(arm, {}).get(w))})"
+                 for w, m in means.items()]  # fmt: skip
         lines.append(f"| {arm} | " + " | ".join(cells) + f" | {choice['chosen'][arm]:g} |")
     return lines
