@@ -22,10 +22,10 @@ import numtok
 from numtok.experiments.analysis import comparisons, learnability_gate, metric_table
 from numtok.experiments.finetune.preregistration import (
     check_preregistration,
-    git_provenance,
     write_preregistration,
 )
-from numtok.experiments.finetune.report import _difference_cells, _gate_lines
+from numtok.experiments.provenance import git_provenance
+from numtok.experiments.report import _difference_cells, _gate_lines
 from numtok.experiments.item_metrics import (
     HIGHER_IS_BETTER,
     MEAN_METRICS,
@@ -634,7 +634,7 @@ def test_reanalyse_rebuilds_the_committed_pre_registered_run_with_this_analysis(
          "--reanalyse {docs}/compare-arithmetic-fresh-rows.json is a file: give --out DIR"),
         (["--reanalyse", "{tmp}/nowhere"], "--reanalyse {tmp}/nowhere: no such run folder"),
         (["--reanalyse", "{docs}/rjokes-test-rows.json", "--out", "{tmp}/x"],
-         "--reanalyse {docs}/rjokes-test-rows.json: not a fine-tuning run's results"),
+         "--reanalyse {docs}/rjokes-test-rows.json: not the results of a run that stores every answer"),
         (["--reanalyse", "{tmp}", "--seeds", "3"], "--seeds does not apply to --reanalyse"),
         (["--reanalyse", "{tmp}"], "--reanalyse {tmp}: cannot read the run's results"),
     ],

@@ -1,414 +1,472 @@
-"""Summaries of a finished run: ``results.json``, ``report.md``, ``curves.png`` and the table
-printed at the end of ``numtok demo``.
+"""The one report of every comparison: ``results.json`` (the run's rows — every setting, every
+seed's answer to every item — and the analysis of them; ``null`` where a value is undefined),
+``report.md`` and ``report.png`` in the run folder, written from the rows alone
+(:func:`analyse_and_write`), so that a run's report can be rebuilt from its rows by a later
+version (``numtok compare --reanalyse``). What the harness ran is the rows' :class:`Design`.
 
-For each split, arm and metric the report gives the mean and standard deviation over seeds, and
-the *paired* difference to CE seed by seed, tested as :mod:`numtok.experiments.stats` describes.
-Every seed draws its own evaluation questions, so the seed-to-seed spread includes the test
-questions' sampling noise (the fine-tuning and rJokes harnesses, whose seeds share one test set,
-add a seed × item bootstrap instead).
+``report.md`` opens with what a reader needs first: the pre-registration (when there is one)
+and the primary endpoint, then the learnability gate — which arms, by which readout, beat the
+best constant answer on validation; a comparison of an arm that did not gets no verdict, and the
+gate says "not shown at this budget" with the closest arm's improvement, its interval and the
+smallest improvement the run could have shown — then the λ chosen on validation, and per split
+every arm's metrics (every seed shown, the parsed share beside them), the constant answers, and
+the differences from CE, each with one interval (the crossed seed × item analysis), its minimal
+detectable effect (MDE), the parsed shares and the verdict read from that interval
+(:mod:`~numtok.experiments.analysis`). Every error metric scores an unparsed answer as the
+training answers' median; exact accuracy counts it wrong. One seed gives no interval and no
+verdict, and the report says so.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
-import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from numtok.experiments.config import ExperimentConfig
-from numtok.experiments.objectives import ARM_LABELS
-from numtok.experiments.report_format import ARM_COLOURS, json_safe, run_header, table
-from numtok.experiments.stats import finite, paired_comparison, seeds_note, summarise
-from numtok.experiments.tokenizer import CharTokenizer
+import numpy as np
+from numpy.typing import NDArray
 
-__all__ = ["METRICS", "format_table", "write_report"]
+from numtok.experiments.analysis import comparisons, learnability_gate, metric_table
+from numtok.experiments.item_metrics import (
+    HIGHER_IS_BETTER,
+    ITEM_METRICS,
+    answer_values,
+    item_metrics,
+    per_item_metric,
+)
+from numtok.experiments.provenance import git_provenance
+from numtok.experiments.report_format import json_safe, signed
+from numtok.readout.distribution import FAST_TOLERANCE
 
-#: Metrics shown and tested: name -> (column title, higher is better). Plain MAE is left out: a
-#: few generations with many extra digits decide it (1e16 and more).
-METRICS: dict[str, tuple[str, bool]] = {
-    "exact_accuracy": ("exact acc", True),
-    "median_absolute_error": ("median abs err", False),
-    "within_1_percent": ("within 1%", True),
-    "clipped_mae": ("clipped MAE", False),
-    "log_mae": ("log-MAE", False),
-    "unparseable_rate": ("unparseable", False),
-}
-#: The metrics the verdict tests (the unparseable rate is shown but not tested).
-TESTED = ("exact_accuracy", "median_absolute_error", "within_1_percent", "clipped_mae", "log_mae")
-SPLIT_LABELS = {
-    "easy": "easy (train-easy difficulty, held out)",
-    "medium_hard": "medium+hard (train difficulty, held out)",
-    "interpolate": "interpolation (test setting)",
-    "extrapolate": "extrapolation (bigger numbers / longer)",
-    "validation": "validation (train difficulties, held out; for choosing settings)",
-}
+__all__ = ["Design", "analyse_and_write", "read_rows", "registration_of"]
 
 
-def _by_seed(results: Sequence[dict[str, Any]]) -> dict[tuple[int, str], dict[str, Any]]:
-    return {(r["seed"], r["arm"]): r for r in results}
+@dataclass(frozen=True)
+class Design:
+    """What a run compared, as its report states it: ``title``; ``trained`` (a sentence: the
+    model, the training budget, λ, the data); ``seeds``; ``arms`` (the primary endpoint's table:
+    each of them but CE minus CE); ``splits`` (the scored splits but validation, the primary one
+    first); the primary ``metric`` (one of :data:`~numtok.experiments.item_metrics.ITEM_METRICS`,
+    also the gate's) and ``readout``; ``max_value``, the largest answer the distribution
+    readouts enumerate (None: none)."""
+
+    title: str
+    trained: str
+    seeds: tuple[int, ...]
+    arms: tuple[str, ...]
+    splits: tuple[str, ...]
+    metric: str
+    readout: str
+    max_value: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, stored: Mapping[str, Any]) -> Design:
+        return cls(**{**stored, **{key: tuple(stored[key]) for key in ("seeds", "arms", "splits")}})
 
 
-def _summarise(
-    config: ExperimentConfig, results: Sequence[dict[str, Any]]
-) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """``(summary, paired, paired_vs_was)``: per split, arm and metric the summary over seeds;
-    every other arm − CE; every arm but CE − NTL-WAS (empty without a ``was`` arm)."""
-    runs = _by_seed(results)
-
-    def values(arm: str, split: str, metric: str) -> list[float | None]:
-        return [runs[(s, arm)]["metrics"][split][metric] for s in config.seeds]
-
-    def paired_to(baseline: str) -> dict[str, Any]:
-        if baseline not in config.arms:
-            return {}
-        others = [arm for arm in config.arms if arm not in ("ce", baseline)]
-        return {
-            split: {
-                arm: {
-                    metric: paired_comparison(
-                        values(arm, split, metric), values(baseline, split, metric)
-                    )
-                    for metric in METRICS
-                }
-                for arm in others
-            }
-            for split in config.splits
-        }
-
-    summary = {
-        split: {
-            arm: {metric: summarise(values(arm, split, metric)) for metric in METRICS}
-            for arm in config.arms
-        }
-        for split in config.splits
-    }
-    return summary, paired_to("ce"), paired_to("was")
+#: What one seed gets instead of an interval.
+ONE_SEED = (
+    "**One seed cannot give a verdict**: the seed-to-seed variance cannot be estimated from one "
+    "seed, so no difference has an interval (run at least 2 seeds; 3 or more for useful power)."
+)
 
 
-def _verdict(config: ExperimentConfig, paired: dict[str, Any]) -> tuple[str, list[str]]:
-    """A plain statement of whether any difference to CE exceeds the seed spread."""
-    n = len(config.seeds)
-    if n < 2:
-        return (
-            "With one seed the seed spread is unknown, so no difference between arms can be "
-            "judged; run with --seeds 3 or more.",
-            [],
-        )
-    hits, tested, better_count = [], 0, 0
-    for split, arms in paired.items():
-        for arm, metrics in arms.items():
-            for metric in TESTED:
-                entry = metrics[metric]
-                if entry["exceeds"] is None:
-                    continue
-                tested += 1
-                if entry["exceeds"]:
-                    better = (entry["mean"] > 0) == METRICS[metric][1]
-                    better_count += better
-                    hits.append(
-                        f"{ARM_LABELS[arm]} on {split}: {METRICS[metric][0]} "
-                        f"{entry['mean']:+.4g} vs CE ({'better' if better else 'worse'}; "
-                        f"per seed {', '.join(f'{v:+.4g}' for v in entry['values'])})"
-                    )
-    if not hits:
-        text = (
-            f"No difference to CE exceeds the seed spread: none of {tested} comparisons (arms × "
-            f"splits × metrics) passes a two-sided paired t-test at 5 % over {n} seeds. At this "
-            "budget the arms cannot be told apart."
-        )
-    else:
-        text = (
-            f"{len(hits)} of {tested} comparisons to CE exceed the seed spread (two-sided paired "
-            f"t-test at 5 % over {n} seeds): {better_count} better than CE, "
-            f"{len(hits) - better_count} worse. About {0.05 * tested:.1f} would pass by chance "
-            "alone, so treat isolated hits as noise until a longer run repeats them."
-        )
-    return text, hits
+def _number(value: float | None, digits: int = 3) -> str:
+    return "n/a" if value is None or not math.isfinite(value) else f"{value:.{digits}f}"
 
 
-def _format_value(metric: str, value: float | None) -> str:
-    if value is None:
-        return "n/a"
-    if metric in ("exact_accuracy", "within_1_percent", "unparseable_rate"):
-        return f"{value:.3f}"
-    if metric == "log_mae":
-        return f"{value:.2f}"
-    return f"{value:.3g}"
+def _interval(low: float | None, high: float | None) -> str:
+    return "n/a" if low is None or high is None else f"[{signed(low)}, {signed(high)}]"
 
 
-def _mean_std(metric: str, entry: dict[str, Any]) -> str:
-    """``mean ± std``, and ``(2 of 3 seeds)`` where the metric is undefined on some seeds."""
-    text = _format_value(metric, entry["mean"])
-    if entry["std"] is not None:
-        text += f" ± {_format_value(metric, entry['std'])}"
-    values = entry.get("values") or []
-    return text + seeds_note(len(finite(values)), len(values))
+def _verdict_cell(entry: dict[str, Any]) -> str:
+    verdict = entry["verdict"]
+    if verdict in ("better", "worse"):
+        return f"**{verdict}**"
+    return f"no verdict: {entry['reason']}" if verdict == "no verdict" else verdict
 
 
-def _signed(metric: str, value: float | None) -> str:
-    text = _format_value(metric, value)
-    return text if value is None or value < 0 else "+" + text
+def _difference_cells(entry: dict[str, Any]) -> list[str]:
+    parsed = entry["parsed_share"]
+    return [
+        signed(entry["difference"]),
+        _interval(entry["low"], entry["high"]),
+        _number(entry["df"], 1),
+        _number(entry["mde"]),
+        f"{_number(parsed['arm'])} / {_number(parsed['ce'])}",
+        _verdict_cell(entry),
+    ]
 
 
-def format_table(results: dict[str, Any], *, markdown: bool = False) -> str:
-    """The results table: one block per split, one row per arm, mean ± std over seeds."""
-    config = ExperimentConfig.from_dict(results["config"])
-    header = ["split", "arm", *(METRICS[m][0] for m in METRICS)]
-    rows = []
-    for split in config.splits:
-        for arm in config.arms:
-            entry = results["summary"][split][arm]
-            rows.append([split, ARM_LABELS[arm], *(_mean_std(m, entry[m]) for m in METRICS)])
-    return table(header, rows, markdown=markdown)
+#: The header of a table of differences after its first columns.
+DIFFERENCE_HEADER = "Δ | 95 % interval | df | MDE | parsed, arm / CE | verdict |"
 
 
-def _differences_table(results: dict[str, Any], key: str, baseline: str) -> str:
-    """Mean difference (\\* where it exceeds the seed spread), its 95 % interval and the
-    differences per seed, of each arm in ``results[key]`` against ``baseline``."""
-    header = ["split", f"arm − {baseline}", *(METRICS[m][0] for m in TESTED)]
-    rows = []
-    for split, arms in results[key].items():
-        for arm, metrics in arms.items():
-            cells = []
-            for metric in TESTED:
-                entry = metrics[metric]
-                per_seed = ", ".join(_signed(metric, v) for v in entry["values"])
-                mark = " **\\***" if entry["exceeds"] else ""
-                interval = ""
-                if entry["low"] is not None:
-                    low, high = _signed(metric, entry["low"]), _signed(metric, entry["high"])
-                    interval = f" [{low}, {high}]"
-                cells.append(f"{_signed(metric, entry['mean'])}{mark}{interval} ({per_seed})")
-            rows.append([split, ARM_LABELS[arm], *cells])
-    return table(header, rows, markdown=True)
+def _metric_name(metric: str) -> str:
+    tested = per_item_metric(metric)
+    return metric if tested == metric else f"{tested} (the test of {metric})"
 
 
-def overhead_lines(results: dict[str, Any]) -> list[str]:
-    """One line per NTL arm: its step time relative to CE, measured in this run."""
-    timing = results["timing"]
-    lines = []
-    for arm, entry in timing["arms"].items():
-        if arm == "ce":
-            continue
-        lines.append(
-            f"{ARM_LABELS[arm]} step time = {entry['ratio_to_ce']:.3f}× CE "
-            f"(overhead {100 * (entry['ratio_to_ce'] - 1):+.1f} %): median "
-            f"{1e3 * entry['median_seconds']:.1f} ms vs "
-            f"{1e3 * timing['arms']['ce']['median_seconds']:.1f} ms over {timing['rounds']} "
-            f"interleaved rounds (per-round ratios p20–p80 "
-            f"{entry['ratio_p20']:.3f}–{entry['ratio_p80']:.3f}), batch {timing['batch_size']}, "
-            f"{timing['device']}"
-        )
+def _primary_lines(
+    design: Design,
+    entries: Sequence[dict[str, Any]],
+    arms: Sequence[str],
+    tested: bool,
+) -> list[str]:
+    split, readout = design.splits[0], design.readout
+    metric = per_item_metric(design.metric)
+    lines = ["## Primary endpoint", ""]
+    if len(design.seeds) == 1:
+        lines += [ONE_SEED, ""]
+    if not tested:
+        lines += [
+            "**Not measured: the test splits were not scored** (a validation-only run, for "
+            "choosing settings). The same differences on validation, which chose them, claim "
+            "nothing:",
+            "",
+        ]
+        split = "validation"
+    lines += [
+        f"{_metric_name(design.metric)} of the {readout} readout on {split}, each arm minus CE, "
+        f"paired by seed and item ({len(design.seeds)} seeds). One 95 % interval per "
+        "difference, the crossed seed × item analysis (df: Satterthwaite's; MDE: the difference "
+        "this design finds with 80 % power); the verdict is read from that interval alone, and "
+        "only where both arms learnt on validation (the gate below).",
+        "",
+        f"| arm − CE | {DIFFERENCE_HEADER}",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for arm in arms:
+        found = [
+            e for e in entries
+            if (e["split"], e["arm"], e["readout"], e["baseline"], e["metric"])
+            == (split, arm, readout, readout, metric)
+        ]  # fmt: skip
+        if found:
+            lines.append(f"| {arm} | " + " | ".join(_difference_cells(found[0])) + " |")
     return lines
 
 
-def _training_step_lines(results: dict[str, Any]) -> list[str]:
-    config = ExperimentConfig.from_dict(results["config"])
-    lines = []
-    for arm in config.arms:
-        times = [r["median_step_seconds"] for r in results["runs"] if r["arm"] == arm]
-        lines.append(
-            f"- {ARM_LABELS[arm]}: median step {1e3 * statistics.fmean(times):.1f} ms "
-            f"(mean over seeds of each run's median)"
-        )
-    return lines
+def _improvement(entry: dict[str, Any]) -> str:
+    return (
+        f"{entry['arm']} ({entry['readout']}), {signed(entry['improvement'])} "
+        f"{_interval(entry['low'], entry['high'])}; the smallest improvement this run could have "
+        f"shown (its MDE): {_number(entry['mde'])}"
+    )
 
 
-def _markdown(results: dict[str, Any]) -> str:
-    config = ExperimentConfig.from_dict(results["config"])
-    hardware = results["hardware"]
+def _gate_lines(gate: dict[str, Any]) -> list[str]:
+    level = f"{gate['confidence'] * 100:.1f} %"
+    constant = (
+        f"answering the training {gate['constant']} ({gate['constant_value']:.4g}) to every "
+        f"example: {gate['tested']} {_number(gate['constant_score'])}"
+    )
+    learnt = [e for e in gate["arms"] if e["learnt"]]
     lines = [
-        f"# CE vs CE + λ·NTL on {config.task}",
+        "## Learnability gate (validation)",
         "",
-        f"- date: {results['date']}",
-        f"- command: `{results['command']}`" if results["command"] else "- command: (API call)",
-        f"- hardware: {hardware['platform']}, {hardware['cpu_count']} CPU cores, "
-        f"device {hardware['device']}{', ' + hardware['gpu'] if 'gpu' in hardware else ''}, "
-        f"torch {hardware['torch']}, {results['workers']} worker process(es) × "
-        f"{hardware['threads_per_worker']} thread(s)",
-        f"- wall time of this invocation: {results['wall_seconds'] / 60:.1f} min (a resumed run "
-        "counts only its own part); training + evaluation summed over all arms: "
-        f"{sum(r['train_seconds'] + r['eval_seconds'] for r in results['runs']) / 60:.1f} min",
-        f"- model: decoder-only transformer, {config.n_layers} layers, d={config.d_model}, "
-        f"{config.n_heads} heads, RoPE, {results['model_parameters']:,} parameters, character "
-        "tokens (digits 0-9 are the number tokens)",
-        f"- training: {config.steps} steps × batch {config.batch_size} on "
-        f"{config.train_questions:,} generated questions (easy/medium/hard thirds), AdamW lr "
-        f"{config.learning_rate:g}, {config.warmup_steps} warm-up steps then cosine; loss on "
-        "answer tokens",
-        f"- arms: {', '.join(ARM_LABELS[a] for a in config.arms)}; {config.weights_text()}; "
-        f"seeds {list(config.seeds)} (each seed: same initial weights and batches for every arm)",
-        f"- evaluation: greedy decoding, last number of the answer, {config.eval_questions} "
-        f"held-out questions per split, on the {config.evaluate_on} split(s): "
-        f"{', '.join(config.splits)}",
-        "",
-        f"## Results (mean ± std over {len(config.seeds)} seeds)",
-        "",
-        format_table(results, markdown=True),
-        "",
-        "## Paired differences to CE (arm − CE; 95 % interval, per seed in brackets)",
-        "",
-        "\\* marks a difference that exceeds the seed spread (two-sided paired t-test, 5 %). "
-        "Each seed draws its own evaluation questions (data.py), so the spread over seeds holds "
-        "the test questions' own sampling noise too: no item bootstrap is needed beside it.",
-        "",
-        _differences_table(results, "paired_differences", "CE"),
-        "",
-        *(
-            [
-                "## Paired differences to NTL-WAS (arm − NTL-WAS, the same way)",
-                "",
-                _differences_table(results, "paired_vs_was", "NTL-WAS"),
-                "",
-            ]
-            if results.get("paired_vs_was")
-            else []
-        ),
-        "## Verdict",
-        "",
-        results["verdict"],
-        "",
-        *(f"- {hit}" for hit in results["verdict_hits"]),
-        "",
-        "## Cost",
-        "",
-        *(f"- {line}" for line in overhead_lines(results)),
-        "",
-        "Step times inside the training runs (arms ran in parallel processes on a possibly shared "
-        "machine, so these are rougher than the interleaved measurement above):",
-        "",
-        *_training_step_lines(results),
-        "",
-        "## Curves",
-        "",
-        "![training loss, accuracy and error per arm](curves.png)",
-        "",
-        f"## Examples (seed {config.seeds[0]})",
+        f"Each arm × readout against the best constant answer, {constant}, by the same crossed "
+        f"analysis: one-sided at α = {gate['alpha']:g} with Bonferroni's correction over the "
+        f"{gate['candidates']} candidates (each interval at {level}). A difference from CE gets "
+        "a verdict only where both arms it compares, by their readouts, beat the constant.",
         "",
     ]
-    for split in config.splits:
-        lines.append(f"**{SPLIT_LABELS[split]}**")
-        lines.append("")
+    closest = gate["closest"]
+    if gate["seeds"] < 2:
         lines.append(
-            "| question | answer | " + " | ".join(ARM_LABELS[a] for a in config.arms) + " |"
+            "**Cannot be shown with one seed** (no interval), so no comparison has a verdict."
         )
-        lines.append("|---|---|" + "---|" * len(config.arms))
-        runs = _by_seed(results["runs"])
-        examples = {arm: runs[(config.seeds[0], arm)]["examples"][split] for arm in config.arms}
-        for row in range(len(examples["ce"])):
-            question, answer = examples["ce"][row][0], examples["ce"][row][1]
-            predicted = [f"`{examples[a][row][2]}`" for a in config.arms]
-            lines.append(f"| {question} | {answer} | " + " | ".join(predicted) + " |")
-        lines.append("")
-    return "\n".join(lines)
+    elif not learnt:
+        lines.append(
+            "**Not shown at this budget** for any arm or readout, so no comparison has a "
+            "verdict" + (f". Closest: {_improvement(closest)}." if closest else ".")
+        )
+    elif closest is not None:
+        lines.append(
+            f"**Shown for {len(learnt)} of {gate['candidates']}**; not shown at this budget for "
+            f"the others, whose comparisons get no verdict (closest: {_improvement(closest)})."
+        )
+    else:
+        lines.append("**Shown for every arm and readout.**")
+    lines += ["", f"| arm | readout | improvement over the constant | {level} interval | MDE | "
+              "parsed | learnt |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for entry in gate["arms"]:
+        lines.append(
+            f"| {entry['arm']} | {entry['readout']} | {signed(entry['improvement'])} | "
+            f"{_interval(entry['low'], entry['high'])} | {_number(entry['mde'])} | "
+            f"{_number(entry['parsed_share'])} | {'yes' if entry['learnt'] else entry['reason']} |"
+        )
+    return lines
 
 
-def _plot(results: dict[str, Any], path: Path) -> None:
+def _best_constant(constants: dict[str, dict[str, Any]], metric: str) -> float | None:
+    scores = [float(c["metrics"][metric]) for c in constants.values()
+              if c["metrics"][metric] is not None]  # fmt: skip
+    if not scores:
+        return None
+    return max(scores) if metric in HIGHER_IS_BETTER else min(scores)
+
+
+def _split_lines(
+    split: str,
+    table: Sequence[dict[str, Any]],
+    entries: Sequence[dict[str, Any]],
+    constants: dict[str, dict[str, Any]],
+    metric_of_run: str,
+    unparsed: float,
+) -> list[str]:
+    best = _best_constant(constants, metric_of_run)
+    lines = [f"## {split}", "", "Mean ± std over seeds, every seed in brackets; the last column: "
+             f"whether the mean {metric_of_run} beats every constant answer's "
+             f"({_number(best)}, table below). Every error metric scores an unparsed answer as "
+             f"the training median ({unparsed:.4g}); exact accuracy counts it wrong.", "",
+             "| arm | readout | " + " | ".join(ITEM_METRICS) + " | beats the constants |",
+             "|---|---|" + "---|" * (len(ITEM_METRICS) + 1)]  # fmt: skip
+    rows = list(dict.fromkeys((e["arm"], e["readout"]) for e in table if e["split"] == split))
+    for arm, readout in rows:
+        cells = []
+        for metric in ITEM_METRICS:
+            entry = next(e for e in table if (e["split"], e["arm"], e["readout"], e["metric"])
+                         == (split, arm, readout, metric))  # fmt: skip
+            text = _number(entry["mean"])
+            if entry["std"] is not None:
+                text += f" ± {_number(entry['std'])}"
+            if arm != "base":
+                text += " [" + ", ".join(_number(v) for v in entry["values"]) + "]"
+            cells.append(text)
+        mean = next(e["mean"] for e in table if (e["split"], e["arm"], e["readout"], e["metric"])
+                    == (split, arm, readout, metric_of_run))  # fmt: skip
+        beats = "n/a"
+        if mean is not None and best is not None:
+            beats = "yes" if (mean > best) == (metric_of_run in HIGHER_IS_BETTER) else "no"
+        lines.append(f"| {arm} | {readout} | " + " | ".join(cells) + f" | {beats} |")
+    lines += ["", "Constant answers (the training answers' statistic, the same for every "
+              "example): an arm that does not beat them learnt nothing from the prompts.", "",
+              "| constant | value | " + " | ".join(ITEM_METRICS) + " |",
+              "|---|---|" + "---|" * len(ITEM_METRICS)]  # fmt: skip
+    for name, scored in constants.items():
+        cells = [_number(scored["metrics"][m]) for m in ITEM_METRICS]
+        lines.append(f"| training {name} | {scored['value']:.4g} | " + " | ".join(cells) + " |")
+    lines += ["", "Differences from CE (arm − CE, paired by seed and item; the crossed seed × "
+              "item analysis; MDE: the difference this design finds with 80 % power; RMSE is "
+              "tested as MSE, Pearson's r not at all).", "",
+              f"| arm | readout | vs CE | metric | {DIFFERENCE_HEADER}",
+              "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for entry in entries:
+        if entry["split"] == split:
+            lines.append(
+                f"| {entry['arm']} | {entry['readout']} | CE {entry['baseline']} | "
+                f"{entry['metric']} | " + " | ".join(_difference_cells(entry)) + " |"
+            )
+    return lines
+
+
+def _preregistration_lines(
+    preregistered: tuple[Path, dict[str, Any]] | None, started: str | None
+) -> list[str]:
+    if preregistered is None:
+        return ["Not pre-registered (`--preregister FILE`): read every difference as "
+                "exploratory.", ""]  # fmt: skip
+    path, record = preregistered
+    provenance = git_provenance(path)
+    if provenance["committed"] is None:
+        status = "**not committed in git as it is**: it does not prove it came before the run"
+    elif started is None:
+        status = (
+            f"committed in {provenance['commit'][:12]} at {provenance['committed']} (the run's "
+            "start is not in its rows: its first report said whether that came before)"
+        )
+    else:
+        committed = datetime.datetime.fromisoformat(provenance["committed"])
+        before = committed <= datetime.datetime.fromisoformat(started)
+        status = (
+            f"committed in {provenance['commit'][:12]} at {provenance['committed']}, "
+            + ("before" if before else "**after**")
+            + f" the run began ({started})"
+        )
+    return [
+        f"**Pre-registered** in `{path.name}` (sha256 {provenance['sha256'][:16]}), {status}; "
+        "the run's settings, data and model match it.",
+        "",
+        f"Hypothesis: {record['hypothesis']}",
+        "",
+    ]
+
+
+def _constants(
+    constants: Mapping[str, float], references: Mapping[str, NDArray[np.float64]]
+) -> dict[str, dict[str, dict[str, Any]]]:  # a constant always parses: no unparsed rule
+    return {
+        split: {
+            name: {"value": value,
+                   "metrics": item_metrics(np.full_like(truth, value), truth)}
+            for name, value in constants.items()
+        }
+        for split, truth in references.items()
+    }  # fmt: skip
+
+
+def _plot(metric: str, splits: Sequence[str], table: Sequence[dict[str, Any]],
+          constants: dict[str, dict[str, dict[str, Any]]], path: Path) -> None:  # fmt: skip
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    config = ExperimentConfig.from_dict(results["config"])
-    splits = config.splits
-    figure, axes = plt.subplots(2, 2, figsize=(12, 8.5))
-
-    curves = axes[0, 0]
-    for arm in config.arms:
-        runs = [r for r in results["runs"] if r["arm"] == arm]
-        steps = [entry["step"] for entry in runs[0]["history"]]
-        per_seed = [[entry["ce"] for entry in r["history"]] for r in runs]
-        mean = [statistics.fmean(values) for values in zip(*per_seed, strict=True)]
-        low = [min(values) for values in zip(*per_seed, strict=True)]
-        high = [max(values) for values in zip(*per_seed, strict=True)]
-        curves.plot(steps, mean, color=ARM_COLOURS[arm], label=ARM_LABELS[arm])
-        curves.fill_between(steps, low, high, color=ARM_COLOURS[arm], alpha=0.2)
-    curves.set(
-        xlabel="step",
-        ylabel="cross-entropy on answer tokens",
-        yscale="log",
-        title="training CE (mean over seeds, band: min–max)",
-    )
-    curves.legend()
-
-    panels = [
-        (axes[0, 1], "exact_accuracy", "exact-number accuracy", False),
-        (axes[1, 0], "within_1_percent", "share within 1 % of the answer", False),
-        (axes[1, 1], "median_absolute_error", "median absolute error", True),
-    ]
-    width = 0.8 / len(config.arms)
-    for axis, metric, title, log_scale in panels:
-        plotted: list[float] = []
-        for index, arm in enumerate(config.arms):
-            means, errors = [], []
-            for split in splits:
-                entry = results["summary"][split][arm][metric]
-                means.append(entry["mean"] if entry["mean"] is not None else math.nan)
-                errors.append(entry["std"] or 0.0)
-            positions = [
-                i + (index - (len(config.arms) - 1) / 2) * width for i in range(len(splits))
-            ]
-            plotted += means
-            axis.bar(
-                positions,
-                means,
-                width,
-                yerr=errors,
-                capsize=3,
-                color=ARM_COLOURS[arm],
-                label=ARM_LABELS[arm],
-            )
-        axis.set_xticks(range(len(splits)), splits)
-        axis.set(title=f"{title} (mean ± std over seeds)")
-        # A log axis needs a positive value: a run too short to answer any number has none.
-        if log_scale and any(value > 0 for value in plotted):
-            axis.set_yscale("log")
-        axis.legend()
-    figure.suptitle(
-        f"{config.task}: {config.steps} steps, {config.weights_text()}, {len(config.seeds)} seeds"
-    )
+    figure, axes = plt.subplots(1, len(splits), figsize=(4.2 * len(splits), 3.4), squeeze=False)
+    for axis, split in zip(axes[0], splits, strict=True):
+        chosen = [e for e in table if e["split"] == split and e["metric"] == metric]
+        for index, entry in enumerate(chosen):
+            if entry["mean"] is not None:
+                axis.bar(index, entry["mean"], color="#9ecae1")
+            values = [v for v in entry["values"] if v is not None and math.isfinite(v)]
+            axis.plot([index] * len(values), values, "k.", markersize=4)
+        scores = [c["metrics"][metric] for c in constants[split].values()]
+        finite = [s for s in scores if s is not None]
+        if finite:
+            best = max(finite) if metric in HIGHER_IS_BETTER else min(finite)
+            axis.axhline(best, color="#d62728", linestyle="--", linewidth=1)
+        axis.set_xticks(range(len(chosen)))
+        axis.set_xticklabels([f"{e['arm']}\n{e['readout']}" for e in chosen], fontsize=7,
+                             rotation=45)  # fmt: skip
+        axis.set_title(f"{split}: {metric} (dashed: best constant)", fontsize=9)
     figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    figure.savefig(path, dpi=120)
     plt.close(figure)
 
 
-def write_report(
-    config: ExperimentConfig,
-    runs: Sequence[dict[str, Any]],
-    timing: dict[str, Any],
+def analyse_and_write(
     run_dir: Path,
+    rows: Mapping[str, Any],
     *,
-    command: str | None,
-    wall_seconds: float,
-    workers: int,
+    preregistered: tuple[Path, dict[str, Any]] | None,
 ) -> dict[str, Any]:
-    """Write ``results.json``, ``report.md`` and ``curves.png`` into ``run_dir``; return the
-    results (as stored in results.json)."""
-    summary, paired, paired_vs_was = _summarise(config, runs)
-    verdict, hits = _verdict(config, paired)
-    header = run_header(
-        config,
-        len(CharTokenizer()),
-        command=command,
-        wall_seconds=wall_seconds,
-        workers=workers,
+    """The analysis of a run's rows (``rows``: ``results.json`` without its analysis — the
+    config, data sizes, choice of λ, ``training_constants``, ``references[split]``, every seed's
+    ``answers[split][arm][readout]``, null where an answer held no number — and the run's
+    timings): the learnability gate, every metric and comparison (module docstring), written
+    with the rows as ``results.json``, ``report.md`` and ``report.png`` into ``run_dir``."""
+    design = Design.from_dict(rows["design"])
+    answers = {split: {arm: {readout: np.stack([answer_values(row) for row in stored])
+                             for readout, stored in by_readout.items()}
+                       for arm, by_readout in by_arm.items()}
+               for split, by_arm in rows["answers"].items()}  # fmt: skip
+    references = {split: answer_values(truth) for split, truth in rows["references"].items()}
+    constants = rows["training_constants"]
+    seeds = len(design.seeds)
+    unparsed = constants["median"]
+    gate = learnability_gate(
+        answers["validation"], constants, references["validation"], seeds, design.metric, unparsed
     )
-    results = json_safe(
-        {
-            **header,
-            "splits": list(config.splits),
-            "summary": summary,
-            "paired_differences": paired,
-            "paired_vs_was": paired_vs_was,
-            "verdict": verdict,
-            "verdict_hits": hits,
-            "timing": timing,
-            "runs": list(runs),
-        }
-    )
-    (run_dir / "results.json").write_text(json.dumps(results, indent=1))
-    (run_dir / "report.md").write_text(_markdown(results))
-    _plot(results, run_dir / "curves.png")
-    return dict(results)
+    table = metric_table(answers, references, seeds, unparsed)
+    entries = comparisons(answers, references, seeds, unparsed, gate)
+    scored_constants = _constants(constants, references)
+    results = json_safe({
+        **{key: value for key, value in rows.items() if key not in _ANALYSIS},
+        "gate": gate,
+        "metrics": table,
+        "comparisons": entries,
+        "constants": scored_constants,
+        "unparsed_answer": unparsed,
+    })  # fmt: skip
+    (run_dir / "results.json").write_text(json.dumps(results, indent=1, allow_nan=False))
+    lines = [f"# {design.title}", ""]
+    lines += _preregistration_lines(preregistered, rows.get("started"))
+    compared_arms = [arm for arm in design.arms if arm != "ce"]
+    if preregistered is not None:  # the registered arm alone is primary
+        compared_arms = [preregistered[1]["primary_endpoint"]["difference"].split(" ")[0]]
+    lines += _primary_lines(design, entries, compared_arms, len(answers) > 1)
+    lines += ["", *_gate_lines(gate), ""]
+    lines += _settings_lines(design, rows, unparsed)
+    lines += _choice_lines(design, rows["choice"])
+    for split in (*(s for s in design.splits if s in answers), "validation"):
+        lines += ["", *_split_lines(split, table, entries, scored_constants[split], design.metric,
+                                    unparsed)]  # fmt: skip
+    (run_dir / "report.md").write_text("\n".join(lines) + "\n")
+    _plot(design.metric, list(answers), table, scored_constants, run_dir / "report.png")
+    loaded: dict[str, Any] = json.loads((run_dir / "results.json").read_text())
+    return loaded
+
+
+#: What :func:`analyse_and_write` computes from the rows (and what older rows' ``bootstrap``
+#: analysis held): dropped from the rows before it writes its own.
+_ANALYSIS = ("gate", "metrics", "comparisons", "constants", "unparsed_answer",
+             "bootstrap_replicates")  # fmt: skip
+
+
+def read_rows(source: Path) -> dict[str, Any]:
+    """A finished run's rows: ``source`` its run folder (its ``results.json``) or a results
+    file; a ``ValueError`` naming ``--reanalyse`` when they cannot be read or hold no answers."""
+    path = source / "results.json" if source.is_dir() else source
+    try:
+        rows = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"--reanalyse {source}: cannot read the run's results ({error})") from None
+    missing = [key for key in ("config", "answers", "references", "choice") if key not in rows]
+    if not isinstance(rows, dict) or missing:
+        raise ValueError(
+            f"--reanalyse {source}: not the results of a run that stores every answer (no "
+            f"{', '.join(missing)}; runs before numtok 0.1's one report writer kept none)"
+        )
+    return rows
+
+
+def registration_of(rows: Mapping[str, Any], source: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The pre-registration the rows name, read where they name it or beside ``source``."""
+    if not rows.get("preregistration"):
+        return None
+    registered = Path(rows["preregistration"])
+    if not registered.is_file():
+        folder = source if source.is_dir() else source.parent
+        registered = folder / registered.name
+    if not registered.is_file():
+        return None
+    return registered, json.loads(registered.read_text())
+
+
+def _settings_lines(design: Design, rows: Mapping[str, Any], unparsed: float) -> list[str]:
+    largest_unexplored = rows.get("largest_unexplored")
+    lines = [
+        "## Settings",
+        "",
+        f"Seeds {list(design.seeds)}; {design.trained} {rows['minutes']:.1f} minutes of training "
+        "and scoring. Intervals: the generalized interval of the crossed seed × item design "
+        "(numtok.experiments.crossed, docs/statistics.md), one per difference, "
+        + ("none with one seed" if len(design.seeds) == 1 else "its df Satterthwaite's")
+        + f". Unparsed answers: every error metric scores them as the training median "
+        f"({unparsed:.4g}), exact accuracy as wrong. Many comparisons at the 5 % level: a few "
+        "verdicts may come from chance; the primary endpoint is the one the run was made for.",
+    ]
+    if largest_unexplored is not None:
+        lines[-1] += (
+            f" The distribution readouts left at most {largest_unexplored:.2g} of an item's "
+            f"probability unexplored (tolerance {FAST_TOLERANCE:g} of its number mass); its mean "
+            "moves by at most unexplored / (covered + unexplored) of the range 0.."
+            f"{design.max_value}."
+        )
+    return lines
+
+
+def _choice_lines(design: Design, choice: Mapping[str, Any]) -> list[str]:
+    """The λ grid's table: each λ's mean validation metric, its parsed share beside it (rows
+    written before the shares were stored: n/a)."""
+    if not choice["means"]:
+        return []
+    parsed = choice.get("parsed", {})
+    grid = list(next(iter(choice["means"].values())))
+    lines = ["", f"λ chosen on validation (mean {design.metric} of the {design.readout} "
+             "readout over the seeds; ties to the smaller λ; the parsed share in brackets):", "",
+             "| arm | " + " | ".join(f"λ={w}" for w in grid) + " | chosen |",
+             "|---|" + "---|" * (len(grid) + 1)]  # fmt: skip
+    for arm, means in choice["means"].items():
+        cells = [f"{_number(m, 4)} ({_number(parsed.get(arm, {}).get(w))})"
+                 for w, m in means.items()]  # fmt: skip
+        lines.append(f"| {arm} | " + " | ".join(cells) + f" | {choice['chosen'][arm]:g} |")
+    return lines

@@ -14,8 +14,8 @@ from typing import Any
 
 from numtok.experiments.config import ExperimentConfig
 from numtok.experiments.parallel import Executor, Job, progress_bar, report_progress
-from numtok.experiments.report import write_report
 from numtok.experiments.scratch import run_scratch
+from numtok.experiments.scratch_report import write_report
 from numtok.experiments.tasks.mathematics import (
     TASKS,
     Example,

@@ -1,25 +1,11 @@
-"""The report of a fine-tuning comparison: ``results.json`` (every setting, every seed's answer
-to every item, every metric and comparison; ``null`` where a value is undefined), ``report.md``
-and ``report.png`` in the run folder.
-
-``report.md`` opens with what a reader needs first: the pre-registration (when there is one)
-and the primary endpoint, then the learnability gate — which arms, by which readout, beat the
-best constant answer on validation; a comparison of an arm that did not gets no verdict, and the
-gate says "not shown at this budget" with the closest arm's improvement, its interval and the
-smallest improvement the run could have shown — then the λ chosen on validation, and per split
-every arm's metrics (every seed shown, the parsed share beside them), the constant answers, and
-the differences from CE, each with one interval (the crossed seed × item analysis), its minimal
-detectable effect (MDE), the parsed shares and the verdict read from that interval
-(:mod:`~numtok.experiments.analysis`). Every error metric scores an unparsed answer as the
-training answers' median; exact accuracy counts it wrong. One seed gives no interval and no
-verdict, and the report says so.
-"""
+"""A fine-tuning run's rows, as the one report writer reads them
+(:mod:`numtok.experiments.report`): every seed's answer to every item of every scored split,
+the λ chosen on validation with each λ's parsed share, the training answers' constants, and
+the run's :class:`~numtok.experiments.report.Design`."""
 
 from __future__ import annotations
 
 import datetime
-import json
-import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,28 +13,35 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from numtok.experiments.analysis import comparisons, learnability_gate, metric_table
 from numtok.experiments.finetune.config import FinetuneConfig
 from numtok.experiments.finetune.data import FinetuneData
-from numtok.experiments.finetune.preregistration import git_provenance
-from numtok.experiments.item_metrics import (
-    HIGHER_IS_BETTER,
-    ITEM_METRICS,
-    answer_values,
-    item_metrics,
-    per_item_metric,
-)
+from numtok.experiments.item_metrics import answer_values
 from numtok.experiments.objectives import NUMBER_LOSS_ARMS
-from numtok.experiments.report_format import json_safe, signed
-from numtok.readout.distribution import FAST_TOLERANCE
+from numtok.experiments.report import Design, analyse_and_write, read_rows, registration_of
+from numtok.experiments.report_format import json_safe
 
-__all__ = ["analyse_and_write", "reanalyse", "write_report"]
+__all__ = ["design_of", "reanalyse", "write_report"]
 
-#: What one seed gets instead of an interval.
-ONE_SEED = (
-    "**One seed cannot give a verdict**: the seed-to-seed variance cannot be estimated from one "
-    "seed, so no difference has an interval (run at least 2 seeds; 3 or more for useful power)."
-)
+
+def design_of(config: FinetuneConfig, notes: Sequence[str], chosen: Mapping[str, float]) -> Design:
+    """What a fine-tuning run compared (``notes``: the data's; ``chosen``: each arm's λ)."""
+    weights = ", ".join(f"{arm} {w:g}" for arm, w in chosen.items() if arm in NUMBER_LOSS_ARMS)
+    trained = (
+        f"{config.adaptation} fine-tuning, {config.steps} steps × {config.batch_size} examples, "
+        f"learning rate {config.learning_rate:g}; λ: {weights or 'none'}. Data: "
+        + "; ".join(notes or ["generated"])
+        + "."
+    )
+    return Design(
+        title=f"Fine-tuning {config.model} on {config.task}",
+        trained=trained,
+        seeds=config.seeds,
+        arms=config.arms,
+        splits=config.evaluation_splits,
+        metric=config.metric,
+        readout=config.readout,
+        max_value=config.max_value,
+    )
 
 
 def _answers(
@@ -75,270 +68,6 @@ def _answers(
     return answers
 
 
-def _number(value: float | None, digits: int = 3) -> str:
-    return "n/a" if value is None or not math.isfinite(value) else f"{value:.{digits}f}"
-
-
-def _interval(low: float | None, high: float | None) -> str:
-    return "n/a" if low is None or high is None else f"[{signed(low)}, {signed(high)}]"
-
-
-def _verdict_cell(entry: dict[str, Any]) -> str:
-    verdict = entry["verdict"]
-    if verdict in ("better", "worse"):
-        return f"**{verdict}**"
-    return f"no verdict: {entry['reason']}" if verdict == "no verdict" else verdict
-
-
-def _difference_cells(entry: dict[str, Any]) -> list[str]:
-    parsed = entry["parsed_share"]
-    return [
-        signed(entry["difference"]),
-        _interval(entry["low"], entry["high"]),
-        _number(entry["df"], 1),
-        _number(entry["mde"]),
-        f"{_number(parsed['arm'])} / {_number(parsed['ce'])}",
-        _verdict_cell(entry),
-    ]
-
-
-#: The header of a table of differences after its first columns.
-DIFFERENCE_HEADER = "Δ | 95 % interval | df | MDE | parsed, arm / CE | verdict |"
-
-
-def _metric_name(metric: str) -> str:
-    tested = per_item_metric(metric)
-    return metric if tested == metric else f"{tested} (the test of {metric})"
-
-
-def _primary_lines(
-    config: FinetuneConfig,
-    entries: Sequence[dict[str, Any]],
-    arms: Sequence[str],
-    tested: bool,
-) -> list[str]:
-    split, readout = config.evaluation_splits[0], config.readout
-    metric = per_item_metric(config.metric)
-    lines = ["## Primary endpoint", ""]
-    if len(config.seeds) == 1:
-        lines += [ONE_SEED, ""]
-    if not tested:
-        lines += [
-            "**Not measured: the test splits were not scored** (a validation-only run, for "
-            "choosing settings). The same differences on validation, which chose them, claim "
-            "nothing:",
-            "",
-        ]
-        split = "validation"
-    lines += [
-        f"{_metric_name(config.metric)} of the {readout} readout on {split}, each arm minus CE, "
-        f"paired by seed and item ({len(config.seeds)} seeds). One 95 % interval per "
-        "difference, the crossed seed × item analysis (df: Satterthwaite's; MDE: the difference "
-        "this design finds with 80 % power); the verdict is read from that interval alone, and "
-        "only where both arms learnt on validation (the gate below).",
-        "",
-        f"| arm − CE | {DIFFERENCE_HEADER}",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for arm in arms:
-        found = [
-            e for e in entries
-            if (e["split"], e["arm"], e["readout"], e["baseline"], e["metric"])
-            == (split, arm, readout, readout, metric)
-        ]  # fmt: skip
-        if found:
-            lines.append(f"| {arm} | " + " | ".join(_difference_cells(found[0])) + " |")
-    return lines
-
-
-def _improvement(entry: dict[str, Any]) -> str:
-    return (
-        f"{entry['arm']} ({entry['readout']}), {signed(entry['improvement'])} "
-        f"{_interval(entry['low'], entry['high'])}; the smallest improvement this run could have "
-        f"shown (its MDE): {_number(entry['mde'])}"
-    )
-
-
-def _gate_lines(gate: dict[str, Any]) -> list[str]:
-    level = f"{gate['confidence'] * 100:.1f} %"
-    constant = (
-        f"answering the training {gate['constant']} ({gate['constant_value']:.4g}) to every "
-        f"example: {gate['tested']} {_number(gate['constant_score'])}"
-    )
-    learnt = [e for e in gate["arms"] if e["learnt"]]
-    lines = [
-        "## Learnability gate (validation)",
-        "",
-        f"Each arm × readout against the best constant answer, {constant}, by the same crossed "
-        f"analysis: one-sided at α = {gate['alpha']:g} with Bonferroni's correction over the "
-        f"{gate['candidates']} candidates (each interval at {level}). A difference from CE gets "
-        "a verdict only where both arms it compares, by their readouts, beat the constant.",
-        "",
-    ]
-    closest = gate["closest"]
-    if gate["seeds"] < 2:
-        lines.append(
-            "**Cannot be shown with one seed** (no interval), so no comparison has a verdict."
-        )
-    elif not learnt:
-        lines.append(
-            "**Not shown at this budget** for any arm or readout, so no comparison has a "
-            "verdict" + (f". Closest: {_improvement(closest)}." if closest else ".")
-        )
-    elif closest is not None:
-        lines.append(
-            f"**Shown for {len(learnt)} of {gate['candidates']}**; not shown at this budget for "
-            f"the others, whose comparisons get no verdict (closest: {_improvement(closest)})."
-        )
-    else:
-        lines.append("**Shown for every arm and readout.**")
-    lines += ["", f"| arm | readout | improvement over the constant | {level} interval | MDE | "
-              "parsed | learnt |", "|---|---|---|---|---|---|---|"]  # fmt: skip
-    for entry in gate["arms"]:
-        lines.append(
-            f"| {entry['arm']} | {entry['readout']} | {signed(entry['improvement'])} | "
-            f"{_interval(entry['low'], entry['high'])} | {_number(entry['mde'])} | "
-            f"{_number(entry['parsed_share'])} | {'yes' if entry['learnt'] else entry['reason']} |"
-        )
-    return lines
-
-
-def _best_constant(constants: dict[str, dict[str, Any]], metric: str) -> float | None:
-    scores = [float(c["metrics"][metric]) for c in constants.values()
-              if c["metrics"][metric] is not None]  # fmt: skip
-    if not scores:
-        return None
-    return max(scores) if metric in HIGHER_IS_BETTER else min(scores)
-
-
-def _split_lines(
-    split: str,
-    table: Sequence[dict[str, Any]],
-    entries: Sequence[dict[str, Any]],
-    constants: dict[str, dict[str, Any]],
-    metric_of_run: str,
-    unparsed: float,
-) -> list[str]:
-    best = _best_constant(constants, metric_of_run)
-    lines = [f"## {split}", "", "Mean ± std over seeds, every seed in brackets; the last column: "
-             f"whether the mean {metric_of_run} beats every constant answer's "
-             f"({_number(best)}, table below). Every error metric scores an unparsed answer as "
-             f"the training median ({unparsed:.4g}); exact accuracy counts it wrong.", "",
-             "| arm | readout | " + " | ".join(ITEM_METRICS) + " | beats the constants |",
-             "|---|---|" + "---|" * (len(ITEM_METRICS) + 1)]  # fmt: skip
-    rows = list(dict.fromkeys((e["arm"], e["readout"]) for e in table if e["split"] == split))
-    for arm, readout in rows:
-        cells = []
-        for metric in ITEM_METRICS:
-            entry = next(e for e in table if (e["split"], e["arm"], e["readout"], e["metric"])
-                         == (split, arm, readout, metric))  # fmt: skip
-            text = _number(entry["mean"])
-            if entry["std"] is not None:
-                text += f" ± {_number(entry['std'])}"
-            if arm != "base":
-                text += " [" + ", ".join(_number(v) for v in entry["values"]) + "]"
-            cells.append(text)
-        mean = next(e["mean"] for e in table if (e["split"], e["arm"], e["readout"], e["metric"])
-                    == (split, arm, readout, metric_of_run))  # fmt: skip
-        beats = "n/a"
-        if mean is not None and best is not None:
-            beats = "yes" if (mean > best) == (metric_of_run in HIGHER_IS_BETTER) else "no"
-        lines.append(f"| {arm} | {readout} | " + " | ".join(cells) + f" | {beats} |")
-    lines += ["", "Constant answers (the training answers' statistic, the same for every "
-              "example): an arm that does not beat them learnt nothing from the prompts.", "",
-              "| constant | value | " + " | ".join(ITEM_METRICS) + " |",
-              "|---|---|" + "---|" * len(ITEM_METRICS)]  # fmt: skip
-    for name, scored in constants.items():
-        cells = [_number(scored["metrics"][m]) for m in ITEM_METRICS]
-        lines.append(f"| training {name} | {scored['value']:.4g} | " + " | ".join(cells) + " |")
-    lines += ["", "Differences from CE (arm − CE, paired by seed and item; the crossed seed × "
-              "item analysis; MDE: the difference this design finds with 80 % power; RMSE is "
-              "tested as MSE, Pearson's r not at all).", "",
-              f"| arm | readout | vs CE | metric | {DIFFERENCE_HEADER}",
-              "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for entry in entries:
-        if entry["split"] == split:
-            lines.append(
-                f"| {entry['arm']} | {entry['readout']} | CE {entry['baseline']} | "
-                f"{entry['metric']} | " + " | ".join(_difference_cells(entry)) + " |"
-            )
-    return lines
-
-
-def _preregistration_lines(
-    preregistered: tuple[Path, dict[str, Any]] | None, started: str | None
-) -> list[str]:
-    if preregistered is None:
-        return ["Not pre-registered (`--preregister FILE`): read every difference as "
-                "exploratory.", ""]  # fmt: skip
-    path, record = preregistered
-    provenance = git_provenance(path)
-    if provenance["committed"] is None:
-        status = "**not committed in git as it is**: it does not prove it came before the run"
-    elif started is None:
-        status = (
-            f"committed in {provenance['commit'][:12]} at {provenance['committed']} (the run's "
-            "start is not in its rows: its first report said whether that came before)"
-        )
-    else:
-        committed = datetime.datetime.fromisoformat(provenance["committed"])
-        before = committed <= datetime.datetime.fromisoformat(started)
-        status = (
-            f"committed in {provenance['commit'][:12]} at {provenance['committed']}, "
-            + ("before" if before else "**after**")
-            + f" the run began ({started})"
-        )
-    return [
-        f"**Pre-registered** in `{path.name}` (sha256 {provenance['sha256'][:16]}), {status}; "
-        "the run's settings, data and model match it.",
-        "",
-        f"Hypothesis: {record['hypothesis']}",
-        "",
-    ]
-
-
-def _constants(
-    constants: Mapping[str, float], references: Mapping[str, NDArray[np.float64]]
-) -> dict[str, dict[str, dict[str, Any]]]:  # a constant always parses: no unparsed rule
-    return {
-        split: {
-            name: {"value": value,
-                   "metrics": item_metrics(np.full_like(truth, value), truth)}
-            for name, value in constants.items()
-        }
-        for split, truth in references.items()
-    }  # fmt: skip
-
-
-def _plot(config: FinetuneConfig, splits: Sequence[str], table: Sequence[dict[str, Any]],
-          constants: dict[str, dict[str, dict[str, Any]]], path: Path) -> None:  # fmt: skip
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(1, len(splits), figsize=(4.2 * len(splits), 3.4), squeeze=False)
-    for axis, split in zip(axes[0], splits, strict=True):
-        chosen = [e for e in table if e["split"] == split and e["metric"] == config.metric]
-        for index, entry in enumerate(chosen):
-            if entry["mean"] is not None:
-                axis.bar(index, entry["mean"], color="#9ecae1")
-            values = [v for v in entry["values"] if v is not None and math.isfinite(v)]
-            axis.plot([index] * len(values), values, "k.", markersize=4)
-        scores = [c["metrics"][config.metric] for c in constants[split].values()]
-        finite = [s for s in scores if s is not None]
-        if finite:
-            best = max(finite) if config.metric in HIGHER_IS_BETTER else min(finite)
-            axis.axhline(best, color="#d62728", linestyle="--", linewidth=1)
-        axis.set_xticks(range(len(chosen)))
-        axis.set_xticklabels([f"{e['arm']}\n{e['readout']}" for e in chosen], fontsize=7,
-                             rotation=45)  # fmt: skip
-        axis.set_title(f"{split}: {config.metric} (dashed: best constant)", fontsize=9)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-
-
 def write_report(
     run_dir: Path,
     config: FinetuneConfig,
@@ -352,14 +81,16 @@ def write_report(
     started: float,
 ) -> dict[str, Any]:
     """Write ``results.json``, ``report.md`` and ``report.png`` into ``run_dir``; return the
-    results (as ``results.json`` holds them). Everything the analysis reads is in the results'
-    rows (:func:`analyse_and_write`), so that :func:`reanalyse` rebuilds the same report."""
+    results (as ``results.json`` holds them). Everything the analysis reads is in the rows
+    (:func:`~numtok.experiments.report.analyse_and_write`), so that a reanalysis of them
+    rebuilds the same report."""
     answers = _answers(config, validation, choice["chosen"], test)
     minutes = sum(r["train_minutes"] + r["score_minutes"] for r in validation.values())
     minutes += sum(r["score_minutes"] for r in test.values())
     scores = [*validation.values(), *(s for r in test.values() for s in r["splits"].values())]
     unexplored = [u for scored in scores for u in scored.get("unexplored", [])]
     rows = {
+        "design": design_of(config, data.notes, choice["chosen"]).to_dict(),
         "config": config.to_dict(),
         "data": {"notes": data.notes, "digest": data.digest,
                  "sizes": {s: len(e) for s, e in data.splits.items()}},
@@ -385,127 +116,21 @@ def write_report(
     return analyse_and_write(run_dir, json_safe(rows), preregistered=preregistered)
 
 
-def analyse_and_write(
-    run_dir: Path,
-    rows: Mapping[str, Any],
-    *,
-    preregistered: tuple[Path, dict[str, Any]] | None,
-) -> dict[str, Any]:
-    """The analysis of a run's rows (``rows``: ``results.json`` without its analysis — the
-    config, data sizes, choice of λ, ``training_constants``, ``references[split]``, every seed's
-    ``answers[split][arm][readout]``, null where an answer held no number — and the run's
-    timings): the learnability gate, every metric and comparison (module docstring), written
-    with the rows as ``results.json``, ``report.md`` and ``report.png`` into ``run_dir``."""
-    config = FinetuneConfig.from_dict(rows["config"])
-    answers = {split: {arm: {readout: np.stack([answer_values(row) for row in stored])
-                             for readout, stored in by_readout.items()}
-                       for arm, by_readout in by_arm.items()}
-               for split, by_arm in rows["answers"].items()}  # fmt: skip
-    references = {split: answer_values(truth) for split, truth in rows["references"].items()}
-    constants = rows["training_constants"]
-    seeds = len(config.seeds)
-    unparsed = constants["median"]
-    gate = learnability_gate(
-        answers["validation"], constants, references["validation"], seeds, config.metric, unparsed
-    )
-    table = metric_table(answers, references, seeds, unparsed)
-    entries = comparisons(answers, references, seeds, unparsed, gate)
-    scored_constants = _constants(constants, references)
-    results = json_safe({
-        **{key: value for key, value in rows.items() if key not in _ANALYSIS},
-        "gate": gate,
-        "metrics": table,
-        "comparisons": entries,
-        "constants": scored_constants,
-        "unparsed_answer": unparsed,
-    })  # fmt: skip
-    (run_dir / "results.json").write_text(json.dumps(results, indent=1, allow_nan=False))
-    lines = [f"# Fine-tuning {config.model} on {config.task}", ""]
-    lines += _preregistration_lines(preregistered, rows.get("started"))
-    compared_arms = [arm for arm in config.arms if arm != "ce"]
-    if preregistered is not None:  # the registered arm alone is primary
-        compared_arms = [preregistered[1]["primary_endpoint"]["difference"].split(" ")[0]]
-    lines += _primary_lines(config, entries, compared_arms, len(answers) > 1)
-    lines += ["", *_gate_lines(gate), ""]
-    lines += _settings_lines(config, rows, unparsed)
-    lines += _choice_lines(config, rows["choice"])
-    for split in (*(s for s in config.evaluation_splits if s in answers), "validation"):
-        lines += ["", *_split_lines(split, table, entries, scored_constants[split], config.metric,
-                                    unparsed)]  # fmt: skip
-    (run_dir / "report.md").write_text("\n".join(lines) + "\n")
-    _plot(config, list(answers), table, scored_constants, run_dir / "report.png")
-    loaded: dict[str, Any] = json.loads((run_dir / "results.json").read_text())
-    return loaded
-
-
-#: What :func:`analyse_and_write` computes from the rows (and what older rows' ``bootstrap``
-#: analysis held): dropped from the rows before it writes its own.
-_ANALYSIS = ("gate", "metrics", "comparisons", "constants", "unparsed_answer",
-             "bootstrap_replicates")  # fmt: skip
-
-
 def reanalyse(source: Path, out: Path) -> dict[str, Any]:
-    """Rebuild a fine-tuning run's report from its rows with this version's analysis:
-    ``source`` a run folder (its ``results.json``) or a results file; ``out`` the folder to
-    write ``results.json``, ``report.md`` and ``report.png`` into. Rows written before the
-    training constants were stored take them from the scored constants (their ``value``); a
-    pre-registration is read from where the rows name it, when it is there."""
-    path = source / "results.json" if source.is_dir() else source
-    try:
-        rows = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"--reanalyse {source}: cannot read the run's results ({error})") from None
-    missing = [key for key in ("config", "answers", "references", "choice") if key not in rows]
-    if not isinstance(rows, dict) or missing:
-        raise ValueError(
-            f"--reanalyse {source}: not a fine-tuning run's results (no {', '.join(missing)}: "
-            "only runs of numtok compare --data or a smollm2-* preset store every answer)"
-        )
+    """Rebuild a run's report from its rows (``source``: its run folder or results file) with
+    this version's analysis, into ``out``. Fine-tuning rows written before the rows held their
+    design and training constants get them from their config and scored constants."""
+    rows = read_rows(source)
+    if "design" not in rows:
+        config = FinetuneConfig.from_dict(rows["config"])
+        rows["design"] = design_of(
+            config, rows["data"]["notes"], rows["choice"]["chosen"]
+        ).to_dict()
     if "training_constants" not in rows:
         scored = rows["constants"]["validation"]
         rows["training_constants"] = {name: entry["value"] for name, entry in scored.items()}
-    preregistered = None
-    if rows.get("preregistration"):
-        registered = Path(rows["preregistration"])
-        if not registered.is_file():
-            registered = path.parent / registered.name
-        if registered.is_file():
-            preregistered = (registered, json.loads(registered.read_text()))
     out.mkdir(parents=True, exist_ok=True)
-    return analyse_and_write(out, rows, preregistered=preregistered)
-
-
-def _settings_lines(config: FinetuneConfig, rows: Mapping[str, Any], unparsed: float) -> list[str]:
-    choice, minutes, largest_unexplored = (
-        rows["choice"],
-        rows["minutes"],
-        rows.get("largest_unexplored"),
-    )
-    weights = ", ".join(
-        f"{arm} {w:g}" for arm, w in choice["chosen"].items() if arm in NUMBER_LOSS_ARMS
-    )
-    lines = [
-        "## Settings",
-        "",
-        f"Seeds {list(config.seeds)}; {config.adaptation} fine-tuning, {config.steps} steps × "
-        f"{config.batch_size} examples, learning rate {config.learning_rate:g}; λ: "
-        f"{weights or 'none'}. Data: " + "; ".join(rows["data"]["notes"] or ["generated"]) + ". "
-        f"{minutes:.1f} minutes of training and scoring. Intervals: the generalized interval of "
-        "the crossed seed × item design (numtok.experiments.crossed, docs/statistics.md), one "
-        "per difference, "
-        + ("none with one seed" if len(config.seeds) == 1 else "its df Satterthwaite's")
-        + f". Unparsed answers: every error metric scores them as the training median "
-        f"({unparsed:.4g}), exact accuracy as wrong. Many comparisons at the 5 % level: a few "
-        "verdicts may come from chance; the primary endpoint is the one the run was made for.",
-    ]
-    if largest_unexplored is not None:
-        lines[-1] += (
-            f" The distribution readouts left at most {largest_unexplored:.2g} of an item's "
-            f"probability unexplored (tolerance {FAST_TOLERANCE:g} of its number mass); its mean "
-            "moves by at most unexplored / (covered + unexplored) of the range 0.."
-            f"{config.max_value}."
-        )
-    return lines
+    return analyse_and_write(out, rows, preregistered=registration_of(rows, source))
 
 
 def _parsed_by_weight(
@@ -524,21 +149,3 @@ def _parsed_by_weight(
         return float(np.mean([(~np.isnan(answer_values(a))).mean() for a in stored]))
 
     return {arm: {f"{w:g}": parsed(arm, w) for w in config.weight_grid} for arm in choice["means"]}
-
-
-def _choice_lines(config: FinetuneConfig, choice: Mapping[str, Any]) -> list[str]:
-    """The λ grid's table: each λ's mean validation metric, its parsed share beside it (rows
-    written before the shares were stored: n/a)."""
-    if not choice["means"]:
-        return []
-    parsed = choice.get("parsed", {})
-    grid = list(next(iter(choice["means"].values())))
-    lines = ["", f"λ chosen on validation (mean {config.metric} of the {config.readout} "
-             "readout over the seeds; ties to the smaller λ; the parsed share in brackets):", "",
-             "| arm | " + " | ".join(f"λ={w}" for w in grid) + " | chosen |",
-             "|---|" + "---|" * (len(grid) + 1)]  # fmt: skip
-    for arm, means in choice["means"].items():
-        cells = [f"{_number(m, 4)} ({_number(parsed.get(arm, {}).get(w))})"
-                 for w, m in means.items()]  # fmt: skip
-        lines.append(f"| {arm} | " + " | ".join(cells) + f" | {choice['chosen'][arm]:g} |")
-    return lines

@@ -1,0 +1,56 @@
+"""Where a run's code and files come from in git: numtok's commit (and whether its source differs
+from it), and the commit that last changed a file such as a pre-registration."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+from pathlib import Path
+from typing import Any
+
+__all__ = ["code_version", "git_provenance"]
+
+
+def code_version() -> dict[str, Any]:
+    """``{"numtok", "commit", "modified"}``: numtok's version, and when it runs from a git
+    checkout the commit it is at and whether its source differs from that commit (None where
+    it is installed from a wheel)."""
+    import numtok
+
+    source = Path(numtok.__file__).resolve().parent
+    result: dict[str, Any] = {"numtok": numtok.__version__, "commit": None, "modified": None}
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=source,
+            capture_output=True, text=True, check=True, timeout=30,
+        ).stdout.strip()  # fmt: skip
+        changed = subprocess.run(
+            ["git", "status", "--porcelain", "--", "."], cwd=source,
+            capture_output=True, text=True, check=True, timeout=30,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return result
+    result.update(commit=commit, modified=bool(changed))
+    return result
+
+
+def git_provenance(path: Path) -> dict[str, Any]:
+    """``{"sha256", "commit", "committed"}``: the file's hash, and the commit that last changed
+    it with that commit's time (None when the file is not committed as it is, or not in git)."""
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    result: dict[str, Any] = {"sha256": digest, "commit": None, "committed": None}
+    folder = path.resolve().parent
+    try:
+        changed = subprocess.run(
+            ["git", "status", "--porcelain", "--", path.name], cwd=folder,
+            capture_output=True, text=True, check=True, timeout=30,
+        ).stdout.strip()  # fmt: skip
+        log = subprocess.run(
+            ["git", "log", "-1", "--format=%H %cI", "--", path.name], cwd=folder,
+            capture_output=True, text=True, check=True, timeout=30,
+        ).stdout.split()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return result
+    if log and not changed:
+        result.update(commit=log[0], committed=log[1])
+    return result
