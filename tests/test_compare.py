@@ -24,14 +24,14 @@ from numtok.experiments.finetune.preregistration import (
     check_preregistration,
     write_preregistration,
 )
-from numtok.experiments.provenance import git_provenance
-from numtok.experiments.report import _difference_cells, _gate_lines
 from numtok.experiments.item_metrics import (
     HIGHER_IS_BETTER,
     MEAN_METRICS,
     item_metric,
     item_scores,
 )
+from numtok.experiments.provenance import git_provenance
+from numtok.experiments.report import _difference_cells, _gate_lines
 from numtok.experiments.tasks.jsonl import DataError, read_records, read_user_data
 
 from conftest import without_root_override
@@ -193,7 +193,7 @@ def test_compare_runs_reports_and_resumes_from_the_command_line(
     assert f"left at most {results['largest_unexplored']:.2g} of an item's probability" in report
     median = results["unparsed_answer"]
     assert f"scores an unparsed answer as the training median ({median:.4g})" in report
-    assert report.count("parsed, arm / CE") == 1 + len(results["answers"])  # every table
+    assert report.count("parsed, arm / baseline") == 1 + len(results["answers"])  # every table
     import numtok.experiments.finetune.runner as runner
 
     monkeypatch.setattr(runner, "train_arm", lambda *a, **k: pytest.fail("trained again"))
@@ -497,7 +497,7 @@ def test_the_parsed_share_stands_beside_every_metric() -> None:
                              50.0)  # fmt: skip
     entries = comparisons(answers, references, 3, 50.0, gate)
     was = [e for e in entries if (e["split"], e["arm"]) == ("test", "was")]
-    assert all(e["parsed_share"] == {"arm": 0.75, "ce": 1.0} for e in was)
+    assert all(e["parsed_share"] == {"arm": 0.75, "baseline": 1.0} for e in was)
     cells = _difference_cells(was[0])
     assert "0.750 / 1.000" in cells
     table = metric_table(answers, references, 3, 50.0)
@@ -621,6 +621,7 @@ def test_reanalyse_rebuilds_the_committed_pre_registered_run_with_this_analysis(
     assert "shown for 2 of 2 arm × readout candidates" in printed
     report = (tmp_path / "again" / "report.md").read_text()
     assert "| was | -0.007 | [-0.028, +0.013] | 5.7 | 0.027 | 1.000 / 1.000 | not shown |" in report
+    assert "| Δ | 95 % interval | df | MDE | parsed, arm / baseline | verdict |" in report
     assert "**Pre-registered** in `compare-arithmetic-fresh-preregistration.json`" in report
     results = json.loads((tmp_path / "again" / "results.json").read_text())
     assert "bootstrap_replicates" not in results  # the old analysis is not carried over
@@ -634,7 +635,7 @@ def test_reanalyse_rebuilds_the_committed_pre_registered_run_with_this_analysis(
          "--reanalyse {docs}/compare-arithmetic-fresh-rows.json is a file: give --out DIR"),
         (["--reanalyse", "{tmp}/nowhere"], "--reanalyse {tmp}/nowhere: no such run folder"),
         (["--reanalyse", "{docs}/rjokes-test-rows.json", "--out", "{tmp}/x"],
-         "--reanalyse {docs}/rjokes-test-rows.json: not the results of a run that stores every answer"),
+         "--reanalyse {docs}/rjokes-test-rows.json: not the results of a run that stores"),
         (["--reanalyse", "{tmp}", "--seeds", "3"], "--seeds does not apply to --reanalyse"),
         (["--reanalyse", "{tmp}"], "--reanalyse {tmp}: cannot read the run's results"),
     ],

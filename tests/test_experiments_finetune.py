@@ -159,7 +159,7 @@ def test_a_whole_arithmetic_run_reports_and_resumes(
     # learnt on validation (the gate is per comparison).
     learnt = {(e["arm"], e["readout"]): e["learnt"] for e in results["gate"]["arms"]}
     for c in results["comparisons"]:
-        gated = learnt[(c["arm"], c["readout"])] and learnt[("ce", c["baseline"])]
+        gated = learnt[(c["arm"], c["readout"])] and learnt[(c["baseline_arm"], c["baseline"])]
         assert c["verdict"] == (c["interval_verdict"] if gated else "no verdict")
         if c["verdict"] in ("better", "worse"):
             assert c["low"] > 0 or c["high"] < 0
@@ -273,6 +273,14 @@ def test_rjokes_with_the_regression_head_and_the_readouts(
     assert len(head) == SIZES["test"] and all(isinstance(v, float) for v in head)
     baselines = {c["baseline"] for c in results["comparisons"] if c["arm"] == "head"}
     assert baselines == {"expected", "greedy"}
+    # Every token arm by every readout against the head too (the paper's regression claim).
+    against_head = {
+        (c["arm"], c["readout"]) for c in results["comparisons"]
+        if (c["split"], c["baseline_arm"]) == ("test", "head")
+    }  # fmt: skip
+    assert against_head == {
+        (a, r) for a in ("ce", "was") for r in ("greedy", "expected", "median", "mode")
+    }
     assert any("cut to its first 12 tokens" in note for note in results["data"]["notes"])
     # The constant answers: the training jokes' mean, median and mode score for every joke.
     from transformers import AutoTokenizer

@@ -16,9 +16,9 @@ pytest.importorskip("matplotlib", reason="needs the demo extra: pip install numt
 from numtok.cli import main
 from numtok.experiments.config import ExperimentConfig
 from numtok.experiments.presets import PRESETS
-from numtok.experiments.scratch_report import METRICS, format_table, write_report
 from numtok.experiments.report_format import signed
 from numtok.experiments.runner import run_experiment
+from numtok.experiments.scratch_report import METRICS, format_table, write_report
 from numtok.experiments.stats import paired_test
 from numtok.experiments.tasks.mathematics import TASKS, generate, read_cache
 

@@ -121,9 +121,17 @@ def _difference(
     }  # fmt: skip
 
 
-def _baselines(readout: str, ce_readouts: list[str]) -> list[str]:
-    wanted = ["expected", "greedy"] if readout == "head" else [readout]
-    return [r for r in wanted if r in ce_readouts]
+def _baselines(arm: str, readout: str, by_arm: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """What ``arm`` by ``readout`` is compared with: CE by the same readout (the head: CE's
+    ``expected`` and ``greedy``), and where a regression head ran, the head (every token arm,
+    CE included, by each readout: the paper's claim that a token head trained with NTL matches
+    a regression head)."""
+    if arm == "head":
+        return [("ce", r) for r in ("expected", "greedy") if r in by_arm["ce"]]
+    wanted = [] if arm == "ce" else [("ce", readout)]
+    if "head" in by_arm and arm != "base":
+        wanted.append(("head", "head"))
+    return [(a, r) for a, r in wanted if r in by_arm[a]]
 
 
 def comparisons(
@@ -133,40 +141,38 @@ def comparisons(
     unparsed: float,
     gate: Mapping[str, Any],
 ) -> list[dict[str, Any]]:
-    """One entry per (split, arm, readout, CE readout ``baseline``, metric of
-    :data:`MEAN_METRICS`) of every arm but CE: ``arm − CE`` by the crossed analysis, its
-    ``verdict`` ("better", "worse", "not shown" or "no verdict") and ``reason`` (module
-    docstring), and ``parsed_share`` of both sides. ``gate`` is :func:`learnability_gate`'s."""
+    """One entry per (split, arm, readout, ``baseline_arm`` and its readout ``baseline``, metric
+    of :data:`MEAN_METRICS`) of :func:`_baselines`' pairs: ``arm − baseline_arm`` by the crossed
+    analysis, its ``verdict`` ("better", "worse", "not shown" or "no verdict") and ``reason``
+    (module docstring), and ``parsed_share`` of both sides (``arm``, ``baseline``). ``gate`` is
+    :func:`learnability_gate`'s."""
     learnt = {(e["arm"], e["readout"]): e["learnt"] for e in gate["arms"]}
     entries = []
     for split, by_arm in answers.items():
-        ce = by_arm["ce"]
         for arm, by_readout in by_arm.items():
-            if arm == "ce":
-                continue
             for readout, rows in by_readout.items():
-                for baseline in _baselines(readout, list(ce)):
+                for baseline_arm, baseline in _baselines(arm, readout, by_arm):
                     entries += _compared(
-                        (split, arm, readout, baseline), rows, ce[baseline], references[split],
-                        seeds, unparsed, learnt,
+                        (split, arm, readout, baseline_arm, baseline), rows,
+                        by_arm[baseline_arm][baseline], references[split], seeds, unparsed, learnt,
                     )  # fmt: skip
     return entries
 
 
 def _compared(
-    key: tuple[str, str, str, str], rows: NDArray[np.float64], ce: NDArray[np.float64],
-    references: NDArray[np.float64], seeds: int, unparsed: float,
-    learnt: Mapping[tuple[str, str], bool],
+    key: tuple[str, str, str, str, str], rows: NDArray[np.float64],
+    baseline_rows: NDArray[np.float64], references: NDArray[np.float64], seeds: int,
+    unparsed: float, learnt: Mapping[tuple[str, str], bool],
 ) -> list[dict[str, Any]]:  # fmt: skip
-    split, arm, readout, baseline = key
+    split, arm, readout, baseline_arm, baseline = key
     rows = np.broadcast_to(rows, (seeds, rows.shape[-1]))  # base: one row for every seed
-    unlearnt = [f"{a} ({r})" for a, r in ((arm, readout), ("ce", baseline))
+    unlearnt = [f"{a} ({r})" for a, r in ((arm, readout), (baseline_arm, baseline))
                 if not learnt.get((a, r), False)]  # fmt: skip
     entries = []
     for metric in MEAN_METRICS:
         entry = _difference(
             item_scores(metric, rows, references, unparsed=unparsed),
-            item_scores(metric, ce, references, unparsed=unparsed),
+            item_scores(metric, baseline_rows, references, unparsed=unparsed),
             higher_is_better=metric in HIGHER_IS_BETTER,
         )
         verdict, reason = entry["interval_verdict"], entry["reason"]
@@ -174,9 +180,10 @@ def _compared(
             verdict = "no verdict"
             reason = "learning not shown on validation for " + " and ".join(unlearnt)
         entries.append(
-            {"split": split, "arm": arm, "readout": readout, "baseline": baseline,
-             "metric": metric, **entry, "verdict": verdict, "reason": reason,
-             "parsed_share": {"arm": _parsed(rows), "ce": _parsed(ce)}}
+            {"split": split, "arm": arm, "readout": readout, "baseline_arm": baseline_arm,
+             "baseline": baseline, "metric": metric, **entry, "verdict": verdict,
+             "reason": reason,
+             "parsed_share": {"arm": _parsed(rows), "baseline": _parsed(baseline_rows)}}
         )  # fmt: skip
     return entries
 

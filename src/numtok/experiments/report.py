@@ -100,13 +100,20 @@ def _difference_cells(entry: dict[str, Any]) -> list[str]:
         _interval(entry["low"], entry["high"]),
         _number(entry["df"], 1),
         _number(entry["mde"]),
-        f"{_number(parsed['arm'])} / {_number(parsed['ce'])}",
+        f"{_number(parsed['arm'])} / {_number(parsed['baseline'])}",
         _verdict_cell(entry),
     ]
 
 
 #: The header of a table of differences after its first columns.
-DIFFERENCE_HEADER = "Δ | 95 % interval | df | MDE | parsed, arm / CE | verdict |"
+DIFFERENCE_HEADER = "Δ | 95 % interval | df | MDE | parsed, arm / baseline | verdict |"
+
+
+def _baseline_name(entry: Mapping[str, Any]) -> str:
+    """``CE greedy`` (CE by a readout) or ``head`` (the regression head)."""
+    if entry["baseline_arm"] == "ce":
+        return f"CE {entry['baseline']}"
+    return str(entry["baseline_arm"])
 
 
 def _metric_name(metric: str) -> str:
@@ -146,8 +153,8 @@ def _primary_lines(
     for arm in arms:
         found = [
             e for e in entries
-            if (e["split"], e["arm"], e["readout"], e["baseline"], e["metric"])
-            == (split, arm, readout, readout, metric)
+            if (e["split"], e["arm"], e["readout"], e["baseline_arm"], e["baseline"], e["metric"])
+            == (split, arm, readout, "ce", readout, metric)
         ]  # fmt: skip
         if found:
             lines.append(f"| {arm} | " + " | ".join(_difference_cells(found[0])) + " |")
@@ -254,15 +261,16 @@ def _split_lines(
     for name, scored in constants.items():
         cells = [_number(scored["metrics"][m]) for m in ITEM_METRICS]
         lines.append(f"| training {name} | {scored['value']:.4g} | " + " | ".join(cells) + " |")
-    lines += ["", "Differences from CE (arm − CE, paired by seed and item; the crossed seed × "
+    lines += ["", "Differences (arm − CE, and where a regression head ran every token arm − the "
+              "head; paired by seed and item; the crossed seed × "
               "item analysis; MDE: the difference this design finds with 80 % power; RMSE is "
               "tested as MSE, Pearson's r not at all).", "",
-              f"| arm | readout | vs CE | metric | {DIFFERENCE_HEADER}",
+              f"| arm | readout | baseline | metric | {DIFFERENCE_HEADER}",
               "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for entry in entries:
         if entry["split"] == split:
             lines.append(
-                f"| {entry['arm']} | {entry['readout']} | CE {entry['baseline']} | "
+                f"| {entry['arm']} | {entry['readout']} | {_baseline_name(entry)} | "
                 f"{entry['metric']} | " + " | ".join(_difference_cells(entry)) + " |"
             )
     return lines

@@ -245,12 +245,10 @@ def summary_lines(results: dict[str, Any], config: FinetuneConfig) -> list[str]:
         + (" (the test splits not scored: nothing to claim):" if split == "validation" else ":")
     )
     for entry in results["comparisons"]:
-        if (entry["split"], entry["readout"], entry["baseline"], entry["metric"]) == (
-            split,
-            config.readout,
-            config.readout,
-            metric,
-        ):
+        if (
+            entry["split"], entry["readout"], entry["baseline_arm"], entry["baseline"],
+            entry["metric"],
+        ) == (split, config.readout, "ce", config.readout, metric):  # fmt: skip
             verdict = entry["verdict"]
             if verdict == "no verdict" and not one_seed:  # one seed: said above
                 verdict += f" ({entry['reason']})"
