@@ -441,8 +441,9 @@ def test_the_gate_stays_at_its_level_over_many_null_candidates(runs: int) -> Non
 
 
 def test_one_seed_gives_no_interval_and_says_so() -> None:
-    from numtok.experiments.finetune.command import summary_lines
     from numtok.experiments.finetune.config import FinetuneConfig
+    from numtok.experiments.finetune.report import design_of
+    from numtok.experiments.report import summary_lines
 
     answers, references, constants = _run(seeds=1)
     gate = learnability_gate(answers["validation"], constants, references["validation"], 1, "mae",
@@ -453,7 +454,10 @@ def test_one_seed_gives_no_interval_and_says_so() -> None:
     assert all(e["low"] is None and e["reason"].startswith("one seed") for e in entries)
     config = FinetuneConfig(seeds=(0,), arms=("ce", "was", "mse"), metric="mae",
                             test_splits=("test",))  # fmt: skip
-    printed = summary_lines({"gate": gate, "comparisons": entries, "answers": answers}, config)
+    design = design_of(config, [], {arm: 0.3 for arm in config.arms}).to_dict()
+    printed = summary_lines(
+        {"design": design, "gate": gate, "comparisons": entries, "answers": answers}
+    )
     assert any(line.startswith("one seed cannot give a verdict") for line in printed), printed
     assert "cannot be shown with one seed" in printed[0]
     assert any("**Cannot be shown with one seed**" in line for line in _gate_lines(gate))

@@ -340,3 +340,20 @@ def test_the_committed_rows_are_calibrated_and_show_the_bootstraps_shortfall() -
     # generalized interval is wider than t(ν)·SE with 3 seeds (docs/statistics.md).
     for row in (r for r in rows if r["difference"] != 0):
         assert 0.6 <= row["rejection_rate"] <= 0.9, row
+
+
+@pytest.mark.parametrize(
+    "differences",
+    # MS_seed + MS_item < MS_resid; every mean square 0; MS_seed + MS_item = MS_resid (df 0).
+    [[[0.0, 1.0], [1.0, 0.0]], [[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]], [[0.0, 2.0], [1.0, 1.0]]],
+)
+def test_no_positive_variance_estimate_gives_no_mde_and_no_df(
+    differences: list[list[float]],
+) -> None:
+    """MS_seed + MS_item ≤ MS_resid (or every mean square 0): Var(d̄) has no positive estimate,
+    so there is no noise to size an effect by; the interval still comes from the mean squares."""
+    baseline = np.zeros((len(differences), len(differences[0])))
+    result = crossed_difference(np.asarray(differences), baseline, higher_is_better=False)
+    assert result.se == 0.0 and result.mde is None and result.df is None
+    assert result.low is not None and result.high is not None
+    assert result.low <= result.difference <= result.high

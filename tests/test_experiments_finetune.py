@@ -19,10 +19,10 @@ import torch.nn.functional as F
 from numtok.experiments.finetune.config import FinetuneConfig
 from numtok.experiments.finetune.data import load_finetune_data
 from numtok.experiments.finetune.examples import encode, prompt_batch, training_batch
-from numtok.experiments.finetune.report import reanalyse
 from numtok.experiments.finetune.runner import run_finetune
 from numtok.experiments.finetune.train import answer_logits, load_model, prompt_states
 from numtok.experiments.presets import PRESETS
+from numtok.experiments.report import reanalyse
 from numtok.experiments.run_folder import prepare_run_dir
 from numtok.experiments.tasks.arithmetic import arithmetic_splits
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import gzip
 import json
-import math
 import random
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -21,14 +21,10 @@ from numtok import number_token_loss
 from numtok.cli import main
 from numtok.experiments.evaluate import CachedScorer
 from numtok.experiments.presets import PRESETS
+from numtok.experiments.report import reanalyse
 from numtok.experiments.rjokes import RJokesConfig, run_rjokes
-from numtok.experiments.rjokes.evaluate import (
-    mean_by_score,
-    regression_metrics,
-    token_predictions,
-)
+from numtok.experiments.rjokes.evaluate import token_predictions
 from numtok.experiments.rjokes.model import ScoreRegressor
-from numtok.experiments.rjokes.report import constant_predictions
 from numtok.experiments.rjokes.train import (
     RJokesTask,
     ScoredTrainingSet,
@@ -232,32 +228,6 @@ def test_token_readouts_are_the_distribution_summaries(data: RJokesData) -> None
     assert len(predictions["greedy"]) == 20
 
 
-def test_regression_metrics() -> None:
-    metrics = regression_metrics([1.0, 2.6, None, 0.0], [1, 2, 3, 0])
-    assert metrics["rmse"] == pytest.approx(math.sqrt(0.36 / 3))
-    assert metrics["mae"] == pytest.approx(0.2)
-    assert metrics["accuracy"] == pytest.approx(0.5)  # 1 and 0 round right; 2.6 does not
-    assert metrics["unparseable"] == pytest.approx(0.25)
-    assert metrics["pearson"] == pytest.approx(2.6 / math.sqrt(3.44 * 2))  # Σdpdr / √(Σdp²Σdr²)
-    assert mean_by_score([1.0, 3.0, None, 2.0], [1, 1, 0, 0]) == {"0": 2.0, "1": 2.0}
-    constants = constant_predictions([0, 0, 1, 5], [0, 2])
-    assert constants["mean"]["value"] == 1.5 and constants["mode"]["value"] == 0
-    assert constants["median"]["rmse"] == pytest.approx(math.sqrt((0.25 + 2.25) / 2))
-
-
-def test_a_mean_over_fewer_seeds_says_so() -> None:
-    """Pearson's r of a constant answer is undefined: a mean or a paired difference over the
-    seeds where it is defined says how many of the run's seeds that is."""
-    from numtok.experiments.rjokes.report import _difference, _mean_std
-    from numtok.experiments.stats import paired_comparison, summarise
-
-    assert _mean_std(summarise([None, 0.033, -0.002])) == "0.015 ± 0.025 (2 of 3 seeds)"
-    assert _mean_std(summarise([0.01, 0.033, -0.002])).endswith("± 0.018")
-    paired = paired_comparison([None, 0.033, -0.002], [0.003, 0.073, 0.043])
-    assert "(2 of 3 seeds)" in _difference(paired)
-    assert "seeds)" not in _difference(paired_comparison([0.1, 0.2, 0.4], [0.0, 0.1, 0.2]))
-
-
 @pytest.fixture(scope="module")
 def smoke_run(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     run_dir = tmp_path_factory.mktemp("run")
@@ -266,60 +236,49 @@ def smoke_run(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple
 
 
 def test_run_writes_rows_report_and_plot(smoke_run: tuple[Path, Any]) -> None:
+    """The one report writer's rows and analysis: every seed's prediction for every scored
+    joke of validation (which the gate reads) and test, each arm against CE and every token arm
+    against the regression head, by the crossed analysis; a rebuild from the rows is the same."""
     run_dir, results = smoke_run
     assert (run_dir / "report.md").exists() and (run_dir / "report.png").stat().st_size > 0
     stored = json.loads((run_dir / "results.json").read_text())
     assert stored == results
-    rows = stored["rows"]
-    combinations = {(r["arm"], r["readout"]) for r in rows}
-    assert combinations == {
-        *(
-            (arm, readout)
-            for arm in ("ce", "was", "mse")
-            for readout in ("greedy", "expected", "median")
-        ),
-        ("head", "head"),
-    }
-    assert len(rows) == len(combinations) * len(SMOKE.seeds)
-    keys = {"arm", "readout", "seed", "split", "rmse", "mae", "pearson", "spearman", "accuracy"}
-    assert all(keys | {"unparseable"} <= set(row) and row["split"] == "test" for row in rows)
-    kinds = {c["kind"] for c in stored["comparisons"]}
-    assert kinds == {"ntl_vs_ce", "vs_was", "readout_vs_greedy", "vs_head"}
-    against_was = [c for c in stored["comparisons"] if c["kind"] == "vs_was"]
-    assert {(c["arm"], c["baseline_arm"]) for c in against_was} == {("mse", "was")}
-    head = next(c for c in stored["comparisons"] if c["kind"] == "vs_head")
-    differences = [
-        a - b
-        for a, b in zip(
-            [r["rmse"] for r in rows if (r["arm"], r["readout"]) == (head["arm"], head["readout"])],
-            [r["rmse"] for r in rows if r["arm"] == "head"],
-            strict=True,
-        )
-    ]
-    assert head["rmse"]["values"] == pytest.approx(differences)
+    answers = stored["answers"]
+    assert set(answers) == {"validation", "test"}
+    readouts = {arm: set(by_readout) for arm, by_readout in answers["test"].items()}
+    assert readouts == {**{arm: {"greedy", "expected", "median"} for arm in ("ce", "was", "mse")},
+                        "head": {"head"}}  # fmt: skip
+    for split, by_arm in answers.items():
+        items = len(stored["references"][split])
+        assert items == SMOKE.eval_jokes
+        for by_readout in by_arm.values():
+            assert all(np.shape(rows) == (len(SMOKE.seeds), items) for rows in by_readout.values())
+    compared = {(c["arm"], c["readout"], c["baseline_arm"], c["baseline"])
+                for c in stored["comparisons"] if c["split"] == "test"}  # fmt: skip
+    assert ("was", "expected", "ce", "expected") in compared
+    assert ("was", "expected", "head", "head") in compared
+    assert ("ce", "greedy", "head", "head") in compared
+    assert ("head", "head", "ce", "expected") in compared
+    assert stored["gate"]["constant"] in ("mean", "median", "mode")
+    assert len(stored["gate"]["arms"]) == 10  # 3 token arms × 3 readouts, and the head
+    learnt = {(e["arm"], e["readout"]): e["learnt"] for e in stored["gate"]["arms"]}
+    for c in stored["comparisons"]:
+        gated = learnt[(c["arm"], c["readout"])] and learnt[(c["baseline_arm"], c["baseline"])]
+        assert c["verdict"] == (c["interval_verdict"] if gated else "no verdict")
     report = (run_dir / "report.md").read_text()
-    assert "regression head" in report and "BERT-base" in report and "## Verdict" in report
-    # The seed × item bootstrap beside the seed interval, from the stored predictions; a verdict
-    # only where both exclude 0 and the learnability check passed.
-    assert "## Learnability check" in report and "seed × item bootstrap" in report
-    gate = stored["learnability"]
-    assert gate["constant"] in ("mean", "median", "mode") and len(gate["arms"]) == 10
-    for comparison in stored["comparisons"]:
-        for metric in ("rmse", "mae", "pearson"):
-            entry = comparison[metric]
-            assert entry["bootstrap"]["replicates"] == 2000
-            if entry["verdict"] is not None:
-                assert gate["passed"] and entry["exceeds"]
-                boot = entry["bootstrap"]
-                assert boot["low"] > 0 or boot["high"] < 0
-        assert "bootstrap" not in comparison["spearman"]
+    assert report.startswith("# rJokes from scratch: ce, was, mse, head")
+    assert "## Learnability gate (validation)" in report and "BERT-base" in report
+    assert "| was | expected | head | mse |" in report
+    again = reanalyse(run_dir, run_dir / "again")
+    assert again == results
+    assert (run_dir / "again" / "report.md").read_text() == report
 
 
 def test_rerun_reads_finished_arms_back(smoke_run: tuple[Path, Any], data_dir: Path) -> None:
     run_dir, results = smoke_run
     stamps = {p: p.stat().st_mtime_ns for p in run_dir.glob("seed*/*/result.json")}
     again = run_rjokes(SMOKE, run_dir, data_dir=data_dir, show_progress=False)
-    assert again["rows"] == results["rows"]
+    assert again["answers"] == results["answers"]
     assert stamps == {p: p.stat().st_mtime_ns for p in run_dir.glob("seed*/*/result.json")}
     with pytest.raises(ValueError, match="holds a run with other settings"):
         run_rjokes(SMOKE.with_overrides(steps=31), run_dir, data_dir=data_dir)
@@ -330,10 +289,10 @@ def test_progress_counts_steps_and_scored_jokes(data: RJokesData, tmp_path: Path
     for arm in ("was", "head"):
         reported: list[int] = []
         train_arm(RJokesTask(config, data), 0, arm, tmp_path, progress=reported.append)
-        assert sum(reported) == 12 + config.eval_jokes
+        assert sum(reported) == 12 + 2 * config.eval_jokes  # validation and test
         again: list[int] = []
         train_arm(RJokesTask(config, data), 0, arm, tmp_path, progress=again.append)
-        assert again == [12 + config.eval_jokes]  # read back, not trained again
+        assert again == [12 + 2 * config.eval_jokes]  # read back, not trained again
 
 
 def test_command_line(data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -344,7 +303,7 @@ def test_command_line(data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixt
     )  # fmt: skip
     assert status == 0
     output = capsys.readouterr().out
-    assert "RMSE" in output and "regression head" in output
+    assert "learnability gate (validation rmse" in output and "primary endpoint" in output
     assert json.loads((tmp_path / "run" / "results.json").read_text())["config"]["seeds"] == [0]
     for flags, message in (
         (["--task", "rjokes", "--train-questions", "5"], "--train-questions does not apply"),

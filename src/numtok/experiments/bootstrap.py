@@ -20,40 +20,29 @@ one row used for every seed. A replicate whose difference is not finite (a metri
 that resample, such as Pearson's r of constant answers) leaves the interval undefined: it is
 reported as such, not computed from the other replicates.
 
-**The rJokes report's rules** (``numtok rjokes``, not yet on the crossed analysis of
-:mod:`numtok.experiments.crossed` that ``numtok compare`` uses): :func:`both_intervals_verdict`
-gives "better" or "worse" only where the paired-seed t interval and this bootstrap both exclude
-0, and :func:`bootstrap_gate` passes when some trained arm, by some readout, beats the best
-constant answer (the training answers' mean, median or mode, whichever scores best) by more than
-the bootstrap standard error of that difference.
+No report uses it any more: every report reads the crossed analysis of
+:mod:`numtok.experiments.crossed`. It stays as the method the coverage study
+(:mod:`numtok.experiments.crossed_coverage`) compares that analysis with.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from numtok.experiments.item_metrics import HIGHER_IS_BETTER, item_metric
+from numtok.experiments.item_metrics import item_metric
 
 __all__ = [
-    "BOOTSTRAP_REPLICATES",
     "MDE_FACTOR",
     "Resamples",
-    "bootstrap_gate",
-    "both_intervals_verdict",
     "draw_resamples",
     "replicate_differences",
-    "resamples_of",
     "seed_item_difference",
 ]
-
-#: Replicates of every bootstrap of a report (fixed, with a fixed generator seed per split).
-BOOTSTRAP_REPLICATES = 2000
 
 #: z_0.975 + z_0.8: the minimal detectable effect at 80 % power of a two-sided 5 % test, in
 #: standard errors.
@@ -163,80 +152,3 @@ def seed_item_difference(
         se = float(differences.std(ddof=1))
         result.update(low=float(low), high=float(high), se=se, mde=MDE_FACTOR * se)
     return result
-
-
-def resamples_of(seeds: int, items: int, split: str) -> Resamples:
-    """The bootstrap draws of one split: the same for every arm, and for every run of it."""
-    return draw_resamples(seeds, items, replicates=BOOTSTRAP_REPLICATES, seed=sum(map(ord, split)))
-
-
-def both_intervals_verdict(
-    metric: str, seed: dict[str, Any], bootstrap: dict[str, Any]
-) -> str | None:
-    """``"better"``/``"worse"`` when both intervals (``seed``: the paired-seed t interval's
-    ``mean``, ``low``, ``high``; ``bootstrap``: :func:`seed_item_difference`'s) exclude 0, else
-    None (module docstring)."""
-    intervals = [(seed["low"], seed["high"]), (bootstrap["low"], bootstrap["high"])]
-    if any(low is None or high is None for low, high in intervals):
-        return None
-    if all(low > 0 for low, _ in intervals) or all(high < 0 for _, high in intervals):
-        improved = (seed["mean"] > 0) == (metric in HIGHER_IS_BETTER)
-        return "better" if improved else "worse"
-    return None
-
-
-def bootstrap_gate(
-    answers: Mapping[str, Mapping[str, NDArray[np.float64]]],
-    constants: Mapping[str, float],
-    references: NDArray[np.float64],
-    seeds: int,
-    metric: str,
-) -> dict[str, Any]:
-    """The rJokes report's learnability check (module docstring): ``answers[arm][readout]`` of
-    the trained arms, ``constants`` the training answers' mean, median and mode.
-
-    Returns ``{"passed", "metric", "constant", "constant_value", "best", "arms"}``: ``constant``
-    the best constant by ``metric`` and its value; ``arms`` one entry per (arm, readout) with its
-    ``improvement`` over that constant (positive: better) and the bootstrap ``se``; ``best`` the
-    entry with the largest improvement in standard errors.
-    """
-    sign = 1.0 if metric in HIGHER_IS_BETTER else -1.0
-    ones = np.ones_like(references)
-    scored = {
-        name: float(item_metric(metric, np.full_like(references, value), references, ones))
-        for name, value in constants.items()
-    }
-    finite = {name: value for name, value in scored.items() if math.isfinite(value)}
-    if not finite:
-        raise ValueError(f"no constant answer has a defined validation {metric}: choose another")
-    best_constant = max(finite, key=lambda name: sign * finite[name])
-    constant_rows = np.full_like(references, constants[best_constant])
-    resamples = resamples_of(seeds, len(references), "validation")
-    entries = []
-    for arm, by_readout in answers.items():
-        for readout, rows in by_readout.items():
-            difference = seed_item_difference(metric, rows, constant_rows, references, resamples)
-            improvement = None if difference["mean"] is None else sign * difference["mean"]
-            entries.append(
-                {"arm": arm, "readout": readout, "improvement": improvement,
-                 "se": difference["se"], "passes": improvement is not None
-                 and difference["se"] is not None and improvement > difference["se"]}
-            )  # fmt: skip
-
-    def standard_errors(entry: dict[str, Any]) -> float:
-        if entry["improvement"] is None:
-            return -math.inf
-        if entry["se"]:
-            return float(entry["improvement"] / entry["se"])
-        return math.copysign(math.inf, entry["improvement"]) if entry["improvement"] else 0.0
-
-    best = max(entries, key=standard_errors) if entries else None
-    return {
-        "passed": any(entry["passes"] for entry in entries),
-        "metric": metric,
-        "constant": best_constant,
-        "constant_value": constants[best_constant],
-        "constant_metric": finite[best_constant],
-        "best": best,
-        "arms": entries,
-    }

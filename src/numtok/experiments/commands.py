@@ -8,7 +8,6 @@ from pathlib import Path
 
 from numtok._common.extras import require_extra
 from numtok.experiments.config import ExperimentConfig, TrainingConfig
-from numtok.experiments.finetune.command import summary_lines
 from numtok.experiments.finetune.config import FinetuneConfig
 from numtok.experiments.finetune.runner import run_finetune
 from numtok.experiments.presets import (
@@ -17,9 +16,9 @@ from numtok.experiments.presets import (
     PRESETS,
     check_preset,
 )
+from numtok.experiments.report import summary_lines
 from numtok.experiments.rjokes.config import RJokesConfig
 from numtok.experiments.rjokes.download import DownloadError, fetch_rjokes
-from numtok.experiments.rjokes.report import summary_table, verdict_lines
 from numtok.experiments.rjokes.runner import run_rjokes
 from numtok.experiments.run_folder import prepare_run_dir
 from numtok.experiments.runner import run_experiment
@@ -88,7 +87,7 @@ def run_and_summarise(
             log=(lambda _line: None) if show_progress else print,
         )  # fmt: skip
         return [
-            *summary_lines(results, config),
+            *summary_lines(results),
             f"{config.task} on {config.model}: {results['minutes']:.1f} min of training and "
             "scoring; report.md, results.json and report.png are in the run folder",
         ]
@@ -102,13 +101,9 @@ def run_and_summarise(
             command=command,
         )
         return [
-            f"rJokes, {config.evaluate_on} split ({results['data']['evaluated']} jokes): mean ± "
-            f"std over {len(config.seeds)} seeds, {config.steps} steps",
-            summary_table(results, markdown=False),
-            "",
-            *verdict_lines(results),
-            f"wall time {results['wall_seconds'] / 60:.1f} min",
-            "report.md, results.json (a flat table 'rows') and report.png are in the run folder",
+            *summary_lines(results),
+            f"rJokes from scratch: wall time {results['wall_seconds'] / 60:.1f} min; report.md, "
+            "results.json and report.png are in the run folder",
         ]
     assert isinstance(config, ExperimentConfig)
     results = run_experiment(

@@ -428,8 +428,10 @@ def _fewest(mde: Callable[[int], float], target: float, largest: int) -> int | N
 class CrossedDifference:
     """The difference ``mean(arm) − mean(baseline)`` over S ``seeds`` and I ``items`` and its
     analysis (module docstring). ``se``, ``df``, ``low``, ``high``, ``mde``, ``squares`` and
-    ``components`` are None when ``verdict`` is "no verdict"; ``reason`` says why the verdict is
-    what it is, in one sentence."""
+    ``components`` are None when ``verdict`` is "no verdict"; ``mde`` and ``df`` also when the
+    estimate of Var(d̄) is not positive (``MS_seed + MS_item ≤ MS_resid``, for example two arms
+    that differ by the same amount on every item: no noise to size an effect by); ``reason``
+    says why the verdict is what it is, in one sentence."""
 
     difference: float
     seeds: int
@@ -532,10 +534,10 @@ def crossed_difference(
         verdict=verdict,
         reason=reason,
         se=se,
-        df=squares.df,
+        df=squares.df if se > 0 else None,
         low=low,
         high=high,
-        mde=_mde(se, squares.df, confidence, power),
+        mde=_mde(se, squares.df, confidence, power) if se > 0 else None,
         squares=squares,
         components=VarianceComponents.of(squares),
     )

@@ -22,7 +22,7 @@ from __future__ import annotations
 import datetime
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -42,7 +42,14 @@ from numtok.experiments.provenance import git_provenance
 from numtok.experiments.report_format import json_safe, signed
 from numtok.readout.distribution import FAST_TOLERANCE
 
-__all__ = ["Design", "analyse_and_write", "read_rows", "registration_of"]
+__all__ = [
+    "Design",
+    "analyse_and_write",
+    "read_rows",
+    "reanalyse",
+    "registration_of",
+    "summary_lines",
+]
 
 
 @dataclass(frozen=True)
@@ -276,6 +283,22 @@ def _split_lines(
     return lines
 
 
+def _run_lines(rows: Mapping[str, Any]) -> list[str]:
+    """The command, numtok's version, the date and the machine, for rows that recorded them
+    (the runs trained from scratch)."""
+    if "command" not in rows:
+        return []
+    machine = rows["hardware"]
+    return [
+        f"`{rows['command'] or '(an API call)'}`: numtok {rows['numtok_version']}, "
+        f"{rows['date']}; {machine['platform']}, {machine['cpu_count']} CPU cores, device "
+        f"{machine['device']}, torch {machine['torch']}, {rows['workers']} worker process(es) × "
+        f"{machine['threads_per_worker']} thread(s); {rows['wall_seconds'] / 60:.1f} min of wall "
+        "time in this invocation (a resumed run counts its own part).",
+        "",
+    ]
+
+
 def _preregistration_lines(
     preregistered: tuple[Path, dict[str, Any]] | None, started: str | None
 ) -> list[str]:
@@ -385,7 +408,7 @@ def analyse_and_write(
         "unparsed_answer": unparsed,
     })  # fmt: skip
     (run_dir / "results.json").write_text(json.dumps(results, indent=1, allow_nan=False))
-    lines = [f"# {design.title}", ""]
+    lines = [f"# {design.title}", "", *_run_lines(rows)]
     lines += _preregistration_lines(preregistered, rows.get("started"))
     compared_arms = [arm for arm in design.arms if arm != "ce"]
     if preregistered is not None:  # the registered arm alone is primary
@@ -424,6 +447,18 @@ def read_rows(source: Path) -> dict[str, Any]:
             f"{', '.join(missing)}; runs before numtok 0.1's one report writer kept none)"
         )
     return rows
+
+
+def reanalyse(
+    source: Path, out: Path, *, upgrade: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """Rebuild a run's report from its rows (``source``: its run folder or results file) with
+    this version's analysis, into ``out``; ``upgrade`` completes rows of an older layout."""
+    rows = read_rows(source)
+    if upgrade is not None:
+        rows = upgrade(rows)
+    out.mkdir(parents=True, exist_ok=True)
+    return analyse_and_write(out, rows, preregistered=registration_of(rows, source))
 
 
 def registration_of(rows: Mapping[str, Any], source: Path) -> tuple[Path, dict[str, Any]] | None:
@@ -478,3 +513,61 @@ def _choice_lines(design: Design, choice: Mapping[str, Any]) -> list[str]:
                  for w, m in means.items()]  # fmt: skip
         lines.append(f"| {arm} | " + " | ".join(cells) + f" | {choice['chosen'][arm]:g} |")
     return lines
+
+
+def summary_lines(results: Mapping[str, Any]) -> list[str]:
+    """What the command prints at the end: the gate and the primary endpoint of every arm, or
+    with one seed that it cannot give a verdict."""
+    design = Design.from_dict(results["design"])
+    gate = results["gate"]
+    split = design.splits[0]
+    if split not in results["answers"]:
+        split = "validation"
+    learnt = sum(entry["learnt"] for entry in gate["arms"])
+    closest = gate["closest"]
+    one_seed = len(design.seeds) == 1
+    if one_seed:
+        outcome = "cannot be shown with one seed (no interval): no verdict on any loss"
+    elif learnt:
+        outcome = f"shown for {learnt} of {gate['candidates']} arm × readout candidates"
+    else:
+        outcome = "not shown at this budget for any arm: no verdict on any loss"
+    if closest is not None and not one_seed:
+        outcome += (
+            f" (closest not shown: {closest['arm']} ({closest['readout']}), "
+            f"{signed(closest['improvement'], 4)} [{signed(closest['low'], 4)}, "
+            f"{signed(closest['high'], 4)}], MDE {_positive(closest['mde'])})"
+        )
+    lines = [
+        f"learnability gate (validation {design.metric}, beating the best constant at one-sided "
+        f"α {gate['alpha']:g}, Bonferroni over {gate['candidates']}): {outcome}",
+    ]
+    if one_seed:
+        lines.append(
+            "one seed cannot give a verdict: the seed-to-seed variance cannot be estimated from "
+            "one seed, so no difference has an interval (run at least 2 seeds; 3 or more for "
+            "useful power)"
+        )
+    metric = per_item_metric(design.metric)
+    lines.append(
+        f"primary endpoint, {metric} ({design.readout}) on {split}, arm − CE"
+        + (" (the test splits not scored: nothing to claim):" if split == "validation" else ":")
+    )
+    for entry in results["comparisons"]:
+        if (
+            entry["split"], entry["readout"], entry["baseline_arm"], entry["baseline"],
+            entry["metric"],
+        ) == (split, design.readout, "ce", design.readout, metric):  # fmt: skip
+            verdict = entry["verdict"]
+            if verdict == "no verdict" and not one_seed:  # one seed: said above
+                verdict += f" ({entry['reason']})"
+            lines.append(
+                f"  {entry['arm']}: {signed(entry['difference'], 4)} "
+                f"[{signed(entry['low'], 4)}, {signed(entry['high'], 4)}], MDE "
+                f"{_positive(entry['mde'])}: {verdict}"
+            )
+    return lines
+
+
+def _positive(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4f}"

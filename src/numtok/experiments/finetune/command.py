@@ -29,7 +29,6 @@ __all__ = [
     "distribution_bound",
     "run_compare",
     "run_reanalyse",
-    "summary_lines",
 ]
 
 #: ``numtok compare --data``'s settings where no flag is given: the SmolLM2 arithmetic preset's
@@ -204,66 +203,6 @@ def compare_config(args: argparse.Namespace, base: FinetuneConfig | None) -> Fin
     return base.with_overrides(**settings)
 
 
-def summary_lines(results: dict[str, Any], config: FinetuneConfig) -> list[str]:
-    """What the command prints at the end: the gate and the primary endpoint of every arm, or
-    with one seed that it cannot give a verdict."""
-    from numtok.experiments.item_metrics import per_item_metric
-    from numtok.experiments.report_format import signed
-
-    gate = results["gate"]
-    split = config.evaluation_splits[0]
-    if split not in results["answers"]:
-        split = "validation"
-    learnt = sum(entry["learnt"] for entry in gate["arms"])
-    closest = gate["closest"]
-    one_seed = len(config.seeds) == 1
-    if one_seed:
-        outcome = "cannot be shown with one seed (no interval): no verdict on any loss"
-    elif learnt:
-        outcome = f"shown for {learnt} of {gate['candidates']} arm × readout candidates"
-    else:
-        outcome = "not shown at this budget for any arm: no verdict on any loss"
-    if closest is not None and not one_seed:
-        outcome += (
-            f" (closest not shown: {closest['arm']} ({closest['readout']}), "
-            f"{signed(closest['improvement'], 4)} [{signed(closest['low'], 4)}, "
-            f"{signed(closest['high'], 4)}], MDE {_positive(closest['mde'])})"
-        )
-    lines = [
-        f"learnability gate (validation {config.metric}, beating the best constant at one-sided "
-        f"α {gate['alpha']:g}, Bonferroni over {gate['candidates']}): {outcome}",
-    ]
-    if one_seed:
-        lines.append(
-            "one seed cannot give a verdict: the seed-to-seed variance cannot be estimated from "
-            "one seed, so no difference has an interval (run at least 2 seeds; 3 or more for "
-            "useful power)"
-        )
-    metric = per_item_metric(config.metric)
-    lines.append(
-        f"primary endpoint, {metric} ({config.readout}) on {split}, arm − CE"
-        + (" (the test splits not scored: nothing to claim):" if split == "validation" else ":")
-    )
-    for entry in results["comparisons"]:
-        if (
-            entry["split"], entry["readout"], entry["baseline_arm"], entry["baseline"],
-            entry["metric"],
-        ) == (split, config.readout, "ce", config.readout, metric):  # fmt: skip
-            verdict = entry["verdict"]
-            if verdict == "no verdict" and not one_seed:  # one seed: said above
-                verdict += f" ({entry['reason']})"
-            lines.append(
-                f"  {entry['arm']}: {signed(entry['difference'], 4)} "
-                f"[{signed(entry['low'], 4)}, {signed(entry['high'], 4)}], MDE "
-                f"{_positive(entry['mde'])}: {verdict}"
-            )
-    return lines
-
-
-def _positive(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.4f}"
-
-
 def _log_lines(quiet: bool) -> Callable[[str], None]:
     if quiet:
         return lambda _line: None
@@ -353,6 +292,7 @@ def run_compare(
         remaining_work,
         run_finetune,
     )
+    from numtok.experiments.report import summary_lines
     from numtok.experiments.run_folder import prepare_run_dir
 
     try:
@@ -391,7 +331,7 @@ def run_compare(
         prepared=prepared, validation_only=args.validation_only,
         show_progress=not args.no_progress, log=_log_lines(not args.no_progress),
     )  # fmt: skip
-    print("\n".join(summary_lines(results, config)))
+    print("\n".join(summary_lines(results)))
     print(f"{results['minutes']:.1f} min; report.md, results.json and report.png in {run_dir}")
     return 0
 
@@ -401,8 +341,8 @@ def run_reanalyse(
 ) -> int:
     """``numtok compare --reanalyse RUN [--out DIR]``: the report rebuilt from RUN's rows; any
     other flag is an error (the rows hold the run's settings)."""
-    from numtok.experiments.finetune.config import FinetuneConfig
-    from numtok.experiments.finetune.report import reanalyse
+    from numtok.experiments.finetune.report import upgrade_rows
+    from numtok.experiments.report import reanalyse, summary_lines
 
     others = [a.split("=")[0] for a in arguments[1:] if a.startswith("--")]
     others = [flag for flag in others if flag not in ("--reanalyse", "--out")]
@@ -416,10 +356,9 @@ def run_reanalyse(
     if out is None:
         fail(f"--reanalyse {source} is a file: give --out DIR, the folder to write the report in")
     try:
-        results = reanalyse(source, out)
+        results = reanalyse(source, out, upgrade=upgrade_rows)
     except ValueError as error:
         fail(str(error))
-    config = FinetuneConfig.from_dict(results["config"])
-    print("\n".join(summary_lines(results, config)))
+    print("\n".join(summary_lines(results)))
     print(f"report.md, results.json and report.png in {out} (reanalysed from {source})")
     return 0

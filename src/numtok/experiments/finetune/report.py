@@ -17,10 +17,10 @@ from numtok.experiments.finetune.config import FinetuneConfig
 from numtok.experiments.finetune.data import FinetuneData
 from numtok.experiments.item_metrics import answer_values
 from numtok.experiments.objectives import NUMBER_LOSS_ARMS
-from numtok.experiments.report import Design, analyse_and_write, read_rows, registration_of
+from numtok.experiments.report import Design, analyse_and_write
 from numtok.experiments.report_format import json_safe
 
-__all__ = ["design_of", "reanalyse", "write_report"]
+__all__ = ["design_of", "upgrade_rows", "write_report"]
 
 
 def design_of(config: FinetuneConfig, notes: Sequence[str], chosen: Mapping[str, float]) -> Design:
@@ -116,11 +116,10 @@ def write_report(
     return analyse_and_write(run_dir, json_safe(rows), preregistered=preregistered)
 
 
-def reanalyse(source: Path, out: Path) -> dict[str, Any]:
-    """Rebuild a run's report from its rows (``source``: its run folder or results file) with
-    this version's analysis, into ``out``. Fine-tuning rows written before the rows held their
-    design and training constants get them from their config and scored constants."""
-    rows = read_rows(source)
+def upgrade_rows(rows: dict[str, Any]) -> dict[str, Any]:
+    """Fine-tuning rows written before the rows held their design and the training answers'
+    constants, with those added from their config and scored constants (newer rows: as they
+    are); for ``numtok compare --reanalyse``."""
     if "design" not in rows:
         config = FinetuneConfig.from_dict(rows["config"])
         rows["design"] = design_of(
@@ -129,8 +128,7 @@ def reanalyse(source: Path, out: Path) -> dict[str, Any]:
     if "training_constants" not in rows:
         scored = rows["constants"]["validation"]
         rows["training_constants"] = {name: entry["value"] for name, entry in scored.items()}
-    out.mkdir(parents=True, exist_ok=True)
-    return analyse_and_write(out, rows, preregistered=registration_of(rows, source))
+    return rows
 
 
 def _parsed_by_weight(

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import torch
 
@@ -23,28 +22,15 @@ from numtok.experiments.tasks.rjokes import Joke
 from numtok.experiments.tokenizer import WordTokenizer
 from numtok.numbers.text import last_number
 from numtok.readout.distribution import number_distribution
-from numtok.readout.metrics import numeric_metrics
 
 __all__ = [
-    "REGRESSION_METRICS",
     "TOKEN_READOUTS",
     "head_predictions",
-    "mean_by_score",
     "readouts_of",
-    "regression_metrics",
     "token_predictions",
 ]
 
 TOKEN_READOUTS = ("greedy", "expected", "median")
-#: Metric -> (column title, higher is better).
-REGRESSION_METRICS: dict[str, tuple[str, bool]] = {
-    "rmse": ("RMSE", False),
-    "mae": ("MAE", False),
-    "pearson": ("Pearson", True),
-    "spearman": ("Spearman", True),
-    "accuracy": ("exact acc", True),
-    "unparseable": ("unparseable", False),
-}
 # Prompts per enumeration batch: at 2 digits the cache holds 100 rows per prompt.
 _READOUT_PROMPTS = 16
 # Greedy answers longer than this are cut (a score has at most two digits, then <eos>).
@@ -141,27 +127,3 @@ def head_predictions(
         progress(len(chunk))
     model.train(was_training)
     return {"head": scores}
-
-
-def mean_by_score(predictions: Predictions, scores: Sequence[int]) -> dict[str, float]:
-    """The mean prediction for each true score (jokes without a prediction left out)."""
-    sums: dict[int, list[float]] = {}
-    for value, score in zip(predictions, scores, strict=True):
-        if value is not None:
-            sums.setdefault(score, []).append(value)
-    return {str(score): sum(values) / len(values) for score, values in sorted(sums.items())}
-
-
-def regression_metrics(predictions: Predictions, scores: Sequence[int]) -> dict[str, Any]:
-    """RMSE, MAE, Pearson and Spearman over the jokes with a prediction; ``accuracy``: the share
-    of all jokes whose prediction rounds to the true score (|prediction − score| ≤ 0.5);
-    ``unparseable``: the share without a prediction."""
-    metrics = numeric_metrics(predictions, list(scores), tolerance=0.5)
-    return {
-        "rmse": metrics.rmse,
-        "mae": metrics.mae,
-        "pearson": metrics.pearson,
-        "spearman": metrics.spearman,
-        "accuracy": metrics.exact_accuracy,
-        "unparseable": metrics.unparseable_rate,
-    }

@@ -5,19 +5,31 @@ back, interrupted ones continue from their checkpoints."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from numtok.experiments.parallel import Executor
+from numtok.experiments.report import Design, analyse_and_write
+from numtok.experiments.report_format import json_safe, run_header
 from numtok.experiments.rjokes.config import RJokesConfig
-from numtok.experiments.rjokes.report import constant_predictions, write_report
-from numtok.experiments.rjokes.train import RJokesTask, build_tokenizer, evaluation_jokes
+from numtok.experiments.rjokes.evaluate import readouts_of
+from numtok.experiments.rjokes.train import RJokesTask, build_tokenizer, scored_jokes
+from numtok.experiments.run_folder import arm_directory
 from numtok.experiments.scratch import run_scratch
+from numtok.experiments.stats import constant_answers
 from numtok.experiments.tasks.rjokes import RJokesData, find_data_dir, load_rjokes
 
-__all__ = ["RJokesRun", "run_rjokes"]
+__all__ = ["PUBLISHED", "RJokesRun", "run_rjokes"]
+
+#: The dataset paper's regression baselines, trained on the full 550k-joke train split (not
+#: available offline): rJokesData ``analysis/regression_results_base.csv``.
+PUBLISHED = (
+    "BERT-base Pearson 0.44–0.47, RMSE 1.63–1.88; RoBERTa-base Pearson 0.45–0.47, RMSE 1.64–1.88 "
+    "(Weller and Seppi 2020, trained on the full 550k-joke train split)"
+)
 
 
 @dataclass(frozen=True)
@@ -46,7 +58,7 @@ class RJokesRun:
         return [(seed, arm) for arm in order for seed in self.config.seeds]
 
     def scored_items(self) -> int:
-        return len(evaluation_jokes(self.config, self._data()))
+        return sum(len(jokes) for jokes in scored_jokes(self.config, self._data()).values())
 
     def task(self, seed: int) -> RJokesTask:
         return RJokesTask(self.config, self._data())
@@ -61,29 +73,93 @@ class RJokesRun:
         wall_seconds: float,
         workers: int,
     ) -> dict[str, Any]:
-        data = self._data()
-        evaluated = evaluation_jokes(self.config, data)
-        return write_report(
-            self.config,
-            runs,
-            timing,
-            run_dir,
-            data={
-                "files": data.files,
-                "digest": data.digest,
-                "train": len(data.train),
-                "validation": len(data.validation),
-                "test": len(data.test),
-                "evaluated": len(evaluated),
-            },
-            constants=constant_predictions(
-                [score for _, score in data.train], [score for _, score in evaluated]
-            ),
-            vocabulary_size=len(build_tokenizer(self.config, data)),
-            command=command,
-            wall_seconds=wall_seconds,
-            workers=workers,
+        """The run's rows (every seed's prediction for every scored joke), written with their
+        analysis by the one report writer (:func:`~numtok.experiments.report.analyse_and_write`)."""
+        config, data = self.config, self._data()
+        jokes = scored_jokes(config, data)
+        stored = {(r["seed"], r["arm"]): _predictions(run_dir, r["seed"], r["arm"]) for r in runs}
+        answers = {
+            split: {arm: {readout: [stored[(seed, arm)][split][readout] for seed in config.seeds]
+                          for readout in readouts_of(arm)}
+                    for arm in config.arms}
+            for split in jokes
+        }  # fmt: skip
+        header = run_header(
+            config, len(build_tokenizer(config, data)), command=command,
+            wall_seconds=wall_seconds, workers=workers,
+        )  # fmt: skip
+        rows = {
+            **header,
+            "design": _design(config, data, runs, timing).to_dict(),
+            "data": {"files": data.files, "digest": data.digest,
+                     "sizes": {"train": len(data.train), "validation": len(data.validation),
+                               "test": len(data.test)},
+                     "scored": {split: len(scored) for split, scored in jokes.items()}},
+            "preregistration": None,
+            "started": header["date"],
+            "choice": {"chosen": {arm: config.weight_of(arm) for arm in config.arms}, "means": {}},
+            "training_constants": constant_answers([score for _, score in data.train]),
+            "references": {split: [score for _, score in scored]
+                           for split, scored in jokes.items()},
+            "answers": answers,
+            "runs": [{key: r[key] for key in ("seed", "arm", "history", "mass", "pruned",
+                                               "median_step_seconds", "train_seconds",
+                                               "eval_seconds")} for r in runs],
+            "timing": timing,
+            "minutes": sum(r["train_seconds"] + r["eval_seconds"] for r in runs) / 60,
+        }  # fmt: skip
+        return analyse_and_write(run_dir, json_safe(rows), preregistered=None)
+
+
+def _predictions(run_dir: Path, seed: int, arm: str) -> dict[str, Any]:
+    """One arm's predictions per split, as :meth:`RJokesTask.score` stored them."""
+    path = arm_directory(run_dir, seed, arm) / "predictions.json"
+    stored: dict[str, Any] = json.loads(path.read_text())
+    if "splits" not in stored:
+        raise ValueError(
+            f"{path} was written by an older numtok (the test split alone): run into a new --out"
         )
+    splits: dict[str, Any] = stored["splits"]
+    return splits
+
+
+def _design(
+    config: RJokesConfig, data: RJokesData, runs: list[dict[str, Any]], timing: dict[str, Any]
+) -> Design:
+    """What an rJokes comparison trained, in the report's words."""
+    pruned = [r["pruned"] for r in runs if r["pruned"] is not None]
+    pruning = (
+        f"prefixes below {config.min_probability:g} not extended (at most "
+        f"{max(pruned, default=0.0):.2g} of a joke's probability left out)"
+        if config.min_probability > 0
+        else "every prefix enumerated"
+    )
+    ce_seconds = timing["arms"]["ce"]["median_seconds"] if "ce" in timing["arms"] else None
+    costs = [f"{arm} {entry['ratio_to_ce']:.2f}× CE's" for arm, entry in timing["arms"].items()
+             if arm != "ce" and ce_seconds is not None]  # fmt: skip
+    trained = (
+        f"a decoder-only transformer from scratch ({config.n_layers} layers, d={config.d_model}, "
+        f"word tokens: the {config.vocabulary_words:,} most frequent training words and the ten "
+        f"digits, a joke cut to {config.max_prompt_tokens} tokens), {config.steps} steps × "
+        f"{config.batch_size} jokes, AdamW learning rate {config.learning_rate:g}; "
+        f"{config.weights_text()}; the head: squared error on the standardised score. Data: "
+        f"rJokes ({', '.join(data.files)}, sha256 {data.digest}), {len(data.train):,} training "
+        f"jokes, {config.eval_jokes or 'all'} scored per split. Readouts: greedy decoding, the "
+        f"mean (`expected`) and median of the distribution over numbers of up to "
+        f"{config.max_digits} digits ({pruning}). A training step (interleaved timing, median): "
+        + (", ".join(costs) or "CE alone")
+        + f". Published for scale: {PUBLISHED}."
+    )
+    return Design(
+        title=f"rJokes from scratch: {', '.join(config.arms)}",
+        trained=trained,
+        seeds=config.seeds,
+        arms=config.arms,
+        splits=("test",),
+        metric="rmse",
+        readout="expected",
+        max_value=None,
+    )
 
 
 def run_rjokes(

@@ -26,13 +26,7 @@ from numtok.experiments.loop import Progress, Step, optimizer_step
 from numtok.experiments.model import Transformer
 from numtok.experiments.objectives import Objective
 from numtok.experiments.rjokes.config import RJokesConfig
-from numtok.experiments.rjokes.evaluate import (
-    head_predictions,
-    mean_by_score,
-    readouts_of,
-    regression_metrics,
-    token_predictions,
-)
+from numtok.experiments.rjokes.evaluate import head_predictions, token_predictions
 from numtok.experiments.rjokes.model import ScoreRegressor
 from numtok.experiments.scratch import Arm, Scored
 from numtok.experiments.tasks.rjokes import Joke, RJokesData, evaluation_subset
@@ -43,11 +37,9 @@ __all__ = [
     "ScoredTrainingSet",
     "arm_step",
     "build_tokenizer",
-    "evaluation_jokes",
     "prepare_training",
+    "scored_jokes",
 ]
-
-_EXAMPLES = 8
 
 
 def build_tokenizer(config: RJokesConfig, data: RJokesData) -> WordTokenizer:
@@ -77,9 +69,14 @@ def prepare_training(
     return _PREPARED[key]
 
 
-def evaluation_jokes(config: RJokesConfig, data: RJokesData) -> list[Joke]:
-    split = data.validation if config.evaluate_on == "validation" else data.test
-    return evaluation_subset(split, config.eval_jokes)
+def scored_jokes(config: RJokesConfig, data: RJokesData) -> dict[str, list[Joke]]:
+    """The jokes an arm is scored on, ``eval_jokes`` of each split (a fixed subset): validation
+    (which the report's learnability gate reads), and the test split unless ``evaluate_on`` is
+    ``validation`` (choosing settings)."""
+    splits = {"validation": data.validation}
+    if config.evaluate_on == "test":
+        splits["test"] = data.test
+    return {split: evaluation_subset(jokes, config.eval_jokes) for split, jokes in splits.items()}
 
 
 class ScoredTrainingSet(TrainingSet):
@@ -151,33 +148,20 @@ def arm_step(
     return step
 
 
-def _examples(
-    jokes: Sequence[Joke], predictions: dict[str, list[float | None]]
-) -> list[dict[str, Any]]:
-    return [
-        {
-            "joke": text[:100],
-            "score": score,
-            **{readout: values[index] for readout, values in predictions.items()},
-        }
-        for index, (text, score) in enumerate(jokes[:_EXAMPLES])
-    ]
-
-
 class RJokesTask:
     """The rJokes comparison as a :class:`~numtok.experiments.scratch.ScratchTask`: the word
     vocabulary and scored training jokes of ``data`` (built once per process), and the jokes of
-    the ``evaluate_on`` split, read out greedily and by the distribution's mean and median (token
+    :func:`scored_jokes`, read out greedily and by the distribution's mean and median (token
     arms) or by the head."""
 
     def __init__(self, config: RJokesConfig, data: RJokesData) -> None:
         self.config = config
-        self.jokes = evaluation_jokes(config, data)
+        self.jokes = scored_jokes(config, data)
         self.tokenizer, self.training = prepare_training(config, data)
 
     @property
     def scored_items(self) -> int:
-        return len(self.jokes)
+        return sum(len(jokes) for jokes in self.jokes.values())
 
     def build(self, seed: int, arm: str) -> Arm:
         model, optimizer, objective = build_arm(self.config, seed, arm, self.tokenizer)
@@ -186,46 +170,34 @@ class RJokesTask:
         return Arm(model, optimizer, step, has_ce=objective is not None, has_ntl=has_ntl)
 
     def score(self, arm: str, model: nn.Module, progress: Progress) -> Scored:
-        """``{"metrics": {readout: {metric: value}}, "mass" (the mean probability the
-        distribution readouts cover; token arms), "pruned" (the largest probability pruning
-        left out of one joke's distribution), "by_score" (the mean prediction per true score,
-        per readout), "examples"}``; ``progress`` hears of every scored joke."""
-        config, jokes, device = self.config, self.jokes, torch.device(self.config.device)
-        mass: list[float] | None = None
-        pruned: list[float] | None = None
-        if isinstance(model, ScoreRegressor):
-            predictions = head_predictions(
-                model,
-                self.tokenizer,
-                jokes,
-                batch_size=config.eval_batch_size,
-                mean=self.training.score_mean,
-                std=self.training.score_std,
-                device=device,
-                progress=progress,
-            )
-        else:
+        """``result``: ``{"mass" (the mean probability the distribution readouts cover; token
+        arms), "pruned" (the largest probability pruning left out of one joke's distribution)}``;
+        ``predictions``: ``{"splits": {split: {readout: [score or None per joke]}}}``;
+        ``progress`` hears of every scored joke."""
+        config, device = self.config, torch.device(self.config.device)
+        splits: dict[str, dict[str, list[float | None]]] = {}
+        masses: list[float] = []
+        pruned: list[float] = []
+        for split, jokes in self.jokes.items():
+            if isinstance(model, ScoreRegressor):
+                splits[split] = head_predictions(
+                    model, self.tokenizer, jokes, batch_size=config.eval_batch_size,
+                    mean=self.training.score_mean, std=self.training.score_std, device=device,
+                    progress=progress,
+                )  # fmt: skip
+                continue
             assert isinstance(model, Transformer)
-            predictions, mass, pruned = token_predictions(
-                model,
-                self.tokenizer,
-                jokes,
-                batch_size=config.eval_batch_size,
-                max_digits=config.max_digits,
-                min_probability=config.min_probability,
-                device=device,
-                progress=progress,
-            )
-        scores = [score for _, score in jokes]
+            splits[split], mass, left_out = token_predictions(
+                model, self.tokenizer, jokes, batch_size=config.eval_batch_size,
+                max_digits=config.max_digits, min_probability=config.min_probability,
+                device=device, progress=progress,
+            )  # fmt: skip
+            masses += mass
+            pruned += left_out
         return Scored(
             {
-                "metrics": {
-                    r: regression_metrics(predictions[r], scores) for r in readouts_of(arm)
-                },
-                "mass": None if mass is None else sum(mass) / len(mass),
-                "pruned": None if pruned is None else max(pruned),
-                "by_score": {r: mean_by_score(predictions[r], scores) for r in readouts_of(arm)},
-                "examples": _examples(jokes, predictions),
+                "mass": sum(masses) / len(masses) if masses else None,
+                "pruned": max(pruned) if pruned else None,
             },
-            {**predictions, "mass": mass, "pruned": pruned, "scores": scores},
+            {"splits": splits},
         )
