@@ -582,6 +582,8 @@ def test_compare_runs_every_preset_and_refuses_the_flags_of_the_other_kind(
          "--hypothesis does not apply to 'smoke'" + fine_tuning_only),
         (["--preset", "smoke", "--max-value", "9"],
          "--max-value does not apply to 'smoke'" + fine_tuning_only),
+        (["--preset", "rjokes-smoke", "--margin", "0.1"],
+         "--margin does not apply to 'rjokes-smoke'" + fine_tuning_only),
         (["--preset", "smollm2-arithmetic", "--workers", "2"],
          "--workers does not apply to the fine-tuning preset 'smollm2-arithmetic'" + scratch_only),
         (["--data", "x.jsonl", "--eval-jokes", "5"],
@@ -657,3 +659,58 @@ def test_reanalyse_refuses_in_one_line(
     assert stopped.value.code == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith(f"numtok: error: {filled(message)}"), line
+
+
+def test_a_margin_tests_equivalence_under_the_same_gate(tmp_path: Path) -> None:
+    """--margin: two one-sided tests within ±m of the run's tested metric, for every comparison
+    of that metric; "equivalent" where the 90 % interval lies inside, "different" where outside,
+    withheld by the gate like the difference; the report shows them in the primary table."""
+    from numtok.experiments.crossed import equivalence
+    from numtok.experiments.finetune.config import FinetuneConfig
+    from numtok.experiments.report import Design, analyse_and_write
+
+    answers, references, constants = _run()
+    answers["test"]["near"] = {"greedy": answers["test"]["ce"]["greedy"] + 0.01}
+    answers["validation"]["near"] = {"greedy": answers["validation"]["ce"]["greedy"] + 0.01}
+    gate = learnability_gate(answers["validation"], constants, references["validation"], 3, "mae",
+                             constants["median"])  # fmt: skip
+    entries = comparisons(answers, references, 3, constants["median"], gate, margin=("mae", 1.0))
+    test = {e["arm"]: e for e in entries if (e["split"], e["metric"]) == ("test", "mae")}
+    assert test["near"]["equivalence"]["verdict"] == "equivalent"
+    assert test["mse"]["equivalence"]["verdict"] == "different"  # MSE's errors 5 lower
+    assert test["was"]["equivalence"]["verdict"] == "no verdict"  # WAS did not learn
+    expected = equivalence(
+        np.abs(answers["test"]["mse"]["greedy"] - references["test"]),
+        np.abs(answers["test"]["ce"]["greedy"] - references["test"]), margin=1.0,
+    )  # fmt: skip
+    assert (test["mse"]["equivalence"]["low"], test["mse"]["equivalence"]["high"]) == (
+        expected.low, expected.high,
+    )  # fmt: skip
+    assert all("equivalence" not in e for e in entries if e["metric"] != "mae")
+    design = Design(
+        title="t",
+        trained="x.",
+        seeds=(0, 1, 2),
+        arms=("ce", "mse", "near"),
+        splits=("test",),
+        metric="mae",
+        readout="greedy",
+        max_value=None,
+        margin=1.0,
+    )
+    stored = {split: {arm: {readout: rows.tolist() for readout, rows in by_readout.items()}
+                      for arm, by_readout in by_arm.items()}
+              for split, by_arm in answers.items()}  # fmt: skip
+    rows = {"design": design.to_dict(), "config": {}, "choice": {"chosen": {}, "means": {}},
+            "training_constants": constants, "minutes": 1.0, "answers": stored,
+            "references": {s: r.tolist() for s, r in references.items()}}  # fmt: skip
+    analyse_and_write(tmp_path, rows, preregistered=None)
+    report = (tmp_path / "report.md").read_text()
+    assert (
+        "| arm − CE | Δ | 95 % interval | df | MDE | parsed, arm / baseline | verdict | "
+        "equivalence ±1 | 90 % interval |" in report
+    )
+    assert "| mse | -5.083 |" in report and "| **better** | **different** |" in report
+    assert "| near | +0.000 |" in report and "| not shown | **equivalent** |" in report
+    with pytest.raises(ValueError, match="margin must be a finite number > 0, got 0.0"):
+        FinetuneConfig(margin=0.0)

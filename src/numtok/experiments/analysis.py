@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from numtok.experiments.crossed import CrossedDifference, crossed_difference
+from numtok.experiments.crossed import CrossedDifference, crossed_difference, equivalence
 from numtok.experiments.item_metrics import (
     HIGHER_IS_BETTER,
     ITEM_METRICS,
@@ -121,6 +121,22 @@ def _difference(
     }  # fmt: skip
 
 
+def _equivalence(
+    scores: NDArray[np.float64], baseline: NDArray[np.float64], margin: float,
+    unshown: str | None,
+) -> dict[str, Any]:  # fmt: skip
+    """The equivalence entry of :func:`comparisons` (``unshown``: why the gate withholds it)."""
+    if not (np.isfinite(scores).all() and np.isfinite(baseline).all()):
+        return {"margin": margin, "verdict": "no verdict", "low": None, "high": None,
+                "reason": "an answer is infinite: its error has no finite mean"}  # fmt: skip
+    result = equivalence(scores, baseline, margin=margin)
+    verdict, reason = result.verdict, result.reason
+    if unshown is not None and verdict != "no verdict":
+        verdict, reason = "no verdict", unshown
+    return {"margin": margin, "verdict": verdict, "low": result.low, "high": result.high,
+            "reason": reason}  # fmt: skip
+
+
 def _baselines(arm: str, readout: str, by_arm: Mapping[str, Any]) -> list[tuple[str, str]]:
     """What ``arm`` by ``readout`` is compared with: CE by the same readout (the head: CE's
     ``expected`` and ``greedy``), and where a regression head ran, the head (every token arm,
@@ -140,12 +156,17 @@ def comparisons(
     seeds: int,
     unparsed: float,
     gate: Mapping[str, Any],
+    *,
+    margin: tuple[str, float] | None = None,
 ) -> list[dict[str, Any]]:
     """One entry per (split, arm, readout, ``baseline_arm`` and its readout ``baseline``, metric
     of :data:`MEAN_METRICS`) of :func:`_baselines`' pairs: ``arm − baseline_arm`` by the crossed
     analysis, its ``verdict`` ("better", "worse", "not shown" or "no verdict") and ``reason``
     (module docstring), and ``parsed_share`` of both sides (``arm``, ``baseline``). ``gate`` is
-    :func:`learnability_gate`'s."""
+    :func:`learnability_gate`'s. ``margin``: ``(metric, m)``, and every entry of that metric also
+    holds ``equivalence`` within ±m (:func:`numtok.experiments.crossed.equivalence`: its
+    ``verdict`` "equivalent", "different" or "undecided", ``low`` and ``high`` of the 90 %
+    interval, ``reason``), under the same gate."""
     learnt = {(e["arm"], e["readout"]): e["learnt"] for e in gate["arms"]}
     entries = []
     for split, by_arm in answers.items():
@@ -155,6 +176,7 @@ def comparisons(
                     entries += _compared(
                         (split, arm, readout, baseline_arm, baseline), rows,
                         by_arm[baseline_arm][baseline], references[split], seeds, unparsed, learnt,
+                        margin,
                     )  # fmt: skip
     return entries
 
@@ -162,7 +184,7 @@ def comparisons(
 def _compared(
     key: tuple[str, str, str, str, str], rows: NDArray[np.float64],
     baseline_rows: NDArray[np.float64], references: NDArray[np.float64], seeds: int,
-    unparsed: float, learnt: Mapping[tuple[str, str], bool],
+    unparsed: float, learnt: Mapping[tuple[str, str], bool], margin: tuple[str, float] | None,
 ) -> list[dict[str, Any]]:  # fmt: skip
     split, arm, readout, baseline_arm, baseline = key
     rows = np.broadcast_to(rows, (seeds, rows.shape[-1]))  # base: one row for every seed
@@ -170,15 +192,16 @@ def _compared(
                 if not learnt.get((a, r), False)]  # fmt: skip
     entries = []
     for metric in MEAN_METRICS:
-        entry = _difference(
-            item_scores(metric, rows, references, unparsed=unparsed),
-            item_scores(metric, baseline_rows, references, unparsed=unparsed),
-            higher_is_better=metric in HIGHER_IS_BETTER,
-        )
+        scores = item_scores(metric, rows, references, unparsed=unparsed)
+        baseline_scores = item_scores(metric, baseline_rows, references, unparsed=unparsed)
+        entry = _difference(scores, baseline_scores, higher_is_better=metric in HIGHER_IS_BETTER)
         verdict, reason = entry["interval_verdict"], entry["reason"]
+        unshown = "learning not shown on validation for " + " and ".join(unlearnt)
         if unlearnt and verdict != "no verdict":
-            verdict = "no verdict"
-            reason = "learning not shown on validation for " + " and ".join(unlearnt)
+            verdict, reason = "no verdict", unshown
+        if margin is not None and metric == margin[0]:
+            entry["equivalence"] = _equivalence(scores, baseline_scores, margin[1], unshown
+                                                if unlearnt else None)  # fmt: skip
         entries.append(
             {"split": split, "arm": arm, "readout": readout, "baseline_arm": baseline_arm,
              "baseline": baseline, "metric": metric, **entry, "verdict": verdict,

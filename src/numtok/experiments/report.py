@@ -59,7 +59,8 @@ class Design:
     each of them but CE minus CE); ``splits`` (the scored splits but validation, the primary one
     first); the primary ``metric`` (one of :data:`~numtok.experiments.item_metrics.ITEM_METRICS`,
     also the gate's) and ``readout``; ``max_value``, the largest answer the distribution
-    readouts enumerate (None: none)."""
+    readouts enumerate (None: none); ``margin``, the equivalence margin of the primary
+    comparisons in units of the tested metric (None: no equivalence test)."""
 
     title: str
     trained: str
@@ -69,6 +70,7 @@ class Design:
     metric: str
     readout: str
     max_value: int | None
+    margin: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -147,24 +149,61 @@ def _primary_lines(
             "",
         ]
         split = "validation"
+    equivalence = "" if design.margin is None else (
+        f" Equivalence within ±{design.margin:g} ({metric}): two one-sided tests at 5 %, the "
+        "90 % interval inside the margin (\"equivalent\"), outside it (\"different\") or across "
+        "it (\"undecided\"), under the same gate."
+    )  # fmt: skip
     lines += [
         f"{_metric_name(design.metric)} of the {readout} readout on {split}, each arm minus CE, "
         f"paired by seed and item ({len(design.seeds)} seeds). One 95 % interval per "
         "difference, the crossed seed × item analysis (df: Satterthwaite's; MDE: the difference "
         "this design finds with 80 % power); the verdict is read from that interval alone, and "
-        "only where both arms learnt on validation (the gate below).",
+        f"only where both arms learnt on validation (the gate below).{equivalence}",
         "",
-        f"| arm − CE | {DIFFERENCE_HEADER}",
-        "|---|---|---|---|---|---|---|",
     ]
-    for arm in arms:
-        found = [
-            e for e in entries
-            if (e["split"], e["arm"], e["readout"], e["baseline_arm"], e["baseline"], e["metric"])
-            == (split, arm, readout, "ce", readout, metric)
-        ]  # fmt: skip
-        if found:
-            lines.append(f"| {arm} | " + " | ".join(_difference_cells(found[0])) + " |")
+    against_ce = [((arm, readout), ("ce", readout)) for arm in arms if arm != "head"]
+    if "head" in arms:  # the head's own readout against CE's, then the regression claim
+        against_ce.append((("head", "head"), ("ce", readout)))
+    lines += _primary_table("arm − CE", against_ce, entries, split, metric, design.margin)
+    if "head" in arms and readout != "head":
+        against_head = [((arm, readout), ("head", "head")) for arm in ("ce", *arms)
+                        if arm not in ("head", "base")]  # fmt: skip
+        lines += ["", f"Each token arm's {readout} readout against the regression head (the "
+                  "paper's claim that a token head trained with NTL matches a regression head):",
+                  ""]  # fmt: skip
+        lines += _primary_table("arm − head", against_head, entries, split, metric, design.margin)
+    return lines
+
+
+def _primary_table(
+    title: str,
+    pairs: Sequence[tuple[tuple[str, str], tuple[str, str]]],
+    entries: Sequence[dict[str, Any]],
+    split: str,
+    metric: str,
+    margin: float | None,
+) -> list[str]:
+    """One row per ((arm, readout), (baseline arm, its readout)) found among ``entries``."""
+    extra = "" if margin is None else f" equivalence ±{margin:g} | 90 % interval |"
+    lines = [f"| {title} | {DIFFERENCE_HEADER}{extra}",
+             "|---|---|---|---|---|---|---|" + ("---|---|" if extra else "")]  # fmt: skip
+    for (arm, readout), (baseline_arm, baseline) in pairs:
+        key = (split, arm, readout, baseline_arm, baseline, metric)
+        found = [e for e in entries if (e["split"], e["arm"], e["readout"], e["baseline_arm"],
+                                        e["baseline"], e["metric"]) == key]  # fmt: skip
+        if not found:
+            continue
+        name = arm if readout == baseline else f"{arm} ({readout})"
+        cells = _difference_cells(found[0])
+        if extra:
+            test = found[0].get("equivalence") or {"verdict": "n/a", "low": None, "high": None}
+            verdict = test["verdict"]
+            if verdict == "no verdict":
+                verdict += f": {test['reason']}"
+            cells += [f"**{verdict}**" if verdict in ("equivalent", "different") else verdict,
+                      _interval(test["low"], test["high"])]  # fmt: skip
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -397,7 +436,8 @@ def analyse_and_write(
         answers["validation"], constants, references["validation"], seeds, design.metric, unparsed
     )
     table = metric_table(answers, references, seeds, unparsed)
-    entries = comparisons(answers, references, seeds, unparsed, gate)
+    margin = None if design.margin is None else (per_item_metric(design.metric), design.margin)
+    entries = comparisons(answers, references, seeds, unparsed, gate, margin=margin)
     scored_constants = _constants(constants, references)
     results = json_safe({
         **{key: value for key, value in rows.items() if key not in _ANALYSIS},

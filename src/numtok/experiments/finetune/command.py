@@ -52,7 +52,7 @@ _SETTINGS = {
     "arm_weights": "--arm-weights", "weight_grid": "--choose-on-validation", "steps": "--steps",
     "batch_size": "--batch-size", "learning_rate": "--learning-rate",
     "head_learning_rate": "--head-learning-rate", "adaptation": "--adaptation",
-    "lora_rank": "--lora-rank", "metric": "--metric", "readout": "--readout",
+    "lora_rank": "--lora-rank", "metric": "--metric", "readout": "--readout", "margin": "--margin",
     "device": "--device", "threads": "--threads", "max_new_tokens": "--max-new-tokens",
 }  # fmt: skip
 
@@ -121,6 +121,11 @@ def add_compare_arguments(
     parser.add_argument(
         "--readout", help="greedy (default), expected, median, mode (need --max-value), head"
     )
+    parser.add_argument(
+        "--margin", type=float,
+        help="also test equivalence within ±M of --metric (MSE for rmse) for the primary "
+        "comparisons, two one-sided tests at 5 %% (pre-registrable)",
+    )  # fmt: skip
     parser.add_argument(
         "--max-value", default="auto",
         help="the expected/median readouts enumerate the numbers 0..N: an int, 'none', or "

@@ -96,6 +96,9 @@ class FinetuneConfig(RunConfig):
     max_value: int | None = None
     max_digits: int = 2
     max_new_tokens: int = 8
+    #: Equivalence within ±``margin`` of the tested metric (MSE for RMSE) for the primary
+    #: comparisons (two one-sided tests at 5 %; None: none). Pre-registrable: it is a setting.
+    margin: float | None = None
 
     @property
     def evaluation_splits(self) -> tuple[str, ...]:
@@ -144,10 +147,9 @@ class FinetuneConfig(RunConfig):
             "harder_examples", "max_prompt_tokens", "max_digits", "max_new_tokens",
         ):  # fmt: skip
             check_positive_int(name, getattr(self, name))
-        if self.head_learning_rate is not None:
-            check_number(
-                "head_learning_rate", self.head_learning_rate, minimum=0.0, inclusive=False
-            )
+        for name in ("head_learning_rate", "margin"):
+            if getattr(self, name) is not None:
+                check_number(name, getattr(self, name), minimum=0.0, inclusive=False)
         if self.weight_grid and self.arm_weights:
             raise ValueError(
                 "weight_grid chooses every number-loss arm's λ on validation; arm_weights fixes "

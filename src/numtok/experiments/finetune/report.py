@@ -41,6 +41,7 @@ def design_of(config: FinetuneConfig, notes: Sequence[str], chosen: Mapping[str,
         metric=config.metric,
         readout=config.readout,
         max_value=config.max_value,
+        margin=config.margin,
     )
 
 
