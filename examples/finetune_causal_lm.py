@@ -135,8 +135,14 @@ def generate_answers(
     try:
         for start in tqdm(range(0, len(prompts), batch_size), desc="generating", leave=False):
             texts = [fmt.prompt_text(p) for p in prompts[start : start + batch_size]]
+            # No token_type_ids: a tokenizer that returns them (as one saved from a bare
+            # PreTrainedTokenizerFast does) makes generate() refuse them (transformers 4.56.0).
             batch = tokenizer(
-                texts, return_tensors="pt", padding=True, add_special_tokens=not fmt.use_chat
+                texts,
+                return_tensors="pt",
+                padding=True,
+                add_special_tokens=not fmt.use_chat,
+                return_token_type_ids=False,
             ).to(model.device)
             generated = model.generate(
                 **batch,

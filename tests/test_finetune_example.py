@@ -52,8 +52,8 @@ def test_example_fine_tunes_evaluates_and_saves(finetune_main: Any, tmp_path: Pa
 
     training_logs = [entry for entry in results["log_history"] if "loss" in entry]
     assert [entry["step"] for entry in training_logs] == [4, 8, 12]
-    for entry in training_logs:
-        assert entry["loss"] == pytest.approx(entry["ce"] + 0.3 * entry["ntl"], rel=1e-5)
+    for entry in training_logs:  # transformers 4.x logs the loss rounded to 4 decimals
+        assert entry["loss"] == pytest.approx(entry["ce"] + 0.3 * entry["ntl"], rel=1e-5, abs=5e-5)
     assert training_logs[-1]["loss"] < training_logs[0]["loss"]  # it learns
     eval_logs = [entry for entry in results["log_history"] if "eval_ntl" in entry]
     assert [entry["step"] for entry in eval_logs] == [6, 12, 12]  # two during training, one after

@@ -259,7 +259,9 @@ def rebuild_float32(gguf_file: Path, directory: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     dequantised = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     config = dequantised.config
-    del config.quantization_config
+    # transformers 4.x (4.56.0 measured) leaves no quantization entry on a GGUF-loaded config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # type: ignore[no-untyped-call]
     model.load_state_dict(dequantised.state_dict())
     model.generation_config = dequantised.generation_config
