@@ -712,5 +712,14 @@ def test_a_margin_tests_equivalence_under_the_same_gate(tmp_path: Path) -> None:
     )
     assert "| mse | -5.083 |" in report and "| **better** | **different** |" in report
     assert "| near | +0.000 |" in report and "| not shown | **equivalent** |" in report
-    with pytest.raises(ValueError, match="margin must be a finite number > 0, got 0.0"):
+    with pytest.raises(ValueError, match=r"margin must be a finite number > 0, got 0\.0"):
         FinetuneConfig(margin=0.0)
+
+
+def test_the_committed_rjokes_report_is_its_rows_reanalysed(tmp_path: Path) -> None:
+    """docs/rjokes-test-report.md is what --reanalyse writes from docs/rjokes-test-rows.json
+    (make demo's run, its paths replaced by DATA and runs/demo-rjokes), byte for byte."""
+    from numtok.experiments.report import reanalyse
+
+    reanalyse(DOCS / "rjokes-test-rows.json", tmp_path)
+    assert (tmp_path / "report.md").read_text() == (DOCS / "rjokes-test-report.md").read_text()
