@@ -640,9 +640,11 @@ def test_reanalyse_rebuilds_the_committed_pre_registered_run_with_this_analysis(
         (["--reanalyse", "{docs}/compare-arithmetic-fresh-rows.json"],
          "--reanalyse {docs}/compare-arithmetic-fresh-rows.json is a file: give --out DIR"),
         (["--reanalyse", "{tmp}/nowhere"], "--reanalyse {tmp}/nowhere: no such run folder"),
-        (["--reanalyse", "{docs}/rjokes-test-rows.json", "--out", "{tmp}/x"],
-         "--reanalyse {docs}/rjokes-test-rows.json: not the results of a run that stores"),
+        (["--reanalyse", "{docs}/smollm2-rjokes-test-rows.json", "--out", "{tmp}/x"],
+         "--reanalyse {docs}/smollm2-rjokes-test-rows.json: not the results of a run"),
         (["--reanalyse", "{tmp}", "--seeds", "3"], "--seeds does not apply to --reanalyse"),
+        (["--reanalyse", "{tmp}", "--target-effect", "-1"],
+         "--target-effect must be a positive number, got -1"),
         (["--reanalyse", "{tmp}"], "--reanalyse {tmp}: cannot read the run's results"),
     ],
 )  # fmt: skip
@@ -723,3 +725,41 @@ def test_the_committed_rjokes_report_is_its_rows_reanalysed(tmp_path: Path) -> N
 
     reanalyse(DOCS / "rjokes-test-rows.json", tmp_path)
     assert (tmp_path / "report.md").read_text() == (DOCS / "rjokes-test-report.md").read_text()
+
+
+def test_a_target_effect_plans_the_seeds_and_items_that_reach_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--target-effect: each primary comparison's variance components give the MDE of this
+    design and the fewest seeds (at this many items) and items (at this many seeds) that reach
+    the target; checked against the crossed analysis of the same per-item scores."""
+    from numtok.cli import main
+    from numtok.experiments.crossed import crossed_difference
+
+    rows = DOCS / "compare-arithmetic-fresh-rows.json"
+    flags = ["--out", str(tmp_path / "plan"), "--target-effect", "0.02"]
+    assert main(["compare", "--reanalyse", str(rows), *flags]) == 0
+    assert "was − CE: MDE now 0.0268; seeds needed at 1,000 items: 10;" in capsys.readouterr().out
+    plan = json.loads((tmp_path / "plan" / "results.json").read_text())["planning"]
+    (entry,) = plan["arms"]
+    stored = json.loads(rows.read_text())
+    truth = np.array(stored["references"]["test_fresh_4_digit"])
+    answers = stored["answers"]["test_fresh_4_digit"]
+    scores = {
+        arm: item_scores("log_mae", np.array(answers[arm]["greedy"]), truth, unparsed=410.0)
+        for arm in ("was", "ce")
+    }
+    components = crossed_difference(scores["was"], scores["ce"], higher_is_better=False).components
+    assert components is not None
+    assert entry["components"] == pytest.approx(
+        {"seed": components.seed, "item": components.item, "resid": components.resid}
+    )
+    needed = entry["seeds_needed"]
+    assert components.minimal_detectable_effect(needed, 1000) <= 0.02
+    assert components.minimal_detectable_effect(needed - 1, 1000) > 0.02
+    items = entry["items_needed"]
+    assert components.minimal_detectable_effect(6, items) <= 0.02
+    assert components.minimal_detectable_effect(6, items - 1) > 0.02
+    assert plan["mde_above"] == ["was"]
+    report = (tmp_path / "plan" / "report.md").read_text()
+    assert "## Planning" in report and "| was | 0.000191 | 0.00386 | 0.161 | 0.027 | 10" in report

@@ -71,7 +71,7 @@ _FLAGS = {
 # numtok compare's fine-tuning runs that name no setting.
 _FROM_SCRATCH_ONLY = ("task", "train_questions", "eval_questions", "eval_jokes", "workers",
                       "cache_dir")  # fmt: skip
-_FINE_TUNING_ONLY = ("preregister", "hypothesis", "primary", "margin")
+_FINE_TUNING_ONLY = ("preregister", "hypothesis", "primary", "margin", "target_effect")
 RJOKES = "rjokes"
 
 

@@ -105,19 +105,24 @@ def _difference(
     confidence: float = 0.95,
 ) -> dict[str, Any]:  # fmt: skip
     """The crossed analysis of ``arm − baseline`` (both (S, I) scores) as a JSON-ready entry:
-    ``difference``, ``low``, ``high``, ``se``, ``df``, ``mde``, ``interval_verdict`` and
-    ``reason``; no interval where a score is infinite (an infinite answer)."""
+    ``difference``, ``low``, ``high``, ``se``, ``df``, ``mde``, ``interval_verdict``, ``reason``
+    and ``components`` (the variance components ``seed``, ``item``, ``resid`` that plan a next
+    run); no interval where a score is infinite (an infinite answer)."""
     if not (np.isfinite(arm).all() and np.isfinite(baseline).all()):
         return {"difference": None, "low": None, "high": None, "se": None, "df": None,
                 "mde": None, "interval_verdict": "no verdict",
-                "reason": "an answer is infinite: its error has no finite mean"}  # fmt: skip
+                "reason": "an answer is infinite: its error has no finite mean",
+                "components": None}  # fmt: skip
     result: CrossedDifference = crossed_difference(
         arm, baseline, higher_is_better=higher_is_better, confidence=confidence
     )
+    components = result.components
     return {
         "difference": result.difference, "low": result.low, "high": result.high,
         "se": result.se, "df": result.df, "mde": result.mde,
         "interval_verdict": result.verdict, "reason": result.reason,
+        "components": None if components is None else
+        {"seed": components.seed, "item": components.item, "resid": components.resid},
     }  # fmt: skip
 
 

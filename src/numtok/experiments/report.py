@@ -30,7 +30,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from numtok._common.validation import check_number
 from numtok.experiments.analysis import comparisons, learnability_gate, metric_table
+from numtok.experiments.crossed import VarianceComponents, items_needed, seeds_needed
 from numtok.experiments.item_metrics import (
     HIGHER_IS_BETTER,
     ITEM_METRICS,
@@ -45,6 +47,7 @@ from numtok.readout.distribution import FAST_TOLERANCE
 __all__ = [
     "Design",
     "analyse_and_write",
+    "planning",
     "read_rows",
     "reanalyse",
     "registration_of",
@@ -417,12 +420,15 @@ def analyse_and_write(
     rows: Mapping[str, Any],
     *,
     preregistered: tuple[Path, dict[str, Any]] | None,
+    target_effect: float | None = None,
 ) -> dict[str, Any]:
     """The analysis of a run's rows (``rows``: ``results.json`` without its analysis — the
     config, data sizes, choice of λ, ``training_constants``, ``references[split]``, every seed's
     ``answers[split][arm][readout]``, null where an answer held no number — and the run's
     timings): the learnability gate, every metric and comparison (module docstring), written
-    with the rows as ``results.json``, ``report.md`` and ``report.png`` into ``run_dir``."""
+    with the rows as ``results.json``, ``report.md`` and ``report.png`` into ``run_dir``.
+    ``target_effect``: plan a next run for it (:func:`planning`), from each primary
+    comparison's variance components."""
     design = Design.from_dict(rows["design"])
     answers = {split: {arm: {readout: np.stack([answer_values(row) for row in stored])
                              for readout, stored in by_readout.items()}
@@ -446,6 +452,9 @@ def analyse_and_write(
         "comparisons": entries,
         "constants": scored_constants,
         "unparsed_answer": unparsed,
+        "planning": None if target_effect is None else planning(
+            design, entries, {split: len(truth) for split, truth in references.items()},
+            target_effect),
     })  # fmt: skip
     (run_dir / "results.json").write_text(json.dumps(results, indent=1, allow_nan=False))
     lines = [f"# {design.title}", "", *_run_lines(rows)]
@@ -454,6 +463,8 @@ def analyse_and_write(
     if preregistered is not None:  # the registered arm alone is primary
         compared_arms = [preregistered[1]["primary_endpoint"]["difference"].split(" ")[0]]
     lines += _primary_lines(design, entries, compared_arms, len(answers) > 1)
+    if results["planning"] is not None:
+        lines += ["", *_planning_lines(results["planning"])]
     lines += ["", *_gate_lines(gate), ""]
     lines += _settings_lines(design, rows, unparsed)
     lines += _choice_lines(design, rows["choice"])
@@ -468,7 +479,7 @@ def analyse_and_write(
 
 #: What :func:`analyse_and_write` computes from the rows (and what older rows' ``bootstrap``
 #: analysis held): dropped from the rows before it writes its own.
-_ANALYSIS = ("gate", "metrics", "comparisons", "constants", "unparsed_answer",
+_ANALYSIS = ("gate", "metrics", "comparisons", "constants", "unparsed_answer", "planning",
              "bootstrap_replicates")  # fmt: skip
 
 
@@ -490,15 +501,87 @@ def read_rows(source: Path) -> dict[str, Any]:
 
 
 def reanalyse(
-    source: Path, out: Path, *, upgrade: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    source: Path,
+    out: Path,
+    *,
+    upgrade: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    target_effect: float | None = None,
 ) -> dict[str, Any]:
     """Rebuild a run's report from its rows (``source``: its run folder or results file) with
-    this version's analysis, into ``out``; ``upgrade`` completes rows of an older layout."""
+    this version's analysis, into ``out``; ``upgrade`` completes rows of an older layout;
+    ``target_effect`` as :func:`analyse_and_write` takes it."""
     rows = read_rows(source)
     if upgrade is not None:
         rows = upgrade(rows)
     out.mkdir(parents=True, exist_ok=True)
-    return analyse_and_write(out, rows, preregistered=registration_of(rows, source))
+    return analyse_and_write(
+        out, rows, preregistered=registration_of(rows, source), target_effect=target_effect
+    )
+
+
+def planning(
+    design: Design,
+    entries: Sequence[Mapping[str, Any]],
+    items: Mapping[str, int],
+    target_effect: float,
+) -> dict[str, Any]:
+    """For each arm − CE on the primary split, readout and tested metric (validation when the
+    test splits were not scored): its variance components, the MDE of this run's design, and
+    the fewest seeds (at this many items) and items (at this many seeds) whose MDE is at most
+    ``target_effect`` (:func:`~numtok.experiments.crossed.seeds_needed`, ``items_needed``;
+    None: not reachable, for items when the seed component alone keeps the MDE above it);
+    ``items``: each split's number of items."""
+    check_number("target_effect", target_effect, minimum=0.0, inclusive=False)
+    metric = per_item_metric(design.metric)
+    splits = {e["split"] for e in entries}
+    split = design.splits[0] if design.splits[0] in splits else "validation"
+    arms = []
+    for e in entries:
+        key = (e["split"], e["readout"], e["baseline_arm"], e["baseline"], e["metric"])
+        if key != (split, design.readout, "ce", design.readout, metric) or not e["components"]:
+            continue
+        components = VarianceComponents(**e["components"])
+        seeds, count = len(design.seeds), items[split]
+        arms.append({
+            "arm": e["arm"], "components": e["components"],
+            "mde": components.minimal_detectable_effect(seeds, count),
+            "seeds_needed": seeds_needed(components, target_effect, items=count),
+            "items_needed": items_needed(components, target_effect, seeds=seeds),
+            "items": count,
+        })  # fmt: skip
+    return {"target_effect": target_effect, "split": split, "metric": metric,
+            "seeds": len(design.seeds), "arms": arms,
+            "mde_above": [a["arm"] for a in arms if a["mde"] > target_effect]}  # fmt: skip
+
+
+def _planning_lines(plan: Mapping[str, Any]) -> list[str]:
+    target, seeds = plan["target_effect"], plan["seeds"]
+    lines = [
+        "## Planning",
+        "",
+        f"For a target effect of {target:g} in {plan['metric']} (arm − CE on {plan['split']}), "
+        "from each comparison's variance components (seed, item, seed × item; the crossed "
+        "analysis' ANOVA estimates): the MDE of a design of this size, and the fewest seeds at "
+        f"this many items, and items at {seeds} seeds, whose MDE at 80 % power is at most the "
+        'target ("not reachable": the seed component alone keeps the MDE above it).',
+        "",
+        "| arm − CE | σ² seed | σ² item | σ² seed × item | MDE now | seeds needed | items needed |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for entry in plan["arms"]:
+        c = entry["components"]
+        needed = [("not reachable" if n is None else f"{n:,}") for n in
+                  (entry["seeds_needed"], entry["items_needed"])]  # fmt: skip
+        lines.append(
+            f"| {entry['arm']} | {c['seed']:.3g} | {c['item']:.3g} | {c['resid']:.3g} | "
+            f"{_number(entry['mde'])} | {needed[0]} (at {entry['items']:,} items) | "
+            f"{needed[1]} |"
+        )
+    if plan["mde_above"]:
+        lines += ["", f"**The MDE of this design is above the target** for "
+                  f"{', '.join(plan['mde_above'])}: a run of this size would likely miss an "
+                  "effect of that size."]  # fmt: skip
+    return lines
 
 
 def registration_of(rows: Mapping[str, Any], source: Path) -> tuple[Path, dict[str, Any]] | None:
@@ -605,6 +688,19 @@ def summary_lines(results: Mapping[str, Any]) -> list[str]:
                 f"  {entry['arm']}: {signed(entry['difference'], 4)} "
                 f"[{signed(entry['low'], 4)}, {signed(entry['high'], 4)}], MDE "
                 f"{_positive(entry['mde'])}: {verdict}"
+            )
+    plan = results.get("planning")
+    if plan:
+        lines.append(f"planning for a target effect of {plan['target_effect']:g} "
+                     f"({plan['metric']}, {plan['split']}):")  # fmt: skip
+        for entry in plan["arms"]:
+            seeds = entry["seeds_needed"]
+            items = entry["items_needed"]
+            lines.append(
+                f"  {entry['arm']} − CE: MDE now {_positive(entry['mde'])}; seeds needed at "
+                f"{entry['items']:,} items: {'not reachable' if seeds is None else seeds}; "
+                f"items needed at {plan['seeds']} seeds: "
+                f"{'not reachable' if items is None else f'{items:,}'}"
             )
     return lines
 

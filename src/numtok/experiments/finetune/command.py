@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import fields
@@ -121,6 +122,12 @@ def add_compare_arguments(
     parser.add_argument(
         "--readout", help="greedy (default), expected, median, mode (need --max-value), head"
     )
+    parser.add_argument(
+        "--target-effect", type=float,
+        help="plan for an effect of this size in --metric (MSE for rmse): the report gives the "
+        "seeds and items whose MDE reaches it, from the run's variance components (with "
+        "--validation-only, before the test split is scored; with --reanalyse, afterwards)",
+    )  # fmt: skip
     parser.add_argument(
         "--margin", type=float,
         help="also test equivalence within ±M of --metric (MSE for rmse) for the primary "
@@ -273,6 +280,7 @@ def run_compare(
     from numtok.experiments.tasks.jsonl import DataError, read_user_data
 
     try:
+        _check_target_effect(args)
         _check_paths(args)
         if args.data is not None:
             read_user_data(args.data)  # the data's own errors before the model is loaded
@@ -335,33 +343,44 @@ def run_compare(
         config, run_dir, data_dir=args.data_dir, preregistered=args.preregister,
         prepared=prepared, validation_only=args.validation_only,
         show_progress=not args.no_progress, log=_log_lines(not args.no_progress),
+        target_effect=args.target_effect,
     )  # fmt: skip
     print("\n".join(summary_lines(results)))
     print(f"{results['minutes']:.1f} min; report.md, results.json and report.png in {run_dir}")
     return 0
 
 
+def _check_target_effect(args: argparse.Namespace) -> None:
+    effect = args.target_effect
+    if effect is not None and not (math.isfinite(effect) and effect > 0):
+        raise ValueError(f"--target-effect must be a positive number, got {effect:g}")
+
+
 def run_reanalyse(
     args: argparse.Namespace, arguments: Sequence[str], fail: Callable[[str], NoReturn]
 ) -> int:
-    """``numtok compare --reanalyse RUN [--out DIR]``: the report rebuilt from RUN's rows; any
-    other flag is an error (the rows hold the run's settings)."""
+    """``numtok compare --reanalyse RUN [--out DIR] [--target-effect E]``: the report rebuilt
+    from RUN's rows; any other flag is an error (the rows hold the run's settings)."""
     from numtok.experiments.finetune.report import upgrade_rows
     from numtok.experiments.report import reanalyse, summary_lines
 
     others = [a.split("=")[0] for a in arguments[1:] if a.startswith("--")]
-    others = [flag for flag in others if flag not in ("--reanalyse", "--out")]
+    others = [flag for flag in others if flag not in ("--reanalyse", "--out", "--target-effect")]
     if others:
         fail(f"{others[0]} does not apply to --reanalyse (the rows hold the run's settings; "
-             "only --out applies)")  # fmt: skip
+             "only --out and --target-effect apply)")  # fmt: skip
     source: Path = args.reanalyse
+    try:
+        _check_target_effect(args)
+    except ValueError as error:
+        fail(str(error))
     if not source.exists():
         fail(f"--reanalyse {source}: no such run folder or file")
     out = args.out or (source if source.is_dir() else None)
     if out is None:
         fail(f"--reanalyse {source} is a file: give --out DIR, the folder to write the report in")
     try:
-        results = reanalyse(source, out, upgrade=upgrade_rows)
+        results = reanalyse(source, out, upgrade=upgrade_rows, target_effect=args.target_effect)
     except ValueError as error:
         fail(str(error))
     print("\n".join(summary_lines(results)))

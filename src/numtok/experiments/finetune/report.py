@@ -80,6 +80,7 @@ def write_report(
     constants: Mapping[str, float],
     preregistered: tuple[Path, dict[str, Any]] | None,
     started: float,
+    target_effect: float | None = None,
 ) -> dict[str, Any]:
     """Write ``results.json``, ``report.md`` and ``report.png`` into ``run_dir``; return the
     results (as ``results.json`` holds them). Everything the analysis reads is in the rows
@@ -114,7 +115,9 @@ def write_report(
         "minutes": minutes,
         "largest_unexplored": max(unexplored) if unexplored else None,
     }  # fmt: skip
-    return analyse_and_write(run_dir, json_safe(rows), preregistered=preregistered)
+    return analyse_and_write(
+        run_dir, json_safe(rows), preregistered=preregistered, target_effect=target_effect
+    )
 
 
 def upgrade_rows(rows: dict[str, Any]) -> dict[str, Any]:

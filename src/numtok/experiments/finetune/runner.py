@@ -359,13 +359,15 @@ def run_finetune(
     validation_only: bool = False,
     show_progress: bool = False,
     log: Log = print,
+    target_effect: float | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) every phase of ``config`` in ``run_dir`` and write the report; returns
     the results. ``preregistered``: the pre-registration file this run must match;
     ``prepared``: :func:`prepare`'s result when the caller has it already;
     ``validation_only``: stop before the test phase (for choosing settings: the test splits stay
     unseen, and a later run of the same settings in the same folder scores them);
-    ``show_progress``: a bar on stderr over the training steps and scored examples left."""
+    ``show_progress``: a bar on stderr over the training steps and scored examples left;
+    ``target_effect``: the report plans a next run for it (seeds and items needed)."""
     torch.set_num_threads(config.threads)
     prepared = prepared or prepare(config, data_dir)
     registration = None
@@ -387,5 +389,5 @@ def run_finetune(
         constants=constant_answers([e.value for e in prepared.data.splits["train"]]),
         preregistered=None if preregistered is None or registration is None
         else (Path(preregistered), registration),
-        started=created,
+        started=created, target_effect=target_effect,
     )  # fmt: skip
