@@ -242,6 +242,7 @@ def test_compare_chooses_lambda_on_validation(
         if line.startswith("| was | ") and line.count("|") == 5
     ]  # λ=0.3, λ=3, chosen
     assert "the parsed share in brackets" in (out / "report.md").read_text()
+    assert "reuse the seeds whose validation answers chose λ" in (out / "report.md").read_text()
     assert all(cell.strip().endswith(")") for cell in row.split("|")[2:4]), row
     defined = {float(w): m for w, m in means.items() if m is not None}
     if defined:

@@ -635,6 +635,12 @@ def _choice_lines(design: Design, choice: Mapping[str, Any]) -> list[str]:
         cells = [f"{_number(m, 4)} ({_number(parsed.get(arm, {}).get(w))})"
                  for w, m in means.items()]  # fmt: skip
         lines.append(f"| {arm} | " + " | ".join(cells) + f" | {choice['chosen'][arm]:g} |")
+    reuse = (
+        "The test splits' comparisons reuse the seeds whose validation answers chose λ: the "
+        "choice read no test item, but its intervals do not account for it, so an arm whose λ "
+        "was chosen may look a little better than a fresh seed would."
+    )
+    lines += ["", reuse]
     return lines
 
 
