@@ -16,13 +16,13 @@ from numtok.experiments.presets import (
     PRESETS,
     check_preset,
 )
-from numtok.experiments.report import summary_lines
 from numtok.experiments.rjokes.config import RJokesConfig
 from numtok.experiments.rjokes.download import DownloadError, fetch_rjokes
 from numtok.experiments.rjokes.runner import run_rjokes
 from numtok.experiments.run_folder import prepare_run_dir
 from numtok.experiments.runner import run_experiment
 from numtok.experiments.scratch_report import format_table, overhead_lines
+from numtok.experiments.summary import summary_lines
 from numtok.experiments.tasks.mathematics import TASKS
 from numtok.experiments.tasks.mathematics_compat import load_mathematics_dataset
 from numtok.experiments.tasks.rjokes import default_data_dir, find_data_dir

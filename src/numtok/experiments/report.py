@@ -30,9 +30,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from numtok._common.validation import check_number
 from numtok.experiments.analysis import comparisons, learnability_gate, metric_table
-from numtok.experiments.crossed import VarianceComponents, items_needed, seeds_needed
 from numtok.experiments.item_metrics import (
     HIGHER_IS_BETTER,
     ITEM_METRICS,
@@ -40,6 +38,7 @@ from numtok.experiments.item_metrics import (
     item_metrics,
     per_item_metric,
 )
+from numtok.experiments.planning import planning
 from numtok.experiments.provenance import git_provenance
 from numtok.experiments.report_format import json_safe, signed
 from numtok.readout.distribution import FAST_TOLERANCE
@@ -47,11 +46,9 @@ from numtok.readout.distribution import FAST_TOLERANCE
 __all__ = [
     "Design",
     "analyse_and_write",
-    "planning",
     "read_rows",
     "reanalyse",
     "registration_of",
-    "summary_lines",
 ]
 
 
@@ -519,41 +516,6 @@ def reanalyse(
     )
 
 
-def planning(
-    design: Design,
-    entries: Sequence[Mapping[str, Any]],
-    items: Mapping[str, int],
-    target_effect: float,
-) -> dict[str, Any]:
-    """For each arm − CE on the primary split, readout and tested metric (validation when the
-    test splits were not scored): its variance components, the MDE of this run's design, and
-    the fewest seeds (at this many items) and items (at this many seeds) whose MDE is at most
-    ``target_effect`` (:func:`~numtok.experiments.crossed.seeds_needed`, ``items_needed``;
-    None: not reachable, for items when the seed component alone keeps the MDE above it);
-    ``items``: each split's number of items."""
-    check_number("target_effect", target_effect, minimum=0.0, inclusive=False)
-    metric = per_item_metric(design.metric)
-    splits = {e["split"] for e in entries}
-    split = design.splits[0] if design.splits[0] in splits else "validation"
-    arms = []
-    for e in entries:
-        key = (e["split"], e["readout"], e["baseline_arm"], e["baseline"], e["metric"])
-        if key != (split, design.readout, "ce", design.readout, metric) or not e["components"]:
-            continue
-        components = VarianceComponents(**e["components"])
-        seeds, count = len(design.seeds), items[split]
-        arms.append({
-            "arm": e["arm"], "components": e["components"],
-            "mde": components.minimal_detectable_effect(seeds, count),
-            "seeds_needed": seeds_needed(components, target_effect, items=count),
-            "items_needed": items_needed(components, target_effect, seeds=seeds),
-            "items": count,
-        })  # fmt: skip
-    return {"target_effect": target_effect, "split": split, "metric": metric,
-            "seeds": len(design.seeds), "arms": arms,
-            "mde_above": [a["arm"] for a in arms if a["mde"] > target_effect]}  # fmt: skip
-
-
 def _planning_lines(plan: Mapping[str, Any]) -> list[str]:
     target, seeds = plan["target_effect"], plan["seeds"]
     lines = [
@@ -642,74 +604,3 @@ def _choice_lines(design: Design, choice: Mapping[str, Any]) -> list[str]:
     )
     lines += ["", reuse]
     return lines
-
-
-def summary_lines(results: Mapping[str, Any]) -> list[str]:
-    """What the command prints at the end: the gate and the primary endpoint of every arm, or
-    with one seed that it cannot give a verdict."""
-    design = Design.from_dict(results["design"])
-    gate = results["gate"]
-    split = design.splits[0]
-    if split not in results["answers"]:
-        split = "validation"
-    learnt = sum(entry["learnt"] for entry in gate["arms"])
-    closest = gate["closest"]
-    one_seed = len(design.seeds) == 1
-    if one_seed:
-        outcome = "cannot be shown with one seed (no interval): no verdict on any loss"
-    elif learnt:
-        outcome = f"shown for {learnt} of {gate['candidates']} arm × readout candidates"
-    else:
-        outcome = "not shown at this budget for any arm: no verdict on any loss"
-    if closest is not None and not one_seed:
-        outcome += (
-            f" (closest not shown: {closest['arm']} ({closest['readout']}), "
-            f"{signed(closest['improvement'], 4)} [{signed(closest['low'], 4)}, "
-            f"{signed(closest['high'], 4)}], MDE {_positive(closest['mde'])})"
-        )
-    lines = [
-        f"learnability gate (validation {design.metric}, beating the best constant at one-sided "
-        f"α {gate['alpha']:g}, Bonferroni over {gate['candidates']}): {outcome}",
-    ]
-    if one_seed:
-        lines.append(
-            "one seed cannot give a verdict: the seed-to-seed variance cannot be estimated from "
-            "one seed, so no difference has an interval (run at least 2 seeds; 3 or more for "
-            "useful power)"
-        )
-    metric = per_item_metric(design.metric)
-    lines.append(
-        f"primary endpoint, {metric} ({design.readout}) on {split}, arm − CE"
-        + (" (the test splits not scored: nothing to claim):" if split == "validation" else ":")
-    )
-    for entry in results["comparisons"]:
-        if (
-            entry["split"], entry["readout"], entry["baseline_arm"], entry["baseline"],
-            entry["metric"],
-        ) == (split, design.readout, "ce", design.readout, metric):  # fmt: skip
-            verdict = entry["verdict"]
-            if verdict == "no verdict" and not one_seed:  # one seed: said above
-                verdict += f" ({entry['reason']})"
-            lines.append(
-                f"  {entry['arm']}: {signed(entry['difference'], 4)} "
-                f"[{signed(entry['low'], 4)}, {signed(entry['high'], 4)}], MDE "
-                f"{_positive(entry['mde'])}: {verdict}"
-            )
-    plan = results.get("planning")
-    if plan:
-        lines.append(f"planning for a target effect of {plan['target_effect']:g} "
-                     f"({plan['metric']}, {plan['split']}):")  # fmt: skip
-        for entry in plan["arms"]:
-            seeds = entry["seeds_needed"]
-            items = entry["items_needed"]
-            lines.append(
-                f"  {entry['arm']} − CE: MDE now {_positive(entry['mde'])}; seeds needed at "
-                f"{entry['items']:,} items: {'not reachable' if seeds is None else seeds}; "
-                f"items needed at {plan['seeds']} seeds: "
-                f"{'not reachable' if items is None else f'{items:,}'}"
-            )
-    return lines
-
-
-def _positive(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.4f}"

@@ -305,8 +305,8 @@ def run_compare(
         remaining_work,
         run_finetune,
     )
-    from numtok.experiments.report import summary_lines
     from numtok.experiments.run_folder import prepare_run_dir
+    from numtok.experiments.summary import summary_lines
 
     try:
         prepared = prepare(config, args.data_dir)
@@ -362,7 +362,8 @@ def run_reanalyse(
     """``numtok compare --reanalyse RUN [--out DIR] [--target-effect E]``: the report rebuilt
     from RUN's rows; any other flag is an error (the rows hold the run's settings)."""
     from numtok.experiments.finetune.report import upgrade_rows
-    from numtok.experiments.report import reanalyse, summary_lines
+    from numtok.experiments.report import reanalyse
+    from numtok.experiments.summary import summary_lines
 
     others = [a.split("=")[0] for a in arguments[1:] if a.startswith("--")]
     others = [flag for flag in others if flag not in ("--reanalyse", "--out", "--target-effect")]
