@@ -129,7 +129,7 @@ def test_demo_fetches_the_data_when_none_is_found(
              "--workers", "1", "--no-progress"]  # fmt: skip
     status = main(["demo", *smoke, "--out", str(tmp_path / "run")])
     assert status == 0
-    assert "RMSE" in capsys.readouterr().out
+    assert "learnability gate (validation rmse" in capsys.readouterr().out
     assert (tmp_path / "cache" / "rjokes" / "dev.tsv.gz").is_file()
 
     monkeypatch.setattr(download, "SOURCE_URL", _dead_url())
