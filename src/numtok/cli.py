@@ -352,9 +352,11 @@ def _load_tokenizer(path: Path) -> Any:
         return _gpt2_files(path / vocab_file, path / merges_file)
     from transformers import AutoTokenizer
 
-    try:  # also a SentencePiece tokenizer.model alone, and whatever else transformers reads
+    try:  # also a SentencePiece tokenizer.model alone (transformers 5), and whatever else it reads
         return AutoTokenizer.from_pretrained(os.fspath(path), local_files_only=True)
     except Exception as error:  # transformers raises many kinds; each is the folder's fault
+        if "tokenizer.model" in names and not saved:
+            return _sentencepiece_model(path / "tokenizer.model")
         if saved or "tokenizer.model" in names:
             lacks = f": transformers could not load the tokenizer saved there: {_one_line(error)}"
         elif vocab_file:
@@ -368,6 +370,43 @@ def _load_tokenizer(path: Path) -> Any:
                 "merges.txt/vocab.bpe"
             )
         raise TokenizerPathError(f"{path}{lacks}") from None
+
+
+def _sentencepiece_model(model_file: Path) -> Any:
+    """A SentencePiece ``tokenizer.model`` with neither a tokenizer_config.json nor a config.json
+    beside it, which AutoTokenizer reads only from transformers 5 on (4.x cannot tell the class:
+    "Unrecognized model ... Should have a `model_type` key"): read by ``LlamaTokenizer`` (in 4.x
+    sentencepiece's own pieces) with the model's own unk/bos/eos pieces, so that none is added,
+    and ``legacy=True`` (5's default for such a file; 4.x warns when it is not given)."""
+    try:
+        import sentencepiece
+    except ImportError:
+        raise ModuleNotFoundError(
+            f"{model_file} is a SentencePiece model: reading it needs sentencepiece "
+            "(pip install sentencepiece)"
+        ) from None
+    from transformers import LlamaTokenizer
+
+    try:
+        processor = sentencepiece.SentencePieceProcessor(model_file=os.fspath(model_file))
+        size = processor.get_piece_size()
+
+        def piece(index: int) -> str | None:  # -1: the model has no such piece
+            return str(processor.id_to_piece(index)) if 0 <= index < size else None
+
+        return LlamaTokenizer.from_pretrained(
+            os.fspath(model_file.parent),
+            local_files_only=True,
+            legacy=True,
+            unk_token=piece(processor.unk_id()),
+            bos_token=piece(processor.bos_id()),
+            eos_token=piece(processor.eos_id()),
+        )
+    except Exception as error:  # sentencepiece raises OSError or RuntimeError on a bad file
+        raise TokenizerPathError(
+            f"{model_file.parent}: {model_file.name} is not a SentencePiece model that can be "
+            f"read: {_one_line(error)}"
+        ) from None
 
 
 def _tokenizer_file(path: Path) -> Any:
@@ -413,13 +452,23 @@ def _gpt2_files(vocab_file: Path, merges_file: Path) -> Any:
 
 def _vocab(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """``numtok vocab PATH``: print the audit; status 1 when digits are missing."""
+    import logging
     import warnings
 
     from numtok.numbers.vocab import NumberVocab
 
     try:
         require_extra("hf", "numtok vocab")
-        tokenizer = _load_tokenizer(args.path)
+        from transformers.utils import logging as transformers_logging
+
+        # transformers logs to stderr on its way to a failure (5.x: "Could not extract
+        # SentencePiece model ..."); the failure is this command's one line.
+        verbosity = transformers_logging.get_verbosity()
+        transformers_logging.set_verbosity(logging.ERROR)
+        try:
+            tokenizer = _load_tokenizer(args.path)
+        finally:
+            transformers_logging.set_verbosity(verbosity)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the missing digits are this command's own error
             vocab = NumberVocab.from_tokenizer(tokenizer, vocab_size=args.vocab_size)
