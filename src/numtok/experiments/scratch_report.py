@@ -1,11 +1,12 @@
-"""Summaries of a finished run: ``results.json``, ``report.md``, ``curves.png`` and the table
-printed at the end of ``numtok demo``.
+"""The report of an arithmetic run trained from scratch: ``results.json``, ``report.md``,
+``curves.png`` and the table printed at the end of ``numtok demo`` (its arithmetic fallback).
 
 For each split, arm and metric the report gives the mean and standard deviation over seeds, and
 the *paired* difference to CE seed by seed, tested as :mod:`numtok.experiments.stats` describes.
-Every seed draws its own evaluation questions, so the seed-to-seed spread includes the test
-questions' sampling noise (the fine-tuning and rJokes harnesses, whose seeds share one test set,
-add a seed × item bootstrap instead).
+Every seed draws its own evaluation questions — items nested in seeds — so the seed-to-seed
+spread holds the test questions' sampling noise, and the paired-seed t interval is this design's
+analysis (the fine-tuning and rJokes runs, whose seeds share one test set, are crossed and go to
+the one report writer, :mod:`numtok.experiments.report`).
 """
 
 from __future__ import annotations

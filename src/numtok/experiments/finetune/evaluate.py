@@ -9,8 +9,8 @@
   Each item's unexplored mass (``pruned``) is kept beside the answers (``unexplored``);
 * ``head``: the regression head's prediction (the ``head`` arm's only readout).
 
-The metrics are computed from these answers (:mod:`numtok.experiments.item_metrics`), so that
-the report's bootstrap recomputes them on resamples of the items. The constant answers every arm
+The metrics are computed from these answers (:mod:`numtok.experiments.item_metrics`), per item,
+so that the report's crossed seed × item analysis reads them. The constant answers every arm
 must beat are the training answers' mean (least squared error on them), median (least absolute
 error) and mode (most often exactly right): :func:`numtok.experiments.stats.constant_answers`.
 """
@@ -34,10 +34,7 @@ from numtok.readout.decoding import predict_numbers
 from numtok.readout.distribution import FAST_TOLERANCE
 from numtok.readout.scorers import cache_argument
 
-__all__ = ["CONSTANTS", "generate_answers", "score_split"]
-
-#: The constant answers, each the same for every example.
-CONSTANTS = ("mean", "median", "mode")
+__all__ = ["generate_answers", "score_split"]
 
 
 @torch.no_grad()
