@@ -764,3 +764,16 @@ def test_a_target_effect_plans_the_seeds_and_items_that_reach_it(
     assert plan["mde_above"] == ["was"]
     report = (tmp_path / "plan" / "report.md").read_text()
     assert "## Planning" in report and "| was | 0.000191 | 0.00386 | 0.161 | 0.027 | 10" in report
+
+
+def test_reanalyse_refuses_results_that_are_not_an_object(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from numtok.cli import main
+
+    (tmp_path / "results.json").write_text("3\n")  # JSON, but no rows
+    with pytest.raises(SystemExit) as stopped:
+        main(["compare", "--reanalyse", str(tmp_path)])
+    assert stopped.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"numtok: error: --reanalyse {tmp_path}: not the results of a run")

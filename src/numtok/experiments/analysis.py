@@ -111,8 +111,7 @@ def _difference(
     if not (np.isfinite(arm).all() and np.isfinite(baseline).all()):
         return {"difference": None, "low": None, "high": None, "se": None, "df": None,
                 "mde": None, "interval_verdict": "no verdict",
-                "reason": "an answer is infinite: its error has no finite mean",
-                "components": None}  # fmt: skip
+                "reason": _INFINITE, "components": None}  # fmt: skip
     result: CrossedDifference = crossed_difference(
         arm, baseline, higher_is_better=higher_is_better, confidence=confidence
     )
@@ -126,6 +125,18 @@ def _difference(
     }  # fmt: skip
 
 
+#: Why a comparison with an infinite answer has no interval.
+_INFINITE = "an answer is infinite: its error has no finite mean"
+
+
+def _gated(verdict: str, reason: str, unshown: str | None) -> tuple[str, str]:
+    """The verdict a comparison gets under the gate: withheld ("no verdict", ``unshown`` the
+    reason) where ``unshown`` says an arm did not learn; as it is otherwise."""
+    if unshown is not None and verdict != "no verdict":
+        return "no verdict", unshown
+    return verdict, reason
+
+
 def _equivalence(
     scores: NDArray[np.float64], baseline: NDArray[np.float64], margin: float,
     unshown: str | None,
@@ -133,11 +144,9 @@ def _equivalence(
     """The equivalence entry of :func:`comparisons` (``unshown``: why the gate withholds it)."""
     if not (np.isfinite(scores).all() and np.isfinite(baseline).all()):
         return {"margin": margin, "verdict": "no verdict", "low": None, "high": None,
-                "reason": "an answer is infinite: its error has no finite mean"}  # fmt: skip
+                "reason": _INFINITE}  # fmt: skip
     result = equivalence(scores, baseline, margin=margin)
-    verdict, reason = result.verdict, result.reason
-    if unshown is not None and verdict != "no verdict":
-        verdict, reason = "no verdict", unshown
+    verdict, reason = _gated(result.verdict, result.reason, unshown)
     return {"margin": margin, "verdict": verdict, "low": result.low, "high": result.high,
             "reason": reason}  # fmt: skip
 
@@ -200,13 +209,11 @@ def _compared(
         scores = item_scores(metric, rows, references, unparsed=unparsed)
         baseline_scores = item_scores(metric, baseline_rows, references, unparsed=unparsed)
         entry = _difference(scores, baseline_scores, higher_is_better=metric in HIGHER_IS_BETTER)
-        verdict, reason = entry["interval_verdict"], entry["reason"]
-        unshown = "learning not shown on validation for " + " and ".join(unlearnt)
-        if unlearnt and verdict != "no verdict":
-            verdict, reason = "no verdict", unshown
+        unshown = ("learning not shown on validation for " + " and ".join(unlearnt)
+                   if unlearnt else None)  # fmt: skip
+        verdict, reason = _gated(entry["interval_verdict"], entry["reason"], unshown)
         if margin is not None and metric == margin[0]:
-            entry["equivalence"] = _equivalence(scores, baseline_scores, margin[1], unshown
-                                                if unlearnt else None)  # fmt: skip
+            entry["equivalence"] = _equivalence(scores, baseline_scores, margin[1], unshown)
         entries.append(
             {"split": split, "arm": arm, "readout": readout, "baseline_arm": baseline_arm,
              "baseline": baseline, "metric": metric, **entry, "verdict": verdict,

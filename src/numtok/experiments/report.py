@@ -488,13 +488,15 @@ def read_rows(source: Path) -> dict[str, Any]:
         rows = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ValueError(f"--reanalyse {source}: cannot read the run's results ({error})") from None
-    missing = [key for key in ("config", "answers", "references", "choice") if key not in rows]
-    if not isinstance(rows, dict) or missing:
+    expected = ("config", "answers", "references", "choice")
+    missing = [key for key in expected if not isinstance(rows, dict) or key not in rows]
+    if missing:
         raise ValueError(
             f"--reanalyse {source}: not the results of a run that stores every answer (no "
             f"{', '.join(missing)}; runs before numtok 0.1's one report writer kept none)"
         )
-    return rows
+    stored: dict[str, Any] = rows
+    return stored
 
 
 def reanalyse(
