@@ -53,6 +53,11 @@ def tiny_config(kind: str) -> Any:
     }
     if kind == "llama":
         return transformers.LlamaForCausalLM, transformers.LlamaConfig(**shape)
+    if kind == "llama-eager":
+        # Eager attention adds the mask to the scores: the tree's mask must be additive.
+        config = transformers.LlamaConfig(**shape)
+        config._attn_implementation = "eager"
+        return transformers.LlamaForCausalLM, config
     if kind == "qwen2":
         return transformers.Qwen2ForCausalLM, transformers.Qwen2Config(**shape)
     if kind == "mistral-sliding":
@@ -101,6 +106,7 @@ def expected_table(model: Any, vocab: NumberVocab, prompt: list[int], digits: in
     [
         ("llama", 1),
         ("llama", 2),
+        ("llama-eager", 2),
         pytest.param("llama", 3, marks=pytest.mark.slow),
         ("gpt2", 2),
         ("qwen2", 2),
@@ -189,18 +195,27 @@ def test_under_peft_lora_the_output_layer_reads_only_each_prompt_s_last_position
     lora = peft.LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"])
     model = peft.get_peft_model(tiny_model("llama", seed=8), lora).eval()
     positions_read: list[int] = []
-    head = model.get_base_model().lm_head
-    hook = head.register_forward_hook(lambda _, args, __: positions_read.append(args[0].shape[1]))
+    widths: list[int] = []
+    base = model.get_base_model()
+    hooks = [
+        base.lm_head.register_forward_hook(
+            lambda _, args, __: positions_read.append(args[0].shape[1])
+        ),
+        base.register_forward_pre_hook(
+            lambda _, args, kwargs: widths.append(kwargs["input_ids"].shape[1]), with_kwargs=True
+        ),
+    ]
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("error", message=".*past_key_values.*deprecated")
             result = predict_numbers(model, mixed_vocab(), PROMPTS, max_digits=2)
     finally:
-        hook.remove()
+        for hook in hooks:
+            hook.remove()
     # The prompt forward keeps the distinct last positions (lengths 3, 1, 7), not all 7; each
-    # extension reads one new token.
+    # extension reads its new tokens only.
     assert positions_read[0] == len({len(prompt) for prompt in PROMPTS})
-    assert set(positions_read[1:]) == {1}
+    assert positions_read[1:] == widths[1:]
     for row, prompt in enumerate(PROMPTS):
         expected = expected_table(model, mixed_vocab(), prompt, 2)
         torch.testing.assert_close(result.probabilities[row], expected, rtol=1e-5, atol=1e-9)
@@ -246,6 +261,18 @@ def test_models_the_cache_cannot_serve_fall_back_with_one_warning(
     for row, prompt in enumerate(PROMPTS):
         expected = expected_table(model, vocab, prompt, 2)
         torch.testing.assert_close(result.probabilities[row], expected, rtol=1e-5, atol=1e-9)
+
+
+def test_an_attention_that_ignores_the_tree_s_mask_is_refused() -> None:
+    """Flash and flex attention do not apply a 4D mask: the tree's tokens would see each other,
+    so the cached scorer refuses them (and predict_numbers scores the exact, slow way)."""
+    from numtok.readout.scorers import CacheUnsupportedError
+
+    model = tiny_model("llama", seed=5)
+    model.config._attn_implementation = "flash_attention_2"
+    scorer = CachedScorer(model, PROMPTS, pad_id=0, batch_size=None)
+    with pytest.raises(CacheUnsupportedError, match=r"its attention \(flash_attention_2\) does"):
+        scorer.start()
 
 
 def widest_call(model: Any, vocab: NumberVocab, digits: int, max_value: int | None) -> int:
@@ -396,19 +423,19 @@ def test_greedy_tokens_and_the_readout_share_one_prompt_pass() -> None:
         for _ in range(4):
             sequence = (*sequence, int(logits(sequence).argmax()))
         expected.append(sequence[len(prompt) :])
-    widths: list[int] = []
+    cached: list[bool] = []
     forward = model.forward
 
     @functools.wraps(forward)
     def recording(*args: Any, **kwargs: Any) -> Any:
-        widths.append(kwargs["input_ids"].shape[1])
+        cached.append(kwargs.get(cache_argument(model)) is not None)
         return forward(*args, **kwargs)
 
     model.forward = recording
     both = predict_numbers(model, vocab, PROMPTS, max_digits=2, new_tokens=4)
     assert both.greedy == tuple(expected)
-    assert sum(width > 1 for width in widths) == 1  # the prompts' one pass
-    assert widths.count(1) == 3 + 2  # three greedy steps after the first token, two levels
+    assert cached.count(False) == 1  # the prompts' one pass
+    assert cached.count(True) == 3 + 2  # three greedy steps after the first token, two levels
     alone = predict_numbers(model, vocab, PROMPTS, max_digits=2)
     torch.testing.assert_close(both.probabilities, alone.probabilities, rtol=1e-6, atol=1e-12)
     assert alone.greedy == ()

@@ -279,8 +279,8 @@ def predict_numbers(
     (:data:`LOGITS_BUDGET_BYTES`; 54 prompts at a time for two digits and V = 49,152): the memory
     does not grow with the number of prompts. Models whose cache is not a transformers
     ``DynamicCache`` of full-attention layers (sliding-window or hybrid attention, state-space
-    models) are scored the slow way instead, with a warning: every continuation from the
-    prompt's first token, right-padded.
+    models), or whose attention ignores a 4D mask (flash, flex), are scored the slow way
+    instead, with a warning: every continuation from the prompt's first token, right-padded.
 
     Args:
         model: a Hugging Face causal LM (any module whose call with ``input_ids`` returns

@@ -3,8 +3,9 @@
 
 :class:`CachedScorer` (the default) encodes each prompt once and keeps its key/value cache; each
 level of the digit tree is then one batched forward of one new token per live prefix, attending
-to the prompt's cache and to the prefix's own few cached tokens. The work is the tree's node
-count, one token each, instead of the whole prompt again for every node.
+to the prompt's cache and to the prefix's own few cached tokens (kept once each, in a node
+store, and selected by a 4D attention mask). The work is the tree's node count, one token each,
+instead of the whole prompt again for every node.
 
 :class:`WholeSequenceScorer` re-scores every sequence (prompt + continuation) from its first
 token, right-padded: slow, but it needs nothing of the model beyond ``input_ids`` and
@@ -25,6 +26,7 @@ import torch
 
 __all__ = [
     "CACHE_BUDGET_BYTES",
+    "SEGMENT_ROWS",
     "CacheUnsupportedError",
     "CachedScorer",
     "WholeSequenceScorer",
@@ -34,9 +36,13 @@ __all__ = [
 ]
 
 #: With ``batch_size=None``, the cached scorer puts as many prefixes into one forward as keep
-#: that forward's key/value cache (the prompt's, repeated per prefix, and the prefixes' own)
-#: under this many bytes.
+#: that forward's key/value cache (the prompt's, repeated per segment, the nodes its tokens
+#: follow, the new tokens) and its logits under this many bytes.
 CACHE_BUDGET_BYTES = 2**30
+
+#: Most new tokens of one prompt in one row of a cached scorer's forward (a segment): they share
+#: one copy of the prompt's keys and values.
+SEGMENT_ROWS = 64
 
 #: Sequences per forward of the whole-sequence scorer when ``batch_size`` is None.
 WHOLE_SEQUENCE_BATCH = 8
@@ -140,6 +146,23 @@ def cache_argument(model: Any) -> str:
     raise CacheUnsupportedError("the model's forward takes neither `cache` nor `past_key_values`")
 
 
+#: The attention implementations that apply a 4D attention mask as given.
+MASKED_ATTENTION = ("sdpa", "eager")
+
+
+def _check_attention_reads_masks(model: Any) -> None:
+    """Refuse a model whose attention would ignore the cached scorer's 4D mask (flash and flex
+    attention, kernels): its tree tokens would attend to each other's keys. A module without a
+    transformers config is taken at its word."""
+    config = getattr(model, "config", None)
+    implementation = getattr(config, "_attn_implementation", None)
+    if isinstance(implementation, str) and implementation not in MASKED_ATTENTION:
+        raise CacheUnsupportedError(
+            f"its attention ({implementation}) does not apply a 4D attention mask; load the "
+            "model with attn_implementation='sdpa' for the cached readout"
+        )
+
+
 def returned_cache(output: Any) -> Any:
     """The key/value cache a forward returned: ``output.cache`` (transformers from 5.x), else
     ``output.past_key_values``; None when it returned none."""
@@ -189,13 +212,21 @@ class CachedScorer:
     (:func:`shared_prefix_length`) run once, for one row, and their keys and values are repeated
     for the chunk: a causal decoder's states there depend on those tokens alone. Right padding
     keeps every real token at its own position and out of reach of the pads (attention is
-    causal), as if each prompt ran alone. Every prefix at depth k of the tree belongs to one
-    prompt and holds its own k cached tokens, ``suffix`` (M, H, k, d) per layer for the M
-    prefixes of the level. ``extend`` runs each chunk of B new prefixes as one step of one token
-    each: the cache of the B parents' prompts followed by the parents' suffixes,
-    (B, H, L + k, d), an attention mask that hides each prompt's pads, and the new token at
-    position ``L_p + k`` (``position_ids``), so that rotary and absolute positions are those of
-    the sequence scored alone. The last k + 1 cached positions become the new prefixes' suffix.
+    causal), as if each prompt ran alone.
+
+    The tree's tokens are cached once each: every scored token of the tree is a *node* whose
+    keys and values, (H, d) per layer, sit in a node store, and every prefix at depth k is its
+    prompt and its *path*, the k nodes it spells. ``extend`` scores the new tokens of a level in
+    *segments*: up to :data:`SEGMENT_ROWS` new tokens of one prompt in one row of a forward.
+    A segment's cache is its prompt's L positions followed by the A nodes its tokens' parents
+    pass through (their union, a few per token), and its q new tokens come after it, each at
+    position ``L_p + k`` (``position_ids``). A 4D attention mask lets new token j see its
+    prompt's real tokens, the nodes on its own parent's path, and itself: exactly the keys it
+    sees in its sequence scored alone. Attention is a softmax-weighted sum over the keys a token
+    may see, whatever their order in the cache, and the cached keys already hold their own
+    rotary or absolute positions, so the logits are those of the sequence scored alone. A
+    prompt's cache is thus copied once per segment rather than once per prefix: the copies,
+    not the arithmetic, were most of a level's time on CPU.
 
     ``start()`` runs the prompts once: a later call returns the same logits and starts a new tree
     on the kept cache, so that a greedy decode (:func:`numtok.readout.decoding.greedy_tokens`) and
@@ -203,7 +234,8 @@ class CachedScorer:
 
     Raises :class:`CacheUnsupportedError` from ``start()`` when the model's cache is not a
     ``DynamicCache`` of full-attention layers (sliding-window and hybrid models, state-space
-    models, custom caches).
+    models, custom caches), or when its attention ignores a 4D mask (flash and flex attention:
+    load the model with ``attn_implementation="sdpa"``).
     """
 
     def __init__(
@@ -227,7 +259,8 @@ class CachedScorer:
         self.prompt_mask = torch.zeros(0, 0, dtype=torch.long)  # (P, L): 1 at real tokens
         self.prompt_lengths = torch.zeros(0, dtype=torch.long)  # (P,)
         self.row_prompt = torch.zeros(0, dtype=torch.long)  # (M,): the prompt of each prefix
-        self.suffix: KeysValues = []  # per layer (M, H, k, d)
+        self.paths = torch.zeros(0, 0, dtype=torch.long)  # (M, k): each prefix's node ids
+        self.nodes: KeysValues = []  # per layer (N, H, d): every scored tree token's
         self.depth = 0
         self.first_logits: torch.Tensor | None = None  # (P, V), start()'s
 
@@ -244,16 +277,15 @@ class CachedScorer:
         if self.first_logits is None:
             self.first_logits = self._run_prompts()
         self.row_prompt = torch.arange(len(self.prompts))
-        self.suffix = [
-            (k.new_zeros(len(self.prompts), k.shape[1], 0, k.shape[3]),) * 2
-            for k, _ in self.prompt_cache
-        ]
+        self.paths = torch.zeros(len(self.prompts), 0, dtype=torch.long)
+        self.nodes = [(k.new_zeros(0, k.shape[1], k.shape[3]),) * 2 for k, _ in self.prompt_cache]
         self.depth = 0
         return self.first_logits
 
     def _run_prompts(self) -> torch.Tensor:
         """Each prompt's next-token logits (P, V); keeps the prompts' cache."""
         self.cache_argument = cache_argument(self.model)
+        _check_attention_reads_masks(self.model)
         self.prompt_lengths = torch.tensor([len(prompt) for prompt in self.prompts])
         longest = int(self.prompt_lengths.max())
         self.prompt_mask = (torch.arange(longest) < self.prompt_lengths[:, None]).long()
@@ -304,56 +336,118 @@ class CachedScorer:
         ]
         return torch.cat(rows)
 
-    def _rows_per_forward(self) -> int:
+    def _segments(self, prompt_of_row: torch.Tensor) -> list[torch.Tensor]:
+        """The rows of a level as segments, longest first: each prompt's rows, in their order,
+        split into pieces of near-equal length, at most :data:`SEGMENT_ROWS` (``batch_size``,
+        if smaller)."""
+        longest = min(SEGMENT_ROWS, self.batch_size or SEGMENT_ROWS)
+        order = torch.argsort(prompt_of_row, stable=True)
+        counts = torch.bincount(prompt_of_row, minlength=len(self.prompts)).tolist()
+        segments: list[torch.Tensor] = []
+        for rows in torch.split(order, counts):
+            if len(rows):
+                segments.extend(torch.tensor_split(rows, -(-len(rows) // longest)))
+        return sorted(segments, key=len, reverse=True)
+
+    def _segments_per_forward(self, width: int, vocab_size: int) -> int:
+        """How many segments of ``width`` tokens one forward takes: with ``batch_size``, at most
+        that many tokens; otherwise as many as keep the forward's cache (the prompt's positions,
+        at most ``depth`` ancestors per token, the new tokens) and its logits under the
+        budget."""
         if self.batch_size is not None:
-            return self.batch_size
-        # Keys and values of every layer, for one cached position of one sequence.
-        position_bytes = sum(
-            2 * k.shape[1] * k.shape[3] * k.element_size() for k, _ in self.prompt_cache
+            return max(1, self.batch_size // width)
+        # Keys and values of every layer, for one cached position of one segment.
+        position_bytes = sum(2 * k.shape[1] * k.shape[2] * k.element_size() for k, _ in self.nodes)
+        positions = self.prompt_mask.shape[1] + (self.depth + 1) * width
+        segment_bytes = position_bytes * positions + width * vocab_size * 4
+        return max(1, self.budget_bytes // segment_bytes)
+
+    def _segment_batch(
+        self, chosen: list[torch.Tensor], prompt_of_row: torch.Tensor, path_of_row: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One forward's B segments laid out as rows of ``width`` (the longest's length) slots:
+        ``slots`` (B, width), each slot's row of the level (a short segment's spare slots repeat
+        its first row); ``real`` (B, width), which slots are not spare; ``prompts`` (B,);
+        ``seen`` (B, A), the nodes on the segment's paths (padded with node 0); and the
+        additive attention ``mask`` (B, 1, width, L + A + width): 0 where new token j may
+        attend (its prompt's real tokens, the nodes on its parent's path, itself), the dtype's
+        lowest value elsewhere."""
+        width = len(chosen[0])
+        slots = torch.stack([torch.cat((s, s[:1].expand(width - len(s)))) for s in chosen])
+        real = torch.arange(width) < torch.tensor([len(s) for s in chosen])[:, None]
+        prompts = prompt_of_row[slots[:, 0]]
+        paths = path_of_row[slots]  # (B, width, k)
+        ancestors = [torch.unique(paths[b][real[b]]) for b in range(len(chosen))]
+        seen = torch.zeros(len(chosen), max(map(len, ancestors)), dtype=torch.long)
+        seen_real = torch.zeros(seen.shape, dtype=torch.bool)
+        for b, nodes in enumerate(ancestors):
+            seen[b, : len(nodes)], seen_real[b, : len(nodes)] = nodes, True
+        on_path = (paths[..., None] == seen[:, None, None, :]).any(dim=2) & seen_real[:, None]
+        allowed = torch.cat(
+            (
+                self.prompt_mask[prompts].bool()[:, None, :].expand(-1, width, -1),
+                on_path,
+                torch.eye(width, dtype=torch.bool).expand(len(chosen), -1, -1),
+            ),
+            dim=2,
         )
-        positions = self.prompt_mask.shape[1] + self.depth + 1
-        return max(1, self.budget_bytes // (position_bytes * positions))
+        dtype = self.nodes[0][0].dtype
+        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(
+            ~allowed, torch.finfo(dtype).min
+        )
+        return slots, real, prompts, seen, mask[:, None]
 
     def extend(self, parents: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        prompt_of_row = self.row_prompt[parents]
-        longest = self.prompt_mask.shape[1]
-        step = self._rows_per_forward()
-        logit_rows, suffix_parts = [], []
-        for begin in range(0, len(parents), step):
-            chunk = slice(begin, begin + step)
-            prompts, on_device = prompt_of_row[chunk], parents[chunk].to(self.device)
+        if self.first_logits is None:
+            raise RuntimeError("CachedScorer.extend() needs start() first")
+        prompt_of_row = self.row_prompt[parents]  # (R,)
+        path_of_row = self.paths[parents]  # (R, k): the nodes each new token follows
+        rows, vocab_size = len(parents), self.first_logits.shape[1]
+        logits = self.first_logits.new_empty(rows, vocab_size)
+        grown_nodes = [
+            (k.new_empty(rows, *k.shape[1:]), v.new_empty(rows, *v.shape[1:]))
+            for k, v in self.nodes
+        ]
+        segments = self._segments(prompt_of_row)
+        begin = 0
+        while begin < len(segments):
+            chosen = segments[
+                begin : begin + self._segments_per_forward(len(segments[begin]), vocab_size)
+            ]
+            begin += len(chosen)
+            slots, real, prompts, seen, mask = self._segment_batch(
+                chosen, prompt_of_row, path_of_row
+            )
+            on_device, seen_on_device = prompts.to(self.device), seen.to(self.device)
             cache = self.cache_type(
                 [
                     (
-                        torch.cat((k[prompts.to(k.device)], sk[on_device]), dim=2),
-                        torch.cat((v[prompts.to(v.device)], sv[on_device]), dim=2),
+                        torch.cat((k[on_device], nk[seen_on_device].transpose(1, 2)), dim=2),
+                        torch.cat((v[on_device], nv[seen_on_device].transpose(1, 2)), dim=2),
                     )
-                    for (k, v), (sk, sv) in zip(self.prompt_cache, self.suffix, strict=True)
+                    for (k, v), (nk, nv) in zip(self.prompt_cache, self.nodes, strict=True)
                 ]
             )
-            ones = torch.ones(len(prompts), self.depth + 1, dtype=torch.long)
-            logits, grown = self._forward(
-                input_ids=tokens[chunk][:, None],
-                attention_mask=torch.cat((self.prompt_mask[prompts], ones), dim=1),
-                position_ids=(self.prompt_lengths[prompts] + self.depth)[:, None],
+            forward_logits, grown = self._forward(
+                input_ids=tokens[slots],
+                attention_mask=mask,
+                position_ids=(self.prompt_lengths[prompts] + self.depth)[:, None].expand_as(slots),
                 cache=cache,
             )
-            logit_rows.append(logits[:, -1])
-            # Copies, not views: a view would keep the forward's whole cache (the prompt's
-            # positions repeated per prefix) alive until the level ends.
-            suffix_parts.append(
-                [
-                    (k[:, :, longest:].clone(), v[:, :, longest:].clone())
-                    for k, v in _keys_values(grown)
-                ]
-            )
-        self.row_prompt = prompt_of_row
-        self.suffix = [
-            (
-                torch.cat([part[layer][0] for part in suffix_parts]),
-                torch.cat([part[layer][1] for part in suffix_parts]),
-            )
-            for layer in range(len(self.prompt_cache))
+            kept, kept_on_device = slots[real], real.to(forward_logits.device)
+            logits[kept.to(logits.device)] = forward_logits[kept_on_device]
+            # The new tokens' keys and values, copied out (a view would keep the forward's whole
+            # cache alive).
+            start = self.prompt_mask.shape[1] + seen.shape[1]
+            for (k, v), (new_k, new_v) in zip(_keys_values(grown), grown_nodes, strict=True):
+                new_k[kept.to(new_k.device)] = k[:, :, start:].transpose(1, 2)[kept_on_device]
+                new_v[kept.to(new_v.device)] = v[:, :, start:].transpose(1, 2)[kept_on_device]
+        first_new = self.nodes[0][0].shape[0]
+        self.nodes = [
+            (torch.cat((k, new_k)), torch.cat((v, new_v)))
+            for (k, v), (new_k, new_v) in zip(self.nodes, grown_nodes, strict=True)
         ]
+        self.paths = torch.cat((path_of_row, torch.arange(first_new, first_new + rows)[:, None]), 1)
+        self.row_prompt = prompt_of_row
         self.depth += 1
-        return torch.cat(logit_rows)
+        return logits
