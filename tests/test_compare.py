@@ -596,6 +596,20 @@ def test_compare_runs_every_preset_and_refuses_the_flags_of_the_other_kind(
         assert capsys.readouterr().err.splitlines() == [f"numtok: error: {message}"]
 
 
+@pytest.mark.parametrize("flag", ["--margin", "--target-effect"])
+def test_a_margin_or_target_effect_that_is_not_positive_is_named_by_its_flag(
+    flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from numtok.cli import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main(["compare", "--preset", "smollm2-arithmetic", flag, "0", "--dry-run"])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"numtok: error: {flag} must be a positive number, got 0"
+    ]
+
+
 def test_lambda_is_chosen_with_unparsed_answers_scored_as_the_report_scores_them() -> None:
     """An arm that answers less cannot win λ's choice: its unparsed answers count as the training
     median in the validation metric, as in the report."""
@@ -633,6 +647,24 @@ def test_reanalyse_rebuilds_the_committed_pre_registered_run_with_this_analysis(
     results = json.loads((tmp_path / "again" / "results.json").read_text())
     assert "bootstrap_replicates" not in results  # the old analysis is not carried over
     assert results["answers"] == json.loads(rows.read_text())["answers"]
+    # Run again into that folder with a target effect, the command warns before training.
+    from numtok.experiments.finetune.command import preflight_warnings
+    from numtok.experiments.finetune.config import FinetuneConfig
+
+    seeds = FinetuneConfig(seeds=tuple(results["design"]["seeds"]))
+    (warning,) = preflight_warnings(seeds, tmp_path / "again", 0.02)
+    assert warning.startswith("was − CE: the MDE of this design is 0.0268 log_mae (from ")
+    assert warning.endswith("it needs 10 seeds at 1,000 items, or 28,674 items at 6 seeds")
+    assert preflight_warnings(seeds, tmp_path / "again", 0.03) == []
+
+
+def test_one_seed_is_warned_of_before_training(tmp_path: Path) -> None:
+    from numtok.experiments.finetune.command import preflight_warnings
+    from numtok.experiments.finetune.config import FinetuneConfig
+
+    (warning,) = preflight_warnings(FinetuneConfig(seeds=(3,)), tmp_path, None)
+    assert warning.startswith("one seed (3): the seed × item analysis needs at least two seeds")
+    assert preflight_warnings(FinetuneConfig(seeds=(3, 4)), tmp_path, 0.1) == []
 
 
 @pytest.mark.parametrize(

@@ -28,6 +28,7 @@ __all__ = [
     "add_compare_arguments",
     "compare_config",
     "distribution_bound",
+    "preflight_warnings",
     "run_compare",
     "run_reanalyse",
 ]
@@ -280,7 +281,7 @@ def run_compare(
     from numtok.experiments.tasks.jsonl import DataError, read_user_data
 
     try:
-        _check_target_effect(args)
+        _check_positive_flags(args)
         _check_paths(args)
         if args.data is not None:
             read_user_data(args.data)  # the data's own errors before the model is loaded
@@ -330,6 +331,8 @@ def run_compare(
         fail(str(error))
     work = remaining_work(config, prepared, run_dir, validation_only=args.validation_only)
     print(config.plan(), file=sys.stderr)
+    for warning in preflight_warnings(config, run_dir, args.target_effect):
+        print(f"warning: {warning}", file=sys.stderr)
     if work.steps + work.examples:
         minutes, step_seconds, example_seconds = estimate_minutes(config, prepared, work)
         print(
@@ -350,10 +353,56 @@ def run_compare(
     return 0
 
 
-def _check_target_effect(args: argparse.Namespace) -> None:
-    effect = args.target_effect
-    if effect is not None and not (math.isfinite(effect) and effect > 0):
-        raise ValueError(f"--target-effect must be a positive number, got {effect:g}")
+def preflight_warnings(
+    config: FinetuneConfig, run_dir: Path, target_effect: float | None
+) -> list[str]:
+    """What the run cannot show, said before it trains: one seed gives no interval (the
+    crossed analysis estimates the seed component from the seeds' spread); with
+    ``target_effect`` and an earlier report in ``run_dir`` (a ``--validation-only`` run, say),
+    each primary comparison whose MDE at this run's design is above it, with the seeds and
+    items that would reach it."""
+    from numtok.experiments.planning import planning
+    from numtok.experiments.report import Design
+
+    warnings = []
+    if len(config.seeds) < 2:
+        warnings.append(
+            f"one seed ({config.seeds[0]}): the seed × item analysis needs at least two seeds "
+            "for an interval, so this run gives no verdict on any comparison (--seeds 0,1,2)"
+        )
+    stored = run_dir / "results.json"
+    if target_effect is None or not stored.exists():
+        return warnings
+    results = json.loads(stored.read_text())
+    if not {"design", "comparisons", "references"} <= results.keys():
+        return warnings
+    items = {split: len(truth) for split, truth in results["references"].items()}
+    plan = planning(
+        Design.from_dict(results["design"]), results["comparisons"], items, target_effect
+    )
+    for entry in plan["arms"]:
+        if entry["arm"] not in plan["mde_above"]:
+            continue
+        seeds, count = entry["seeds_needed"], entry["items_needed"]
+        warnings.append(
+            f"{entry['arm']} − CE: the MDE of this design is {entry['mde']:.4f} {plan['metric']} "
+            f"(from {stored}'s {plan['split']} components), above --target-effect "
+            f"{target_effect:g}; it needs "
+            f"{'more seeds than any number' if seeds is None else f'{seeds} seeds'} at "
+            f"{entry['items']:,} items, or "
+            f"{'more items than any number' if count is None else f'{count:,} items'} at "
+            f"{plan['seeds']} seeds"
+        )
+    return warnings
+
+
+def _check_positive_flags(args: argparse.Namespace) -> None:
+    """``--target-effect`` and ``--margin``, where given, are finite and positive: the error
+    names the flag, before any training."""
+    for flag in ("--target-effect", "--margin"):
+        value = getattr(args, flag.removeprefix("--").replace("-", "_"), None)
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{flag} must be a positive number, got {value:g}")
 
 
 def run_reanalyse(
@@ -372,7 +421,7 @@ def run_reanalyse(
              "only --out and --target-effect apply)")  # fmt: skip
     source: Path = args.reanalyse
     try:
-        _check_target_effect(args)
+        _check_positive_flags(args)
     except ValueError as error:
         fail(str(error))
     if not source.exists():
