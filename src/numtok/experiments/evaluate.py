@@ -16,6 +16,7 @@ import torch
 
 from numtok.experiments.model import KeyValueCache, Transformer
 from numtok.experiments.tokenizer import PromptAnswerTokenizer
+from numtok.readout.decoding import greedy_tokens
 from numtok.readout.metrics import numeric_metrics
 
 __all__ = ["CachedScorer", "Evaluation", "evaluate", "greedy_answers"]
@@ -90,23 +91,12 @@ def _greedy_batch(
     max_new_tokens: int,
     device: torch.device,
 ) -> list[str]:
-    """Generate answers for one batch: the most likely token at every step, until ``<eos>``."""
+    """Generate answers for one batch: the most likely token at every step, until ``<eos>``
+    (:func:`numtok.readout.decoding.greedy_tokens` over the cached scorer)."""
     scorer = CachedScorer(
         model, [tokenizer.encode_prompt(q) for q in questions], tokenizer.pad_id, device
     )
-    logits = scorer.start()
-    rows = torch.arange(len(questions), device=device)
-    generated = []
-    finished = torch.zeros(len(questions), dtype=torch.bool, device=device)
-    for _ in range(max_new_tokens):
-        next_token = logits.argmax(dim=-1)  # (B,)
-        next_token = torch.where(finished, tokenizer.end_id, next_token)
-        generated.append(next_token)
-        finished |= next_token == tokenizer.end_id
-        if bool(finished.all()):
-            break
-        logits = scorer.extend(rows, next_token)
-    answers = torch.stack(generated, dim=1).tolist()  # (B, generated)
+    answers = greedy_tokens(scorer, max_new_tokens, eos_id=tokenizer.end_id)
     return [tokenizer.decode(answer) for answer in answers]
 
 
