@@ -21,7 +21,7 @@
 #                  (each entry point by default
 #                  and with capturable=True, the Triton kernels), every synchronisation recorded;
 #                  numtok's loss and backward under torch.cuda.set_sync_debug_mode("error")
-#   tests     115  (c) pytest -m device on the GPU (-n 8 where pytest-xdist is installed;
+#   tests     130  (c) pytest -m device on the GPU (-n 8 where pytest-xdist is installed;
 #                  every test runs, no --maxfail; each result written as it comes:
 #                  gpu_pytest_rows.py); sized from the variants the device tests compile
 #   loss       90  (d) bench_loss.py --gpu-cases, CUDA events: numtok, Liger,
@@ -30,7 +30,7 @@
 #                  own copy
 #   then, while the budget lasts (each under the smaller of its limit and the time left; none
 #   started with less than 15 s left): kinds 45 (bench_kinds.py), trainer 60
-#   (bench_trainer_step.py --preset 1b), readout 40 (bench_readout.py), head 70
+#   (bench_trainer_step.py --preset 1b), readout 55 (bench_readout.py), head 70
 #   (bench_number_head.py), trl 55 (bench_trl_step.py).
 #
 # After every step it writes, under $OUT (default benchmarks/results/), <date>-<gpu>.md (the report
@@ -199,7 +199,7 @@ tests=(-m device -q -rfE -p no:cacheprovider -p gpu_pytest_rows --continue-on-co
 "$PY" -c 'import xdist' 2>/dev/null && tests+=(-n "${GPU_SH_WORKERS:-8}")
 "$PY" -c 'import pytest_timeout' 2>/dev/null && tests+=(--timeout 60)
 [[ -n "$QUICK" ]] && tests+=(tests/test_capturable.py tests/test_fused_triton.py -k "not test_matches_reference and not bit_for_bit")
-step tests 115 "(c) The device-marked tests on $DEVICE (\`pytest -m device\`)" \
+step tests 130 "(c) The device-marked tests on $DEVICE (\`pytest -m device\`)" \
     env NUMTOK_TEST_DEVICE="$DEVICE" GPU_SH_TEST_ROWS="$WORK/tests.jsonl" "$PY" -m pytest "${tests[@]}"
 
 # (d) Timings, CUDA events; then the other benchmarks while the budget lasts.
@@ -215,9 +215,11 @@ if [[ -n "$QUICK" ]]; then trainer=(--preset quick --rounds 1 --steps 2); else
 step trainer 60 "A Trainer step, logits and logits-free (\`bench_trainer_step.py\`)" \
     "$PY" benchmarks/bench_trainer_step.py "${trainer[@]}" "${on_cpu[@]}" --device "$DEVICE" \
     --modes logits,logits_free --out "$WORK/trainer.jsonl"
-if [[ -n "$QUICK" ]]; then readout=(--digits 2 --rounds 1); else readout=(--digits 2,3 --rounds 3); fi
-step readout 40 "predict_numbers against generate() (\`bench_readout.py\`)" \
-    "$PY" benchmarks/bench_readout.py "${readout[@]}" --fast-digits 2 \
+# The dry run times the GPU run's variants (2 digits: generate, fast, fast + greedy, 16 prefixes,
+# exact), one round instead of three, so that its rows count the GPU run's.
+if [[ -n "$QUICK" ]]; then readout=(--rounds 1); else readout=(--rounds 3); fi
+step readout 55 "predict_numbers against generate() (\`bench_readout.py\`)" \
+    "$PY" benchmarks/bench_readout.py "${readout[@]}" --digits 2 --fast-digits 2 --exact-digits 2 \
     --device "$DEVICE" --threads "${THREADS/max/$(nproc)}" --out "$WORK/readout.jsonl"
 step head 70 "The number head beside each cross-entropy (\`bench_number_head.py\`)" \
     "$PY" benchmarks/bench_number_head.py $QUICK "${on_cpu[@]}" --device "$DEVICE" --rounds 3 \
