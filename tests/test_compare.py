@@ -170,8 +170,10 @@ def test_compare_runs_reports_and_resumes_from_the_command_line(
     printed = captured.out
     assert "learnability gate (validation log_mae, " in printed and "primary endpoint" in printed
     assert "  was: " in printed and ", MDE " in printed
-    # Before training: the plan, then the minutes a timed probe expects for what is left.
-    plan, estimate = captured.err.splitlines()[:2]
+    # Before training: the plan, what two seeds cannot show, then the minutes a timed probe
+    # expects for what is left.
+    plan, warning, estimate = captured.err.splitlines()[:3]
+    assert warning.startswith("warning: two seeds: ")
     assert plan.startswith("plan: arms base, ce, was × seeds [0, 1]") and "4 arms to train" in plan
     assert re.fullmatch(
         r"estimate: \d+ min for the 8 training steps and \d+ scored examples left \(a probe: "
@@ -658,13 +660,15 @@ def test_reanalyse_rebuilds_the_committed_pre_registered_run_with_this_analysis(
     assert preflight_warnings(seeds, tmp_path / "again", 0.03) == []
 
 
-def test_one_seed_is_warned_of_before_training(tmp_path: Path) -> None:
+def test_one_or_two_seeds_are_warned_of_before_training(tmp_path: Path) -> None:
     from numtok.experiments.finetune.command import preflight_warnings
     from numtok.experiments.finetune.config import FinetuneConfig
 
     (warning,) = preflight_warnings(FinetuneConfig(seeds=(3,)), tmp_path, None)
     assert warning.startswith("one seed (3): the seed × item analysis needs at least two seeds")
-    assert preflight_warnings(FinetuneConfig(seeds=(3, 4)), tmp_path, 0.1) == []
+    (warning,) = preflight_warnings(FinetuneConfig(seeds=(3, 4)), tmp_path, 0.1)
+    assert warning.startswith("two seeds: the seed × item analysis estimates the seed component")
+    assert preflight_warnings(FinetuneConfig(seeds=(3, 4, 5)), tmp_path, 0.1) == []
 
 
 @pytest.mark.parametrize(

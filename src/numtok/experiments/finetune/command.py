@@ -357,7 +357,8 @@ def preflight_warnings(
     config: FinetuneConfig, run_dir: Path, target_effect: float | None
 ) -> list[str]:
     """What the run cannot show, said before it trains: one seed gives no interval (the
-    crossed analysis estimates the seed component from the seeds' spread); with
+    crossed analysis estimates the seed component from the seeds' spread), two give it one
+    degree of freedom; with
     ``target_effect`` and an earlier report in ``run_dir`` (a ``--validation-only`` run, say),
     each primary comparison whose MDE at this run's design is above it, with the seeds and
     items that would reach it."""
@@ -369,6 +370,13 @@ def preflight_warnings(
         warnings.append(
             f"one seed ({config.seeds[0]}): the seed × item analysis needs at least two seeds "
             "for an interval, so this run gives no verdict on any comparison (--seeds 0,1,2)"
+        )
+    elif len(config.seeds) == 2:
+        warnings.append(
+            "two seeds: the seed × item analysis estimates the seed component from one degree "
+            "of freedom, so wherever the seeds differ the interval is very wide (t at 95 % is "
+            "12.7 on one degree of freedom) and the gate and the comparisons rarely give a "
+            "verdict; four or more seeds are safer"
         )
     stored = run_dir / "results.json"
     if target_effect is None or not stored.exists():
