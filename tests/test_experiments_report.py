@@ -14,13 +14,12 @@ pytest.importorskip("mathematics_dataset", reason="needs the demo extra: pip ins
 pytest.importorskip("matplotlib", reason="needs the demo extra: pip install numtok[demo]")
 
 from numtok.cli import main
-from numtok.experiments.config import ExperimentConfig
 from numtok.experiments.presets import PRESETS
+from numtok.experiments.report import Design, analyse_and_write
 from numtok.experiments.report_format import signed
 from numtok.experiments.runner import run_experiment
-from numtok.experiments.scratch_report import METRICS, format_table, write_report
-from numtok.experiments.stats import paired_test
 from numtok.experiments.tasks.mathematics import TASKS, generate, read_cache
+from numtok.numbers.text import last_number
 
 SMOKE = PRESETS["smoke"].config
 
@@ -33,66 +32,59 @@ def test_signed_differences_carry_a_sign_and_no_negative_zero() -> None:
     assert signed(None) == signed(math.nan) == signed(-math.inf) == "n/a"
 
 
-def test_paired_test_matches_the_t_statistic() -> None:
-    differences = [0.02, 0.03, 0.025]
-    n = len(differences)
-    t = statistics.fmean(differences) / (statistics.stdev(differences) / math.sqrt(n))
-    assert paired_test(differences) == (pytest.approx(t), True)  # t ≈ 8.7 > 4.303
-    assert paired_test([0.05, -0.01, 0.02]) == (pytest.approx(1.1547005), False)  # t < 4.303
-    assert paired_test([0.1]) == (None, None)  # one seed: spread unknown
-    assert paired_test([0.0, 0.0]) == (0.0, False)
-    assert paired_test([0.01, 0.01]) == (math.inf, True)
+def _slog(x: float) -> float:
+    return math.copysign(math.log1p(abs(x)), x)
 
 
-def _fabricated_runs(config: ExperimentConfig, accuracy: dict[str, list[float]]) -> list[Any]:
-    """Runs whose metrics are all 1.0 except the given exact accuracies per arm and seed."""
-    runs = []
-    for index, seed in enumerate(config.seeds):
-        for arm in config.arms:
-            metrics = {metric: 1.0 for metric in METRICS}
-            metrics["exact_accuracy"] = accuracy[arm][index]
-            runs.append(
-                {
-                    "seed": seed,
-                    "arm": arm,
-                    "metrics": {split: dict(metrics) for split in TASKS[config.task].splits},
-                    "history": [{"step": 5, "loss": 2.0, "ce": 2.0, "ntl": None}],
-                    "examples": {split: [["1+1", "2", "2"]] for split in TASKS[config.task].splits},
-                    "median_step_seconds": 0.1,
-                    "train_seconds": 1.0,
-                    "eval_seconds": 0.5,
-                }
-            )
-    return runs
-
-
-def test_report_states_which_differences_exceed_the_seed_spread(tmp_path: Path) -> None:
-    config = SMOKE.with_overrides(seeds=(0, 1, 2), arms=("ce", "was"))
-    timing = {"rounds": 3, "batch_size": 16, "device": "cpu", "threads": 1, "arms": {
-        arm: {"median_seconds": 0.1, "ratio_to_ce": 1.0, "ratio_p20": 1.0, "ratio_p80": 1.0}
-        for arm in config.arms
-    }}  # fmt: skip
-    # WAS beats CE by 0.10, 0.11, 0.12 on every split: t = 0.11 / (0.01 / sqrt 3) = 19 > 4.3.
-    better = _fabricated_runs(config, {"ce": [0.2, 0.3, 0.4], "was": [0.3, 0.41, 0.52]})
-    results = write_report(
-        config, better, timing, tmp_path, command=None, wall_seconds=1.0, workers=1
+def test_items_nested_in_seeds_get_the_paired_seed_t_interval(tmp_path: Path) -> None:
+    """Each seed answers its own items (references one list per seed): every difference is the
+    t interval over the seeds' means, its verdict read from it, and the report says so."""
+    seeds = (0, 1, 2)
+    references = [[10.0 + s, 20.0 + s, 30.0 + s, 45.0 + s] for s in seeds]
+    ce = [[r + 5 for r in row] for row in references]
+    was = [[r + 2 for r in row] for row in references]
+    design = Design(
+        title="nested",
+        trained="fabricated.",
+        seeds=seeds,
+        arms=("ce", "was"),
+        splits=("interpolate",),
+        metric="log_mae",
+        readout="greedy",
+        max_value=None,
     )
-    assert results["verdict"].startswith("4 of 20 comparisons to CE exceed the seed spread")
-    assert ": 4 better than CE, 0 worse." in results["verdict"]
-    assert results["verdict_hits"][0].startswith(
-        "CE+NTL-WAS on easy: exact acc +0.11 vs CE (better"
+    answers = {
+        split: {"ce": {"greedy": ce}, "was": {"greedy": was}}
+        for split in ("interpolate", "validation")
+    }
+    rows = {"design": design.to_dict(), "config": {}, "choice": {"chosen": {}, "means": {}},
+            "training_constants": {"mean": 1e6, "median": 1e6, "mode": 1e6}, "minutes": 1.0,
+            "answers": answers, "references": {"interpolate": references,
+                                               "validation": references}}  # fmt: skip
+    results = analyse_and_write(tmp_path, rows, preregistered=None)
+    per_seed = [
+        statistics.fmean(abs(_slog(w) - _slog(r)) - abs(_slog(c) - _slog(r))
+                         for w, c, r in zip(w_row, c_row, r_row, strict=True))
+        for w_row, c_row, r_row in zip(was, ce, references, strict=True)
+    ]  # fmt: skip
+    half = 4.302652729911275 * statistics.stdev(per_seed) / math.sqrt(3)  # t(0.975, 2)
+    centre = statistics.fmean(per_seed)
+    key = ("interpolate", "was", "log_mae")
+    entry = next(e for e in results["comparisons"] if (e["split"], e["arm"], e["metric"]) == key)
+    assert (entry["difference"], entry["low"], entry["high"], entry["df"]) == pytest.approx(
+        (centre, centre - half, centre + half, 2.0)
     )
-    # The same mean gain with a sign flip in one seed does not exceed the spread.
-    noisy = _fabricated_runs(config, {"ce": [0.2, 0.3, 0.4], "was": [0.45, 0.5, 0.38]})
-    results = write_report(
-        config, noisy, timing, tmp_path, command=None, wall_seconds=1.0, workers=1
-    )
-    assert results["verdict"].startswith("No difference to CE exceeds the seed spread")
-    single = write_report(
-        config.with_overrides(seeds=(0,)), noisy[:2], timing, tmp_path, command=None,
-        wall_seconds=1.0, workers=1,
+    assert entry["verdict"] == "better" and entry["components"] is None
+    ce_log_mae = next(e for e in results["metrics"] if (e["split"], e["arm"], e["metric"])
+                      == ("interpolate", "ce", "log_mae"))  # fmt: skip
+    assert ce_log_mae["values"] == pytest.approx(
+        [statistics.fmean(abs(_slog(c) - _slog(r)) for c, r in zip(c_row, r_row, strict=True))
+         for c_row, r_row in zip(ce, references, strict=True)]
     )  # fmt: skip
-    assert single["verdict"].startswith("With one seed the seed spread is unknown")
+    report = (tmp_path / "report.md").read_text()
+    assert "paired by seed (3 seeds)" in report
+    assert "the paired-seed t over the means of each seed's own items (df: S − 1;" in report
+    assert "by the same paired-seed analysis" in report
 
 
 @pytest.fixture(scope="module")
@@ -104,58 +96,43 @@ def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dic
 
 
 def test_run_writes_results_report_and_plot(smoke_run: tuple[Path, Path, dict[str, Any]]) -> None:
-    run_dir, _, results = smoke_run
+    """The one report writer's files, from every seed's answer to each of its own questions:
+    the greedy answer is the last number of the generated text, the references the seed's."""
+    run_dir, cache, results = smoke_run
     stored = json.loads((run_dir / "results.json").read_text())  # standard JSON: no NaN
     assert stored == json.loads(json.dumps(results))
-    assert (run_dir / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (run_dir / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = (run_dir / "report.md").read_text()
-    for heading in ("## Results", "## Paired differences to CE", "## Verdict", "## Cost"):
+    for heading in ("## Primary endpoint", "## Learnability gate (validation)", "## interpolate"):
         assert heading in report
-    assert "step time =" in report and results["verdict"] in report
-
-    runs = {(r["seed"], r["arm"]): r for r in results["runs"]}
-    assert set(runs) == {(s, a) for s in SMOKE.seeds for a in SMOKE.arms}
-    splits = results["splits"]
-    assert splits == ["easy", "medium_hard", "interpolate", "extrapolate"]
-    for split in splits:
-        for metric in METRICS:
-            values = [runs[(s, "ce")]["metrics"][split][metric] for s in SMOKE.seeds]
-            assert results["summary"][split]["ce"][metric]["values"] == values
-            difference = results["paired_differences"][split]["was"][metric]
-            expected = [
-                runs[(s, "was")]["metrics"][split][metric]
-                - runs[(s, "ce")]["metrics"][split][metric]
-                for s in SMOKE.seeds
-                if runs[(s, "ce")]["metrics"][split][metric] is not None
-                and runs[(s, "was")]["metrics"][split][metric] is not None
+    assert "the paired-seed t over the means of each seed's own items" in report
+    assert {(r["seed"], r["arm"]) for r in results["runs"]} == {
+        (s, a) for s in SMOKE.seeds for a in SMOKE.arms
+    }
+    assert results["design"]["splits"] == ["interpolate", "easy", "medium_hard", "extrapolate"]
+    assert set(results["answers"]) == {"validation", "easy", "medium_hard", "interpolate",
+                                       "extrapolate"}  # fmt: skip
+    sizes = {"train_questions": SMOKE.train_questions, "eval_questions": SMOKE.eval_questions}
+    for index, seed in enumerate(SMOKE.seeds):
+        data = read_cache(SMOKE.task, seed, cache_dir=cache, **sizes)
+        assert data is not None
+        texts = json.loads((run_dir / f"seed{seed}" / "was" / "predictions.json").read_text())
+        for split, examples in data.evaluation.items():
+            assert results["references"][split][index] == [float(a) for _, a in examples]
+            assert results["answers"][split]["was"]["greedy"][index] == [
+                last_number(text) for text in texts["texts"][split]
             ]
-            assert difference["values"] == pytest.approx(expected)
-            against_was = results["paired_vs_was"][split]["mse"][metric]
-            assert set(results["paired_vs_was"][split]) == {"mse"}  # not CE, not NTL-WAS itself
-            assert against_was["values"] == pytest.approx(
-                [
-                    runs[(s, "mse")]["metrics"][split][metric]
-                    - runs[(s, "was")]["metrics"][split][metric]
-                    for s in SMOKE.seeds
-                    if runs[(s, "mse")]["metrics"][split][metric] is not None
-                    and runs[(s, "was")]["metrics"][split][metric] is not None
-                ]
-            )
     assert set(results["timing"]["arms"]) == set(SMOKE.arms)
-    assert "## Paired differences to NTL-WAS" in (run_dir / "report.md").read_text()
-    table = format_table(results)
-    assert table.count("CE+NTL-WAS") == len(splits)
+    assert "A training step (interleaved timing, median): was" in report
 
 
 def test_validation_run_scores_only_the_validation_split(tmp_path: Path) -> None:
     config = SMOKE.with_overrides(evaluate_on="validation", arms=("ce", "del"), seeds=(0,))
     results = run_experiment(config, tmp_path / "run", cache_dir=tmp_path, show_progress=False)
-    assert results["splits"] == ["validation"]
-    assert set(results["summary"]) == {"validation"}
-    assert set(results["runs"][0]["metrics"]) == {"validation"}
+    assert set(results["answers"]) == {"validation"}
     report = (tmp_path / "run" / "report.md").read_text()
-    assert "on the validation split(s): validation" in report
-    assert "**validation (train difficulties, held out; for choosing settings)**" in report
+    assert "**Not measured: the test splits were not scored**" in report
+    assert "**One seed cannot give a verdict**" in report
 
 
 def test_run_caches_what_generate_makes(smoke_run: tuple[Path, Path, dict[str, Any]]) -> None:
@@ -174,7 +151,7 @@ def test_rerun_resumes_instead_of_training_again(
     stamp = result_file.stat().st_mtime_ns
     again = run_experiment(SMOKE, run_dir, cache_dir=cache, show_progress=False)
     assert result_file.stat().st_mtime_ns == stamp
-    assert again["runs"] == results["runs"] and again["summary"] == results["summary"]
+    assert again["runs"] == results["runs"] and again["metrics"] == results["metrics"]
 
 
 def test_run_folder_with_other_settings_is_refused(
@@ -228,7 +205,8 @@ def test_cli_runs_in_worker_processes_and_matches_the_in_process_run(
                    "--out", str(tmp_path / "run"), "--cache-dir", str(cache)])  # fmt: skip
     assert status == 0
     output = capsys.readouterr().out
-    assert "exact acc" in output and f"run folder: {tmp_path / 'run'}" in output
+    assert "learnability gate (validation log_mae" in output
+    assert f"run folder: {tmp_path / 'run'}" in output
     spawned = json.loads((tmp_path / "run" / "results.json").read_text())
     assert spawned["command"].startswith("numtok compare --preset smoke")
-    assert spawned["summary"] == in_process["summary"]  # workers do not change results
+    assert spawned["answers"] == in_process["answers"]  # workers do not change results

@@ -7,12 +7,12 @@ times) and one preset table (``presets``). From scratch: CE vs CE + λ·NTL and 
 losses, small transformers trained from scratch; ``scratch`` trains and scores one arm of any such
 task and times the arms' steps, and each task says how to build and score an arm (``train``'s
 ``ArithmeticTask`` with ``tokenizer``, ``model``, ``batches``, ``objectives``, ``evaluate``,
-``scratch_report``, ``runner``; ``rjokes``'s ``RJokesTask``, the regression task). Fine-tuning a
-pretrained causal LM on a user's data or a built-in task: ``finetune``. One report writer
-(``report``) writes the runs of both whose items are crossed with the seeds (fine-tuning, rJokes)
-from their rows, with the statistics of ``analysis``, ``item_metrics`` and ``crossed``; the
-arithmetic runs from scratch, whose items are nested in the seeds, keep ``scratch_report`` and
-``stats``' paired-seed t. ``bootstrap`` is the method the coverage study compares with. Needs
+``runner``; ``rjokes``'s ``RJokesTask``, the regression task). Fine-tuning a pretrained causal LM
+on a user's data or a built-in task: ``finetune``. One report writer (``report``) writes every
+run from its rows, with the statistics of ``analysis``, ``item_metrics`` and ``crossed`` (items
+crossed with the seeds, as in fine-tuning and rJokes, or nested in them, as in arithmetic from
+scratch, where each seed draws its own questions). ``bootstrap`` is the method the coverage study
+compares with. Needs
 the ``demo`` extra (fine-tuning also ``pretrained``); the package itself imports nothing, so that
 the command line can list its commands without them.
 """

@@ -4,7 +4,9 @@ that decides which of those differences may have a verdict at all.
 
 Everything is computed from the stored answers (``answers[split][arm][readout]``: (S seeds, I
 items) float64, NaN where an answer held no number; ``base``, scored once, has one row) and the
-true answers (``references[split]``: (I,)).
+true answers (``references[split]``: (I,) when every seed answers the same items, the crossed
+design; (S, I) when each seed draws its own, items nested in seeds, as the arithmetic runs from
+scratch do: :mod:`numtok.experiments.crossed` analyses both).
 
 * **Unparsed answers**: every error metric (MAE, RMSE, log-MAE, MSE, the share within 1 %,
   Pearson's r) scores an answer without a number as the training answers' median (``unparsed``),
@@ -70,8 +72,11 @@ Answers = Mapping[str, Mapping[str, Mapping[str, NDArray[np.float64]]]]
 def _per_seed_metric(
     metric: str, rows: NDArray[np.float64], references: NDArray[np.float64], unparsed: float
 ) -> list[float | None]:
-    ones = np.ones_like(references)
-    values = [float(item_metric(metric, row, references, ones, unparsed=unparsed)) for row in rows]
+    truths = np.broadcast_to(references, rows.shape)  # nested: each seed its own items
+    values = [
+        float(item_metric(metric, row, truth, np.ones_like(truth), unparsed=unparsed))
+        for row, truth in zip(rows, truths, strict=True)
+    ]
     return [v if math.isfinite(v) else None for v in values]
 
 
@@ -102,9 +107,10 @@ def _parsed(rows: NDArray[np.float64]) -> float:
 
 def _difference(
     arm: NDArray[np.float64], baseline: NDArray[np.float64], *, higher_is_better: bool,
-    confidence: float = 0.95,
+    nested: bool, confidence: float = 0.95,
 ) -> dict[str, Any]:  # fmt: skip
-    """The crossed analysis of ``arm − baseline`` (both (S, I) scores) as a JSON-ready entry:
+    """The analysis of ``arm − baseline`` (both (S, I) scores; ``nested``: items nested in
+    seeds) as a JSON-ready entry:
     ``difference``, ``low``, ``high``, ``se``, ``df``, ``mde``, ``interval_verdict``, ``reason``
     and ``components`` (the variance components ``seed``, ``item``, ``resid`` that plan a next
     run); no interval where a score is infinite (an infinite answer)."""
@@ -113,7 +119,7 @@ def _difference(
                 "mde": None, "interval_verdict": "no verdict",
                 "reason": _INFINITE, "components": None}  # fmt: skip
     result: CrossedDifference = crossed_difference(
-        arm, baseline, higher_is_better=higher_is_better, confidence=confidence
+        arm, baseline, higher_is_better=higher_is_better, confidence=confidence, nested=nested
     )
     components = result.components
     return {
@@ -139,13 +145,13 @@ def _gated(verdict: str, reason: str, unshown: str | None) -> tuple[str, str]:
 
 def _equivalence(
     scores: NDArray[np.float64], baseline: NDArray[np.float64], margin: float,
-    unshown: str | None,
+    unshown: str | None, nested: bool,
 ) -> dict[str, Any]:  # fmt: skip
     """The equivalence entry of :func:`comparisons` (``unshown``: why the gate withholds it)."""
     if not (np.isfinite(scores).all() and np.isfinite(baseline).all()):
         return {"margin": margin, "verdict": "no verdict", "low": None, "high": None,
                 "reason": _INFINITE}  # fmt: skip
-    result = equivalence(scores, baseline, margin=margin)
+    result = equivalence(scores, baseline, margin=margin, nested=nested)
     verdict, reason = _gated(result.verdict, result.reason, unshown)
     return {"margin": margin, "verdict": verdict, "low": result.low, "high": result.high,
             "reason": reason}  # fmt: skip
@@ -204,16 +210,18 @@ def _compared(
     rows = np.broadcast_to(rows, (seeds, rows.shape[-1]))  # base: one row for every seed
     unlearnt = [f"{a} ({r})" for a, r in ((arm, readout), (baseline_arm, baseline))
                 if not learnt.get((a, r), False)]  # fmt: skip
+    nested = references.ndim == 2
     entries = []
     for metric in MEAN_METRICS:
         scores = item_scores(metric, rows, references, unparsed=unparsed)
         baseline_scores = item_scores(metric, baseline_rows, references, unparsed=unparsed)
-        entry = _difference(scores, baseline_scores, higher_is_better=metric in HIGHER_IS_BETTER)
+        entry = _difference(scores, baseline_scores, higher_is_better=metric in HIGHER_IS_BETTER,
+                            nested=nested)  # fmt: skip
         unshown = ("learning not shown on validation for " + " and ".join(unlearnt)
                    if unlearnt else None)  # fmt: skip
         verdict, reason = _gated(entry["interval_verdict"], entry["reason"], unshown)
         if margin is not None and metric == margin[0]:
-            entry["equivalence"] = _equivalence(scores, baseline_scores, margin[1], unshown)
+            entry["equivalence"] = _equivalence(scores, baseline_scores, margin[1], unshown, nested)
         entries.append(
             {"split": split, "arm": arm, "readout": readout, "baseline_arm": baseline_arm,
              "baseline": baseline, "metric": metric, **entry, "verdict": verdict,
@@ -250,7 +258,7 @@ def learnability_gate(
                                 unparsed=unparsed)
               for name, value in constants.items()}  # fmt: skip
     constant = max(scores, key=lambda name: sign * float(scores[name].mean()))
-    constant_rows = np.broadcast_to(scores[constant], (seeds, len(references)))
+    constant_rows = np.broadcast_to(scores[constant], (seeds, references.shape[-1]))
     candidates = sum(len(by_readout) for by_readout in answers.values())
     confidence = 1 - 2 * GATE_ALPHA / candidates
     entries = []
@@ -259,8 +267,9 @@ def learnability_gate(
             rows = np.broadcast_to(rows, (seeds, rows.shape[-1]))
             arm_scores = item_scores(tested, rows, references, unparsed=unparsed)
             entry = _difference(
-                arm_scores, constant_rows, higher_is_better=higher, confidence=confidence
-            )
+                arm_scores, constant_rows, higher_is_better=higher, confidence=confidence,
+                nested=references.ndim == 2,
+            )  # fmt: skip
             low = high = None  # of the improvement: the difference's ends, turned by sign
             if entry["low"] is not None and entry["high"] is not None:
                 low, high = sorted((sign * entry["low"], sign * entry["high"]))

@@ -21,7 +21,6 @@ from numtok.experiments.rjokes.download import DownloadError, fetch_rjokes
 from numtok.experiments.rjokes.runner import run_rjokes
 from numtok.experiments.run_folder import prepare_run_dir
 from numtok.experiments.runner import run_experiment
-from numtok.experiments.scratch_report import format_table, overhead_lines
 from numtok.experiments.summary import summary_lines
 from numtok.experiments.tasks.mathematics import TASKS
 from numtok.experiments.tasks.mathematics_compat import load_mathematics_dataset
@@ -115,12 +114,7 @@ def run_and_summarise(
         command=command,
     )
     return [
-        f"{config.task}: mean ± std over {len(config.seeds)} seeds, {config.steps} steps",
-        format_table(results),
-        "",
-        results["verdict"],
-        *(f"  - {hit}" for hit in results["verdict_hits"]),
-        *overhead_lines(results),
-        f"wall time {results['wall_seconds'] / 60:.1f} min",
-        "report.md, results.json and curves.png are in the run folder",
+        *summary_lines(results),
+        f"{config.task} from scratch: wall time {results['wall_seconds'] / 60:.1f} min; "
+        "report.md, results.json and report.png are in the run folder",
     ]

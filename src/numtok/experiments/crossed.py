@@ -65,6 +65,13 @@ from the expected mean squares ``σ²_resid + I'·σ²_seed``, ``σ²_resid + S'
 ``σ²_resid``; :func:`seeds_needed` and :func:`items_needed` search the smallest design whose MDE
 reaches a target.
 
+**Items nested in seeds** (``nested=True``: every seed draws its own I items, as the arithmetic
+runs from scratch do): ``d[s, i] = μ + α_s + ε_si``, the item effects inside ε. A seed's mean
+``d̄_s.`` is then i.i.d. over seeds with variance ``σ²_seed + σ²_ε/I``, so the interval is the
+paired-seed t interval ``d̄ ± t(1 − α/2, S − 1)·SE`` with ``SE² = Σ_s (d̄_s. − d̄)²/(S(S − 1))``,
+exact for normal seed means; its MDE takes the same S − 1 degrees of freedom, and there are no
+components to plan with (``components`` is None).
+
 **Equivalence** within a margin m > 0 set before the run (two one-sided tests at level α): the
 ``1 − 2α`` interval of the same kind inside ``(−m, m)`` is "equivalent"; entirely outside
 ``[−m, m]`` is "different" (a difference larger than the margin, one-sided level α); otherwise
@@ -347,9 +354,15 @@ class VarianceComponents:
         return _mde(math.sqrt(self.variance_of_mean(seeds, items)), float(df), confidence, power)
 
 
+@functools.lru_cache(maxsize=256)
+def _t(p: float, df: float) -> float:
+    """:func:`t_quantile` at one (p, df), remembered: the nested designs of a report, and of
+    a simulation of them, ask for the same few."""
+    return float(t_quantile(p, df))
+
+
 def _mde(se: float, df: float, confidence: float, power: float) -> float:
-    factor = t_quantile(1 - (1 - confidence) / 2, df) + t_quantile(power, df)
-    return float(factor) * se
+    return (_t(1 - (1 - confidence) / 2, df) + _t(power, df)) * se
 
 
 def _check_design(seeds: int, items: int) -> None:
@@ -483,6 +496,15 @@ def _refusal(seeds: int, items: int) -> str | None:
     return None
 
 
+def _nested_half_width(d: Array, confidence: float) -> tuple[float, float]:
+    """``(half width, SE)`` of the paired-seed t interval of items nested in seeds (module
+    docstring): the seeds' means are the i.i.d. observations."""
+    seed_means = d.mean(axis=1)
+    seeds = len(seed_means)
+    se = float(seed_means.std(ddof=1)) / math.sqrt(seeds)
+    return _t(1 - (1 - confidence) / 2, seeds - 1) * se, se
+
+
 def crossed_difference(
     arm: ArrayLike,
     baseline: ArrayLike,
@@ -490,9 +512,10 @@ def crossed_difference(
     higher_is_better: bool,
     confidence: float = 0.95,
     power: float = 0.8,
+    nested: bool = False,
 ) -> CrossedDifference:
-    """The difference of two arms' mean per-item scores on a crossed seed × item design, its
-    generalized interval, verdict and MDE (module docstring).
+    """The difference of two arms' mean per-item scores on a crossed seed × item design (or,
+    ``nested``, items nested in seeds), its interval, verdict and MDE (module docstring).
 
     Args:
         arm: (S, I) per-item scores of the arm, seed by seed, on the same items as ``baseline``.
@@ -500,6 +523,8 @@ def crossed_difference(
         higher_is_better: True for a score such as 0/1 correctness, False for an error.
         confidence: of the interval.
         power: at which the MDE is computed.
+        nested: each seed's items are its own (item i of two seeds are different items): the
+            paired-seed t interval over the seeds' means.
 
     Example:
         >>> result = crossed_difference(
@@ -513,14 +538,23 @@ def crossed_difference(
     d = _differences(arm, baseline)
     seeds, items = d.shape
     estimate = float(d.mean())
-    refusal = _refusal(seeds, items)
+    refusal = _refusal(seeds, 2 if nested else items)
     if refusal is not None:
         return CrossedDifference(estimate, seeds, items, confidence, "no verdict", refusal)
-    ms_seed, ms_item, ms_resid = (float(v) for v in mean_squares(d))
-    squares = MeanSquares(ms_seed, ms_item, ms_resid, seeds, items)
-    half = float(generalized_half_widths(ms_seed, ms_item, ms_resid, seeds, items, confidence))
+    squares = None
+    if nested:
+        half, se = _nested_half_width(d, confidence)
+        df = float(seeds - 1)
+    else:
+        ms_seed, ms_item, ms_resid = (float(v) for v in mean_squares(d))
+        squares = MeanSquares(ms_seed, ms_item, ms_resid, seeds, items)
+        half = float(
+            generalized_half_widths(
+                squares.seed, squares.item, squares.resid, seeds, items, confidence
+            )
+        )
+        se, df = math.sqrt(max(squares.variance_of_mean, 0.0)), squares.df
     low, high = estimate - half, estimate + half
-    se = math.sqrt(max(squares.variance_of_mean, 0.0))
     if low > 0 or high < 0:
         verdict: Verdict = "better" if (high < 0) != higher_is_better else "worse"
         reason = f"the {confidence:.0%} interval excludes 0"
@@ -534,12 +568,12 @@ def crossed_difference(
         verdict=verdict,
         reason=reason,
         se=se,
-        df=squares.df if se > 0 else None,
+        df=df if se > 0 else None,
         low=low,
         high=high,
-        mde=_mde(se, squares.df, confidence, power) if se > 0 else None,
+        mde=_mde(se, df, confidence, power) if se > 0 else None,
         squares=squares,
-        components=VarianceComponents.of(squares),
+        components=None if squares is None else VarianceComponents.of(squares),
     )
 
 
@@ -558,11 +592,17 @@ class Equivalence:
 
 
 def equivalence(
-    arm: ArrayLike, baseline: ArrayLike, *, margin: float, alpha: float = 0.05
+    arm: ArrayLike,
+    baseline: ArrayLike,
+    *,
+    margin: float,
+    alpha: float = 0.05,
+    nested: bool = False,
 ) -> Equivalence:
     """Whether ``mean(arm) − mean(baseline)`` lies within ``±margin``: "equivalent" when the
-    ``1 − 2α`` interval is inside ``(−margin, margin)``, "different" when it lies entirely
-    outside ``[−margin, margin]``, else "undecided"; "no verdict" with one seed or one item.
+    ``1 − 2α`` interval (``nested``: the paired-seed t interval of items nested in seeds) is
+    inside ``(−margin, margin)``, "different" when it lies entirely outside
+    ``[−margin, margin]``, else "undecided"; "no verdict" with one seed or (crossed) one item.
 
     Example:
         >>> same = [[1.0, 2.0, 3.0], [2.0, 2.0, 4.0], [1.5, 2.5, 3.0]]
@@ -577,10 +617,13 @@ def equivalence(
     d = _differences(arm, baseline)
     seeds, items = d.shape
     estimate = float(d.mean())
-    refusal = _refusal(seeds, items)
+    refusal = _refusal(seeds, 2 if nested else items)
     if refusal is not None:
         return Equivalence(estimate, margin, alpha, "no verdict", refusal)
-    half = float(generalized_half_widths(*mean_squares(d), seeds, items, 1 - 2 * alpha))
+    if nested:
+        half = _nested_half_width(d, 1 - 2 * alpha)[0]
+    else:
+        half = float(generalized_half_widths(*mean_squares(d), seeds, items, 1 - 2 * alpha))
     low, high = estimate - half, estimate + half
     level = f"the {1 - 2 * alpha:.0%} interval"
     if -margin < low and high < margin:

@@ -1,5 +1,5 @@
-"""Greedy decoding and the paper's scoring: the last number of each generated answer is compared
-with the reference by :func:`numtok.readout.metrics.numeric_metrics`, per evaluation split.
+"""Greedy decoding of the models trained from scratch: the paper reads the last number of each
+generated answer (:func:`numtok.numbers.text.last_number`).
 
 Both greedy decoding and the number readouts of :mod:`numtok.readout.distribution` read the model
 through :class:`CachedScorer`: the prompts once (left-padded, with a key/value cache), then one
@@ -8,8 +8,7 @@ token at a time for any tree of continuations.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -17,14 +16,12 @@ import torch
 from numtok.experiments.model import KeyValueCache, Transformer
 from numtok.experiments.tokenizer import PromptAnswerTokenizer
 from numtok.readout.decoding import greedy_tokens
-from numtok.readout.metrics import numeric_metrics
 
-__all__ = ["CachedScorer", "Evaluation", "evaluate", "greedy_answers"]
+__all__ = ["CachedScorer", "greedy_answers"]
 
 #: The generator never produces longer answers (``generate_settings.MAX_ANSWER_LENGTH``); one
 #: more token leaves room for ``<eos>``.
 MAX_ANSWER_TOKENS = 31
-_EXAMPLES_PER_SPLIT = 5
 
 
 class CachedScorer:
@@ -126,38 +123,3 @@ def greedy_answers(
             answers[index] = text
     model.train(was_training)
     return answers
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    """Per split: ``metrics`` (:class:`~numtok.readout.metrics.NumericMetrics` as a dict),
-    ``predictions`` (the generated answers) and ``examples`` (a few (question, reference,
-    prediction) rows)."""
-
-    metrics: dict[str, dict[str, float]]
-    predictions: dict[str, list[str]]
-    examples: dict[str, list[tuple[str, str, str]]]
-
-
-def evaluate(
-    model: Transformer,
-    tokenizer: PromptAnswerTokenizer,
-    splits: Mapping[str, Sequence[tuple[str, str]]],
-    *,
-    batch_size: int,
-    device: torch.device,
-) -> Evaluation:
-    """Greedy answers and numeric metrics for every split of (question, answer) pairs."""
-    metrics: dict[str, dict[str, Any]] = {}
-    predictions: dict[str, list[str]] = {}
-    examples: dict[str, list[tuple[str, str, str]]] = {}
-    for split, pairs in splits.items():
-        questions = [q for q, _ in pairs]
-        references = [a for _, a in pairs]
-        answers = greedy_answers(model, tokenizer, questions, batch_size=batch_size, device=device)
-        metrics[split] = numeric_metrics(answers, references).as_dict()
-        predictions[split] = answers
-        examples[split] = list(zip(questions, references, answers, strict=True))[
-            :_EXAMPLES_PER_SPLIT
-        ]
-    return Evaluation(metrics, predictions, examples)

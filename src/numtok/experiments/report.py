@@ -10,7 +10,8 @@ best constant answer on validation; a comparison of an arm that did not gets no 
 gate says "not shown at this budget" with the closest arm's improvement, its interval and the
 smallest improvement the run could have shown — then the λ chosen on validation, and per split
 every arm's metrics (every seed shown, the parsed share beside them), the constant answers, and
-the differences from CE, each with one interval (the crossed seed × item analysis), its minimal
+the differences from CE, each with one interval (the crossed seed × item analysis, or where each
+seed drew its own items, the paired-seed t over the seeds' means), its minimal
 detectable effect (MDE), the parsed shares and the verdict read from that interval
 (:mod:`~numtok.experiments.analysis`). Every error metric scores an unparsed answer as the
 training answers' median; exact accuracy counts it wrong. One seed gives no interval and no
@@ -125,6 +126,19 @@ def _baseline_name(entry: Mapping[str, Any]) -> str:
     return str(entry["baseline_arm"])
 
 
+#: How the differences are analysed, in the report's words: the crossed design (every seed
+#: answers the same items) and items nested in seeds (each seed drew its own).
+_ANALYSIS_WORDS = {
+    False: {"pairing": "seed and item", "analysis": "the crossed seed × item analysis",
+            "df": "Satterthwaite's", "gate": "crossed",
+            "interval": "the generalized interval of the crossed seed × item design"},
+    True: {"pairing": "seed", "analysis": "the paired-seed t over the means of each seed's own "
+           "items", "df": "S − 1",
+           "gate": "paired-seed", "interval": "the paired-seed t interval over the seeds' means "
+           "(each seed drew its own items)"},
+}  # fmt: skip
+
+
 def _metric_name(metric: str) -> str:
     tested = per_item_metric(metric)
     return metric if tested == metric else f"{tested} (the test of {metric})"
@@ -135,6 +149,7 @@ def _primary_lines(
     entries: Sequence[dict[str, Any]],
     arms: Sequence[str],
     tested: bool,
+    nested: bool,
 ) -> list[str]:
     split, readout = design.splits[0], design.readout
     metric = per_item_metric(design.metric)
@@ -154,10 +169,11 @@ def _primary_lines(
         "90 % interval inside the margin (\"equivalent\"), outside it (\"different\") or across "
         "it (\"undecided\"), under the same gate."
     )  # fmt: skip
+    words = _ANALYSIS_WORDS[nested]
     lines += [
         f"{_metric_name(design.metric)} of the {readout} readout on {split}, each arm minus CE, "
-        f"paired by seed and item ({len(design.seeds)} seeds). One 95 % interval per "
-        "difference, the crossed seed × item analysis (df: Satterthwaite's; MDE: the difference "
+        f"paired by {words['pairing']} ({len(design.seeds)} seeds). One 95 % interval per "
+        f"difference, {words['analysis']} (df: {words['df']}; MDE: the difference "
         "this design finds with 80 % power); the verdict is read from that interval alone, and "
         f"only where both arms learnt on validation (the gate below).{equivalence}",
         "",
@@ -215,7 +231,7 @@ def _improvement(entry: dict[str, Any]) -> str:
     )
 
 
-def _gate_lines(gate: dict[str, Any]) -> list[str]:
+def _gate_lines(gate: dict[str, Any], nested: bool) -> list[str]:
     level = f"{gate['confidence'] * 100:.1f} %"
     constant = (
         f"answering the training {gate['constant']} ({gate['constant_value']:.4g}) to every "
@@ -225,8 +241,9 @@ def _gate_lines(gate: dict[str, Any]) -> list[str]:
     lines = [
         "## Learnability gate (validation)",
         "",
-        f"Each arm × readout against the best constant answer, {constant}, by the same crossed "
-        f"analysis: one-sided at α = {gate['alpha']:g} with Bonferroni's correction over the "
+        f"Each arm × readout against the best constant answer, {constant}, by the same "
+        f"{_ANALYSIS_WORDS[nested]['gate']} analysis: one-sided at α = {gate['alpha']:g} with "
+        "Bonferroni's correction over the "
         f"{gate['candidates']} candidates (each interval at {level}). A difference from CE gets "
         "a verdict only where both arms it compares, by their readouts, beat the constant.",
         "",
@@ -274,6 +291,7 @@ def _split_lines(
     constants: dict[str, dict[str, Any]],
     metric_of_run: str,
     unparsed: float,
+    nested: bool,
 ) -> list[str]:
     best = _best_constant(constants, metric_of_run)
     lines = [f"## {split}", "", "Mean ± std over seeds, every seed in brackets; the last column: "
@@ -308,9 +326,9 @@ def _split_lines(
         cells = [_number(scored["metrics"][m]) for m in ITEM_METRICS]
         lines.append(f"| training {name} | {scored['value']:.4g} | " + " | ".join(cells) + " |")
     lines += ["", "Differences (arm − CE, and where a regression head ran every token arm − the "
-              "head; paired by seed and item; the crossed seed × "
-              "item analysis; MDE: the difference this design finds with 80 % power; RMSE is "
-              "tested as MSE, Pearson's r not at all).", "",
+              f"head; paired by {_ANALYSIS_WORDS[nested]['pairing']}; "
+              f"{_ANALYSIS_WORDS[nested]['analysis']}; MDE: the difference this design finds "
+              "with 80 % power; RMSE is tested as MSE, Pearson's r not at all).", "",
               f"| arm | readout | baseline | metric | {DIFFERENCE_HEADER}",
               "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for entry in entries:
@@ -370,13 +388,20 @@ def _preregistration_lines(
     ]
 
 
+def _reference_values(truth: Sequence[Any]) -> NDArray[np.float64]:
+    """A split's true answers: (I,), or (S, I) where each seed drew its own items."""
+    if truth and isinstance(truth[0], list):
+        return np.stack([answer_values(row) for row in truth])
+    return answer_values(truth)
+
+
 def _constants(
     constants: Mapping[str, float], references: Mapping[str, NDArray[np.float64]]
 ) -> dict[str, dict[str, dict[str, Any]]]:  # a constant always parses: no unparsed rule
     return {
         split: {
             name: {"value": value,
-                   "metrics": item_metrics(np.full_like(truth, value), truth)}
+                   "metrics": item_metrics(np.full(truth.size, value), truth.ravel())}
             for name, value in constants.items()
         }
         for split, truth in references.items()
@@ -431,7 +456,8 @@ def analyse_and_write(
                              for readout, stored in by_readout.items()}
                        for arm, by_readout in by_arm.items()}
                for split, by_arm in rows["answers"].items()}  # fmt: skip
-    references = {split: answer_values(truth) for split, truth in rows["references"].items()}
+    references = {split: _reference_values(truth) for split, truth in rows["references"].items()}
+    nested = any(truth.ndim == 2 for truth in references.values())
     constants = rows["training_constants"]
     seeds = len(design.seeds)
     unparsed = constants["median"]
@@ -459,15 +485,15 @@ def analyse_and_write(
     compared_arms = [arm for arm in design.arms if arm != "ce"]
     if preregistered is not None:  # the registered arm alone is primary
         compared_arms = [preregistered[1]["primary_endpoint"]["difference"].split(" ")[0]]
-    lines += _primary_lines(design, entries, compared_arms, len(answers) > 1)
+    lines += _primary_lines(design, entries, compared_arms, len(answers) > 1, nested)
     if results["planning"] is not None:
         lines += ["", *_planning_lines(results["planning"])]
-    lines += ["", *_gate_lines(gate), ""]
-    lines += _settings_lines(design, rows, unparsed)
+    lines += ["", *_gate_lines(gate, nested), ""]
+    lines += _settings_lines(design, rows, unparsed, nested)
     lines += _choice_lines(design, rows["choice"])
     for split in (*(s for s in design.splits if s in answers), "validation"):
         lines += ["", *_split_lines(split, table, entries, scored_constants[split], design.metric,
-                                    unparsed)]  # fmt: skip
+                                    unparsed, nested)]  # fmt: skip
     (run_dir / "report.md").write_text("\n".join(lines) + "\n")
     _plot(design.metric, list(answers), table, scored_constants, run_dir / "report.png")
     loaded: dict[str, Any] = json.loads((run_dir / "results.json").read_text())
@@ -561,15 +587,21 @@ def registration_of(rows: Mapping[str, Any], source: Path) -> tuple[Path, dict[s
     return registered, json.loads(registered.read_text())
 
 
-def _settings_lines(design: Design, rows: Mapping[str, Any], unparsed: float) -> list[str]:
+def _settings_lines(
+    design: Design, rows: Mapping[str, Any], unparsed: float, nested: bool
+) -> list[str]:
     largest_unexplored = rows.get("largest_unexplored")
     lines = [
         "## Settings",
         "",
         f"Seeds {list(design.seeds)}; {design.trained} {rows['minutes']:.1f} minutes of training "
-        "and scoring. Intervals: the generalized interval of the crossed seed × item design "
+        f"and scoring. Intervals: {_ANALYSIS_WORDS[nested]['interval']} "
         "(numtok.experiments.crossed, docs/statistics.md), one per difference, "
-        + ("none with one seed" if len(design.seeds) == 1 else "its df Satterthwaite's")
+        + (
+            "none with one seed"
+            if len(design.seeds) == 1
+            else f"its df {_ANALYSIS_WORDS[nested]['df']}"
+        )
         + f". Unparsed answers: every error metric scores them as the training median "
         f"({unparsed:.4g}), exact accuracy as wrong. Many comparisons at the 5 % level: a few "
         "verdicts may come from chance; the primary endpoint is the one the run was made for.",

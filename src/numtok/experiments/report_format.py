@@ -7,7 +7,6 @@ import datetime
 import math
 import os
 import platform
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -16,21 +15,7 @@ import numtok
 from numtok.experiments.config import TrainingConfig
 from numtok.experiments.model import Transformer
 
-__all__ = ["ARM_COLOURS", "hardware", "json_safe", "run_header", "signed", "table"]
-
-#: One matplotlib colour per arm, the same in every task's plots.
-ARM_COLOURS = {
-    "ce": "tab:gray",
-    "was": "tab:blue",
-    "mse": "tab:orange",
-    "gls": "tab:green",
-    "number": "tab:purple",
-    "del": "tab:brown",
-    "smmd": "tab:pink",
-    "dist2": "tab:olive",
-    "ntil": "tab:cyan",
-    "head": "tab:red",
-}
+__all__ = ["hardware", "json_safe", "run_header", "signed"]
 
 
 def hardware(device: str, threads: int) -> dict[str, Any]:
@@ -91,16 +76,3 @@ def signed(value: float | None, digits: int = 3) -> str:
     if value is None or not math.isfinite(value):
         return "n/a"
     return f"{round(value, digits) or 0.0:+.{digits}f}"
-
-
-def table(header: Sequence[str], rows: Sequence[Sequence[str]], *, markdown: bool) -> str:
-    """Rows of cells under a header: a Markdown table, or text columns aligned with spaces."""
-    if markdown:
-        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        lines += ["| " + " | ".join(row) + " |" for row in rows]
-        return "\n".join(lines)
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(header, widths, strict=True)).rstrip()]
-    lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-    return "\n".join(lines)

@@ -1,7 +1,8 @@
 """The arithmetic comparison as :func:`~numtok.experiments.scratch.run_scratch` runs it
 (:class:`ArithmeticRun`): DeepMind's Mathematics questions generated for every seed and cached,
-then every (seed, arm), the step timing, and the report. Rerunning the same settings into the
-same folder resumes: finished arms are read back, interrupted ones continue from their
+then every (seed, arm), the step timing, and the report of every comparison (each seed draws
+its own questions: items nested in seeds, the paired-seed analysis). Rerunning the same settings
+into the same folder resumes: finished arms are read back, interrupted ones continue from their
 checkpoints."""
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from typing import Any
 
 from numtok.experiments.config import ExperimentConfig
 from numtok.experiments.parallel import Executor, Job, progress_bar, report_progress
-from numtok.experiments.scratch import run_scratch
-from numtok.experiments.scratch_report import write_report
+from numtok.experiments.report import Design
+from numtok.experiments.report_format import run_header
+from numtok.experiments.scratch import run_scratch, write_scratch_report
 from numtok.experiments.tasks.mathematics import (
     TASKS,
     Example,
@@ -30,6 +32,7 @@ from numtok.experiments.tasks.mathematics import (
     write_cache,
 )
 from numtok.experiments.tasks.mathematics_compat import load_mathematics_dataset
+from numtok.experiments.tokenizer import CharTokenizer
 from numtok.experiments.train import ArithmeticTask
 
 __all__ = ["ArithmeticRun", "default_cache_dir", "run_experiment"]
@@ -45,13 +48,7 @@ def default_cache_dir() -> Path:
 
 def _evaluation_job(config_dict: dict[str, Any], seed: int) -> dict[str, list[Example]]:
     config = ExperimentConfig.from_dict(config_dict)
-    return generate_evaluation(
-        TASKS[config.task],
-        seed,
-        config.eval_questions,
-        report_progress,
-        evaluate_on=config.evaluate_on,
-    )
+    return generate_evaluation(TASKS[config.task], seed, config.eval_questions, report_progress)
 
 
 def _training_job(
@@ -68,18 +65,15 @@ def _generate_data(
     job per seed), then the training set (one job per seed and difficulty level)."""
     spec = TASKS[config.task]
     sizes = {"train_questions": config.train_questions, "eval_questions": config.eval_questions}
-    on = config.evaluate_on
     missing = [
-        s
-        for s in config.seeds
-        if read_cache(config.task, s, cache_dir=cache, evaluate_on=on, **sizes) is None
+        s for s in config.seeds if read_cache(config.task, s, cache_dir=cache, **sizes) is None
     ]
     if not missing:
         return
     config_dict = config.to_dict()
     with progress_bar(
         show_progress,
-        len(missing) * total_questions(spec, evaluate_on=on, **sizes),
+        len(missing) * total_questions(spec, **sizes),
         "questions",
         "q",
     ) as bar:
@@ -118,17 +112,14 @@ class ArithmeticRun:
     def scored_items(self) -> int:
         return 0
 
+    def _data(self, seed: int) -> MathData:
+        return load_data(
+            self.config.task, seed, train_questions=self.config.train_questions,
+            eval_questions=self.config.eval_questions, cache_dir=Path(self.cache_dir),
+        )  # fmt: skip
+
     def task(self, seed: int) -> ArithmeticTask:
-        config = self.config
-        data = load_data(
-            config.task,
-            seed,
-            train_questions=config.train_questions,
-            eval_questions=config.eval_questions,
-            cache_dir=Path(self.cache_dir),
-            evaluate_on=config.evaluate_on,
-        )
-        return ArithmeticTask(config, data)
+        return ArithmeticTask(self.config, self._data(seed))
 
     def report(
         self,
@@ -140,10 +131,57 @@ class ArithmeticRun:
         wall_seconds: float,
         workers: int,
     ) -> dict[str, Any]:
-        return write_report(
-            self.config, runs, timing, run_dir,
-            command=command, wall_seconds=wall_seconds, workers=workers,
+        """The run's rows (every seed's answer to each of its own questions), written with their
+        analysis by the one report writer (:func:`~numtok.experiments.report.analyse_and_write`)."""
+        config = self.config
+        data = [self._data(seed) for seed in config.seeds]
+        header = run_header(config, len(CharTokenizer()), command=command,
+                            wall_seconds=wall_seconds, workers=workers)  # fmt: skip
+        return write_scratch_report(
+            run_dir, runs, timing, header=header,
+            design=_design(config, header["model_parameters"], timing),
+            data={"generator": "mathematics_dataset", "task": config.task,
+                  "sizes": {"train": config.train_questions, "per_split": config.eval_questions}},
+            training_answers=[float(answer) for seed in data for _, answer in seed.train],
+            references={split: [[float(answer) for _, answer in seed.evaluation[split]]
+                                for seed in data] for split in config.splits},
+            weights={arm: config.weight_of(arm) for arm in config.arms},
         )  # fmt: skip
+
+
+#: The test split a run's primary comparison reads: the generator's interpolation test setting.
+PRIMARY_SPLIT = "interpolate"
+
+
+def _design(config: ExperimentConfig, parameters: int, timing: dict[str, Any]) -> Design:
+    """What an arithmetic comparison trained, in the report's words."""
+    costs = [f"{arm} {entry['ratio_to_ce']:.2f}× CE's" for arm, entry in timing["arms"].items()
+             if arm != "ce" and "ce" in timing["arms"]]  # fmt: skip
+    tested = [split for split in config.splits if split != "validation"]
+    trained = (
+        f"a decoder-only transformer from scratch ({config.n_layers} layers, d={config.d_model}, "
+        f"{config.n_heads} heads, RoPE, {parameters:,} parameters, character tokens: the digits "
+        f"are the number tokens), {config.steps} steps × {config.batch_size} questions, AdamW "
+        f"learning rate {config.learning_rate:g}, {config.warmup_steps} warm-up steps then "
+        f"cosine; {config.weights_text()}; loss on the answer tokens. Data: DeepMind's "
+        f"Mathematics generator, {config.task}, each seed its own {config.train_questions:,} "
+        f"training questions (easy/medium/hard thirds) and {config.eval_questions} held-out "
+        "questions per split (validation at the training difficulties; test: "
+        f"{', '.join(tested) or 'not scored'}). Readout: greedy decoding, the last number of "
+        "the answer. A training step (interleaved timing, median): "
+        + (", ".join(costs) or "CE alone")
+        + "."
+    )
+    return Design(
+        title=f"CE vs CE + λ·NTL on {config.task}, from scratch: {', '.join(config.arms)}",
+        trained=trained,
+        seeds=config.seeds,
+        arms=config.arms,
+        splits=(PRIMARY_SPLIT, *(split for split in tested if split != PRIMARY_SPLIT)),
+        metric="log_mae",
+        readout="greedy",
+        max_value=None,
+    )
 
 
 def run_experiment(
@@ -158,7 +196,7 @@ def run_experiment(
 ) -> dict[str, Any]:
     """Run (or resume) the comparison described by ``config`` in ``run_dir``
     (:func:`~numtok.experiments.scratch.run_scratch`): writes ``results.json``, ``report.md`` and
-    ``curves.png`` and returns the results. ``cache_dir``: where generated questions are kept
+    ``report.png`` and returns the results. ``cache_dir``: where generated questions are kept
     (default :func:`default_cache_dir`)."""
     load_mathematics_dataset()  # a missing dependency fails here, before any work
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()

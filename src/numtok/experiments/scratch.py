@@ -4,8 +4,11 @@ train with the loop every comparison shares, score, store) and the arms' step ti
 
 A task supplies, for one arm (:class:`ScratchTask`), how to build it for a seed (its model
 initialised from the seed, its optimiser, and its training step over the seed's batches) and how
-to score a trained model; for the whole run (:class:`ScratchRun`), its data, its jobs and its
-report. The arithmetic task is :class:`numtok.experiments.train.ArithmeticTask` and
+to score a trained model (its answers, stored in the arm's ``predictions.json``); for the whole
+run (:class:`ScratchRun`), its data, its jobs and its report, which :func:`write_scratch_report`
+writes from the stored answers with the one report writer of every comparison
+(:mod:`numtok.experiments.report`). The arithmetic task is
+:class:`numtok.experiments.train.ArithmeticTask` and
 :class:`numtok.experiments.runner.ArithmeticRun`; rJokes
 :class:`numtok.experiments.rjokes.train.RJokesTask` and
 :class:`numtok.experiments.rjokes.runner.RJokesRun`.
@@ -39,7 +42,10 @@ from numtok.experiments.parallel import (
     progress_bar,
     report_progress,
 )
+from numtok.experiments.report import Design, analyse_and_write
+from numtok.experiments.report_format import json_safe
 from numtok.experiments.run_folder import arm_directory, finish_arm, prepare_run_dir, read_result
+from numtok.experiments.stats import constant_answers
 from numtok.experiments.timing import interleaved_step_times
 
 __all__ = [
@@ -50,6 +56,7 @@ __all__ = [
     "run_scratch",
     "step_times",
     "train_arm",
+    "write_scratch_report",
 ]
 
 _TIMING = "timing.json"
@@ -70,8 +77,9 @@ class Arm:
 
 @dataclass
 class Scored:
-    """A trained arm's scores: ``result`` the task's entries of ``result.json`` (metrics,
-    examples, ...), ``predictions`` what ``predictions.json`` keeps."""
+    """A trained arm's scores: ``result`` the task's entries of ``result.json``, ``predictions``
+    what ``predictions.json`` keeps: ``{"splits": {split: {readout: [answer or None per
+    item]}}}`` and anything else the task keeps beside them."""
 
     result: dict[str, Any]
     predictions: Any
@@ -278,3 +286,65 @@ def run_scratch(
         wall_seconds=time.perf_counter() - started,
         workers=workers,
     )
+
+
+def _stored_answers(run_dir: Path, seed: int, arm: str) -> dict[str, Any]:
+    """One arm's answers per split and readout, as its task's ``score`` stored them."""
+    path = arm_directory(run_dir, seed, arm) / "predictions.json"
+    stored: dict[str, Any] = json.loads(path.read_text())
+    if "splits" not in stored:
+        raise ValueError(
+            f"{path} was written by an older numtok (no answers per split): run into a new --out"
+        )
+    splits: dict[str, Any] = stored["splits"]
+    return splits
+
+
+#: The entries of an arm's ``result.json`` that the rows keep.
+_RUN_ENTRIES = ("seed", "arm", "history", "mass", "pruned", "median_step_seconds",
+                "train_seconds", "eval_seconds")  # fmt: skip
+
+
+def write_scratch_report(
+    run_dir: Path,
+    runs: list[dict[str, Any]],
+    timing: dict[str, Any],
+    *,
+    header: dict[str, Any],
+    design: Design,
+    data: dict[str, Any],
+    training_answers: list[float],
+    references: dict[str, Any],
+    weights: dict[str, float],
+) -> dict[str, Any]:
+    """The rows of a run trained from scratch — every seed's answer to every item of every
+    split of ``references`` (a split's true answers: one list when every seed answers the same
+    items, one list per seed when each seed drew its own), read back from each arm's
+    ``predictions.json`` — written with their analysis by
+    :func:`~numtok.experiments.report.analyse_and_write`; ``header``: the run's
+    (:func:`~numtok.experiments.report_format.run_header`), ``data``: what the report says of the
+    data, ``training_answers``: whose mean, median and mode are the constant answers,
+    ``weights``: each arm's λ."""
+    stored = {(r["seed"], r["arm"]): _stored_answers(run_dir, r["seed"], r["arm"]) for r in runs}
+    first = design.seeds[0]
+    answers = {
+        split: {arm: {readout: [stored[(seed, arm)][split][readout] for seed in design.seeds]
+                      for readout in stored[(first, arm)][split]}
+                for arm in design.arms}
+        for split in references
+    }  # fmt: skip
+    rows = {
+        **header,
+        "design": design.to_dict(),
+        "data": data,
+        "preregistration": None,
+        "started": header["date"],
+        "choice": {"chosen": weights, "means": {}},
+        "training_constants": constant_answers(training_answers),
+        "references": references,
+        "answers": answers,
+        "runs": [{key: r[key] for key in _RUN_ENTRIES if key in r} for r in runs],
+        "timing": timing,
+        "minutes": sum(r["train_seconds"] + r["eval_seconds"] for r in runs) / 60,
+    }
+    return analyse_and_write(run_dir, json_safe(rows), preregistered=None)

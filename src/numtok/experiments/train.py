@@ -17,13 +17,14 @@ from torch import nn
 
 from numtok.experiments.batches import PackedBatch, TrainingSet
 from numtok.experiments.config import ExperimentConfig
-from numtok.experiments.evaluate import evaluate
+from numtok.experiments.evaluate import greedy_answers
 from numtok.experiments.loop import Progress, optimizer_step
 from numtok.experiments.model import Transformer
 from numtok.experiments.objectives import Objective
 from numtok.experiments.scratch import Arm, Scored
 from numtok.experiments.tasks.mathematics import MathData
 from numtok.experiments.tokenizer import CharTokenizer
+from numtok.numbers.text import last_number
 
 __all__ = ["ArithmeticTask", "build_arm", "train_step"]
 
@@ -64,7 +65,7 @@ def train_step(
 class ArithmeticTask:
     """The arithmetic comparison as a :class:`~numtok.experiments.scratch.ScratchTask`: the
     character tokenizer, the packed batches of ``data.train`` (batch ``s`` of a seed a function
-    of (seed, s)), and greedy answers scored on every split of ``data.evaluation``."""
+    of (seed, s)), and greedy answers to every question of the splits the run scores."""
 
     #: Scoring reports no items to the progress bar (it counts training steps only).
     scored_items = 0
@@ -86,17 +87,20 @@ class ArithmeticTask:
         return Arm(model, optimizer, step, has_ce=True, has_ntl=objective.ntl is not None)
 
     def score(self, arm: str, model: nn.Module, progress: Progress) -> Scored:
-        """``{"metrics": {split: {...}}, "examples": {split: [...]}}``; the predictions are the
-        generated answers per split."""
+        """``result``: nothing of its own; ``predictions``: ``{"splits": {split: {"greedy":
+        [the last number of the answer, or None]}}, "texts": {split: [the generated answer]}}``
+        for every split the run scores."""
         assert isinstance(model, Transformer)
-        evaluation = evaluate(
-            model,
-            self.tokenizer,
-            self.data.evaluation,
-            batch_size=self.config.eval_batch_size,
-            device=torch.device(self.config.device),
-        )
-        return Scored(
-            {"metrics": evaluation.metrics, "examples": evaluation.examples},
-            evaluation.predictions,
-        )
+        texts = {
+            split: greedy_answers(
+                model,
+                self.tokenizer,
+                [question for question, _ in self.data.evaluation[split]],
+                batch_size=self.config.eval_batch_size,
+                device=torch.device(self.config.device),
+            )
+            for split in self.config.splits
+        }
+        answers = {split: {"greedy": [last_number(text) for text in generated]}
+                   for split, generated in texts.items()}  # fmt: skip
+        return Scored({}, {"splits": answers, "texts": texts})

@@ -24,13 +24,10 @@ from numtok.numbers.text import last_number
 from numtok.readout.distribution import number_distribution
 
 __all__ = [
-    "TOKEN_READOUTS",
     "head_predictions",
-    "readouts_of",
     "token_predictions",
 ]
 
-TOKEN_READOUTS = ("greedy", "expected", "median")
 # Prompts per enumeration batch: at 2 digits the cache holds 100 rows per prompt.
 _READOUT_PROMPTS = 16
 # Greedy answers longer than this are cut (a score has at most two digits, then <eos>).
@@ -43,10 +40,6 @@ Progress = Callable[[int], None]
 
 def _silent(amount: int) -> None:
     pass
-
-
-def readouts_of(arm: str) -> tuple[str, ...]:
-    return ("head",) if arm == "head" else TOKEN_READOUTS
 
 
 def _by_length(prompts: Sequence[list[int]], size: int) -> list[list[int]]:

@@ -5,21 +5,17 @@ back, interrupted ones continue from their checkpoints."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from numtok.experiments.parallel import Executor
-from numtok.experiments.report import Design, analyse_and_write
-from numtok.experiments.report_format import json_safe, run_header
+from numtok.experiments.report import Design
+from numtok.experiments.report_format import run_header
 from numtok.experiments.rjokes.config import RJokesConfig
-from numtok.experiments.rjokes.evaluate import readouts_of
 from numtok.experiments.rjokes.train import RJokesTask, build_tokenizer, scored_jokes
-from numtok.experiments.run_folder import arm_directory
-from numtok.experiments.scratch import run_scratch
-from numtok.experiments.stats import constant_answers
+from numtok.experiments.scratch import run_scratch, write_scratch_report
 from numtok.experiments.tasks.rjokes import RJokesData, find_data_dir, load_rjokes
 
 __all__ = ["PUBLISHED", "RJokesRun", "run_rjokes"]
@@ -77,50 +73,20 @@ class RJokesRun:
         analysis by the one report writer (:func:`~numtok.experiments.report.analyse_and_write`)."""
         config, data = self.config, self._data()
         jokes = scored_jokes(config, data)
-        stored = {(r["seed"], r["arm"]): _predictions(run_dir, r["seed"], r["arm"]) for r in runs}
-        answers = {
-            split: {arm: {readout: [stored[(seed, arm)][split][readout] for seed in config.seeds]
-                          for readout in readouts_of(arm)}
-                    for arm in config.arms}
-            for split in jokes
-        }  # fmt: skip
         header = run_header(
             config, len(build_tokenizer(config, data)), command=command,
             wall_seconds=wall_seconds, workers=workers,
         )  # fmt: skip
-        rows = {
-            **header,
-            "design": _design(config, data, runs, timing).to_dict(),
-            "data": {"files": data.files, "digest": data.digest,
-                     "sizes": {"train": len(data.train), "validation": len(data.validation),
-                               "test": len(data.test)},
-                     "scored": {split: len(scored) for split, scored in jokes.items()}},
-            "preregistration": None,
-            "started": header["date"],
-            "choice": {"chosen": {arm: config.weight_of(arm) for arm in config.arms}, "means": {}},
-            "training_constants": constant_answers([score for _, score in data.train]),
-            "references": {split: [score for _, score in scored]
-                           for split, scored in jokes.items()},
-            "answers": answers,
-            "runs": [{key: r[key] for key in ("seed", "arm", "history", "mass", "pruned",
-                                               "median_step_seconds", "train_seconds",
-                                               "eval_seconds")} for r in runs],
-            "timing": timing,
-            "minutes": sum(r["train_seconds"] + r["eval_seconds"] for r in runs) / 60,
-        }  # fmt: skip
-        return analyse_and_write(run_dir, json_safe(rows), preregistered=None)
-
-
-def _predictions(run_dir: Path, seed: int, arm: str) -> dict[str, Any]:
-    """One arm's predictions per split, as :meth:`RJokesTask.score` stored them."""
-    path = arm_directory(run_dir, seed, arm) / "predictions.json"
-    stored: dict[str, Any] = json.loads(path.read_text())
-    if "splits" not in stored:
-        raise ValueError(
-            f"{path} was written by an older numtok (the test split alone): run into a new --out"
-        )
-    splits: dict[str, Any] = stored["splits"]
-    return splits
+        return write_scratch_report(
+            run_dir, runs, timing, header=header, design=_design(config, data, runs, timing),
+            data={"files": data.files, "digest": data.digest,
+                  "sizes": {"train": len(data.train), "validation": len(data.validation),
+                            "test": len(data.test)},
+                  "scored": {split: len(scored) for split, scored in jokes.items()}},
+            training_answers=[score for _, score in data.train],
+            references={split: [score for _, score in scored] for split, scored in jokes.items()},
+            weights={arm: config.weight_of(arm) for arm in config.arms},
+        )  # fmt: skip
 
 
 def _design(

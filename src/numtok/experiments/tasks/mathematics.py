@@ -8,10 +8,12 @@ train-medium and train-hard difficulty) and held-out evaluation splits:
 * ``extrapolate``: its extrapolation module (larger numbers or longer expressions), where the task
   has one.
 
-Those are the test splits. For choosing settings there is instead one ``validation`` split
-(``evaluate_on="validation"``): fresh questions at the training difficulties (equal thirds), from
-streams of their own, so no test question decides a setting. Its training set is drawn from the
-same streams as the test runs', with the validation questions held out instead of the test ones.
+Those are the test splits. Beside them there is one ``validation`` split: fresh questions at the
+training difficulties (equal thirds), from streams of their own, so no test question decides a
+setting. A run scores the validation split (the report's learnability gate reads it) and the test
+splits, or with ``evaluate_on="validation"`` the validation split alone (for choosing settings);
+either way every held-out question of the seed is generated and kept out of its training set, so
+both kinds of run train on the same questions.
 
 Every split is drawn from its own random stream, seeded from (task, seed, split), so a split does
 not change when another split's size does. Evaluation questions are generated first and any
@@ -59,7 +61,7 @@ Example = tuple[str, str]
 Progress = Callable[[int], None]
 
 # Format of the cache files; bump when generation changes so that old caches are not reused.
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2
 # The generator's own limits (mathematics_dataset.generate_settings).
 _MAX_QUESTION_LENGTH = 160
 _MAX_ANSWER_LENGTH = 30
@@ -138,8 +140,11 @@ def check_evaluate_on(evaluate_on: object) -> str:
 
 
 def evaluation_splits(spec: TaskSpec, evaluate_on: str = "test") -> tuple[str, ...]:
-    """The splits a run scores, in report order: ``spec.splits``, or ``("validation",)``."""
-    return (VALIDATION,) if check_evaluate_on(evaluate_on) == VALIDATION else spec.splits
+    """The splits a run scores: ``validation`` and, unless ``evaluate_on`` is "validation",
+    ``spec.splits`` after it."""
+    if check_evaluate_on(evaluate_on) == VALIDATION:
+        return (VALIDATION,)
+    return (VALIDATION, *spec.splits)
 
 
 def check_task(name: object) -> TaskSpec:
@@ -158,10 +163,6 @@ class MathData:
     seed: int
     train: list[Example]
     evaluation: dict[str, list[Example]]
-
-    @property
-    def evaluate_on(self) -> str:
-        return VALIDATION if VALIDATION in self.evaluation else "test"
 
 
 def _split_seed(task: str, seed: int, split: str) -> int:
@@ -244,11 +245,9 @@ def generate_evaluation(
     seed: int,
     eval_questions: int,
     progress: Progress | None = None,
-    *,
-    evaluate_on: str = "test",
 ) -> dict[str, list[Example]]:
     """The held-out splits of one seed (see the module docstring), ``eval_questions`` each: the
-    test splits, or with ``evaluate_on="validation"`` the validation split."""
+    validation split, then the test splits."""
     arithmetic = load_mathematics_dataset()
     modules = {
         "easy": arithmetic.train(_entropy_level(0))[spec.module],
@@ -262,21 +261,20 @@ def generate_evaluation(
     def draw(stream: str, count: int) -> list[Example]:
         return _draw(modules[stream], count, _split_seed(spec.name, seed, stream), set(), progress)
 
-    if check_evaluate_on(evaluate_on) == VALIDATION:
-        levels = zip(("easy", "medium", "hard"), _shares(eval_questions, 3), strict=True)
-        drawn = (
-            _draw(
-                modules[level],
-                count,
-                _split_seed(spec.name, seed, f"{VALIDATION}-{level}"),
-                set(),
-                progress,
-            )
-            for level, count in levels
+    levels = zip(("easy", "medium", "hard"), _shares(eval_questions, 3), strict=True)
+    drawn = (
+        _draw(
+            modules[level],
+            count,
+            _split_seed(spec.name, seed, f"{VALIDATION}-{level}"),
+            set(),
+            progress,
         )
-        return {VALIDATION: [example for examples in drawn for example in examples]}
+        for level, count in levels
+    )
+    evaluation = {VALIDATION: [example for examples in drawn for example in examples]}
     medium, hard = _shares(eval_questions, 2)
-    evaluation = {"easy": draw("easy", eval_questions)}
+    evaluation["easy"] = draw("easy", eval_questions)
     evaluation["medium_hard"] = draw("medium", medium) + draw("hard", hard)
     for split in spec.splits[2:]:
         evaluation[split] = draw(split, eval_questions)
@@ -311,11 +309,10 @@ def generate(
     *,
     train_questions: int,
     eval_questions: int,
-    evaluate_on: str = "test",
     progress: Progress | None = None,
 ) -> MathData:
     """Generate one seed's data (no cache); ``progress(n)`` is called as questions are made."""
-    evaluation = generate_evaluation(spec, seed, eval_questions, progress, evaluate_on=evaluate_on)
+    evaluation = generate_evaluation(spec, seed, eval_questions, progress)
     held_out = held_out_questions(evaluation)
     train = [
         example
@@ -326,15 +323,9 @@ def generate(
 
 
 def cache_path(
-    cache_dir: Path,
-    task: str,
-    seed: int,
-    train_questions: int,
-    eval_questions: int,
-    evaluate_on: str = "test",
+    cache_dir: Path, task: str, seed: int, train_questions: int, eval_questions: int
 ) -> Path:
-    held_out = "eval" if check_evaluate_on(evaluate_on) == "test" else VALIDATION
-    name = f"seed{seed}-train{train_questions}-{held_out}{eval_questions}-v{_CACHE_VERSION}.json"
+    name = f"seed{seed}-train{train_questions}-eval{eval_questions}-v{_CACHE_VERSION}.json"
     return Path(cache_dir) / "mathematics" / task / name
 
 
@@ -345,10 +336,9 @@ def read_cache(
     train_questions: int,
     eval_questions: int,
     cache_dir: Path,
-    evaluate_on: str = "test",
 ) -> MathData | None:
     """The cached data of one seed, or None when it was not generated yet."""
-    path = cache_path(cache_dir, task, seed, train_questions, eval_questions, evaluate_on)
+    path = cache_path(cache_dir, task, seed, train_questions, eval_questions)
     if not path.exists():
         return None
     stored = json.loads(path.read_text())
@@ -360,9 +350,7 @@ def read_cache(
 def write_cache(data: MathData, *, cache_dir: Path) -> None:
     """Store one seed's data (atomically: a killed process leaves no half-written file)."""
     first_split = next(iter(data.evaluation.values()))
-    path = cache_path(
-        cache_dir, data.task, data.seed, len(data.train), len(first_split), data.evaluate_on
-    )
+    path = cache_path(cache_dir, data.task, data.seed, len(data.train), len(first_split))
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f"{path.name}.tmp{os.getpid()}")
     temporary.write_text(json.dumps({"train": data.train, "evaluation": data.evaluation}))
@@ -376,24 +364,22 @@ def load_data(
     train_questions: int,
     eval_questions: int,
     cache_dir: Path,
-    evaluate_on: str = "test",
     progress: Progress | None = None,
 ) -> MathData:
     """One seed's data, read from ``cache_dir`` or generated once and written there."""
     spec = check_task(task)
     sizes = {"train_questions": train_questions, "eval_questions": eval_questions}
-    cached = read_cache(task, seed, cache_dir=cache_dir, evaluate_on=evaluate_on, **sizes)
+    cached = read_cache(task, seed, cache_dir=cache_dir, **sizes)
     if cached is not None:
         if progress is not None:
-            progress(total_questions(spec, evaluate_on=evaluate_on, **sizes))
+            progress(total_questions(spec, **sizes))
         return cached
-    data = generate(spec, seed, progress=progress, evaluate_on=evaluate_on, **sizes)
+    data = generate(spec, seed, progress=progress, **sizes)
     write_cache(data, cache_dir=cache_dir)
     return data
 
 
-def total_questions(
-    spec: TaskSpec, train_questions: int, eval_questions: int, evaluate_on: str = "test"
-) -> int:
-    """How many questions :func:`load_data` reports through ``progress`` for one seed."""
-    return train_questions + len(evaluation_splits(spec, evaluate_on)) * eval_questions
+def total_questions(spec: TaskSpec, train_questions: int, eval_questions: int) -> int:
+    """How many questions :func:`load_data` reports through ``progress`` for one seed (every
+    held-out split's, whichever a run scores)."""
+    return train_questions + len(evaluation_splits(spec)) * eval_questions
