@@ -590,8 +590,8 @@ def test_compare_runs_every_preset_and_refuses_the_flags_of_the_other_kind(
          "--margin does not apply to 'rjokes-smoke'" + fine_tuning_only),
         (["--preset", "smollm2-arithmetic", "--workers", "2"],
          "--workers does not apply to the fine-tuning preset 'smollm2-arithmetic'" + scratch_only),
-        (["--data", "x.jsonl", "--eval-jokes", "5"],
-         "--eval-jokes does not apply to a comparison of --data" + scratch_only),
+        (["--data", "x.jsonl", "--cache-dir", "x"],
+         "--cache-dir does not apply to a comparison of --data" + scratch_only),
     ):  # fmt: skip
         with pytest.raises(SystemExit) as stopped:
             main(["compare", *arguments])

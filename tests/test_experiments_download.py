@@ -125,7 +125,7 @@ def test_demo_fetches_the_data_when_none_is_found(
     monkeypatch.setenv("NUMTOK_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(download, "SOURCE_URL", server.url)
     monkeypatch.setattr(download, "CHECKSUMS", checksums)
-    smoke = ["--seeds", "1", "--arms", "ce,was", "--steps", "2", "--eval-jokes", "5",
+    smoke = ["--seeds", "1", "--arms", "ce,head", "--steps", "2", "--eval-examples", "5",
              "--workers", "1", "--no-progress"]  # fmt: skip
     status = main(["demo", *smoke, "--out", str(tmp_path / "run")])
     assert status == 0
@@ -134,7 +134,7 @@ def test_demo_fetches_the_data_when_none_is_found(
 
     monkeypatch.setattr(download, "SOURCE_URL", _dead_url())
     monkeypatch.setenv("NUMTOK_CACHE", str(tmp_path / "empty-cache"))
-    with pytest.raises(SystemExit) as exit_info:  # --eval-jokes: rJokes only, so it tells
+    with pytest.raises(SystemExit) as exit_info:  # the head arm: rJokes only, so it tells
         main(["demo", *smoke, "--out", str(tmp_path / "fallback")])
     assert exit_info.value.code == 2
     error = capsys.readouterr().err

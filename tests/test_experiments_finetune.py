@@ -366,8 +366,8 @@ def test_command_line(
     assert "**One seed cannot give a verdict**" in report and "0 degrees" not in report
     assert json.loads((out / "config.json").read_text())["steps"] == 2
     with pytest.raises(SystemExit):
-        main([*arguments[:5], "--eval-jokes", "3"])
-    assert "--eval-jokes does not apply" in capsys.readouterr().err
+        main([*arguments[:5], "--workers", "3"])
+    assert "--workers does not apply" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("name", ["smollm2-arithmetic", "smollm2-rjokes"])

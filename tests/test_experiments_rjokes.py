@@ -306,7 +306,11 @@ def test_command_line(data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixt
     assert "learnability gate (validation rmse" in output and "primary endpoint" in output
     assert json.loads((tmp_path / "run" / "results.json").read_text())["config"]["seeds"] == [0]
     for flags, message in (
-        (["--task", "rjokes", "--train-questions", "5"], "--train-questions does not apply"),
+        (
+            ["--task", "rjokes", "--train-examples", "5"],
+            "--train-examples does not apply to a comparison of task 'rjokes' (it takes "
+            "--eval-examples)",
+        ),
         (["--task", "rjokes", "--data-dir", str(tmp_path)], "lacks train.tsv(.gz)"),
         (["--preset", "demo", "--task", "rjokes"], "does not fit the preset 'demo'"),
         (
@@ -325,18 +329,21 @@ def test_command_line(data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixt
 def test_demo_runs_rjokes_when_its_data_is_found_else_arithmetic(
     data_dir: Path, tmp_path: Path, monkeypatch: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # --eval-jokes exists for rJokes only: which error comes tells which task the demo chose.
-    flags = ["--eval-jokes", "5", "--steps", "0", "--out", str(tmp_path / "run")]
+    # --train-examples applies to arithmetic only: which error comes tells which task the demo
+    # chose.
+    flags = ["--train-examples", "5", "--steps", "0", "--out", str(tmp_path / "run")]
     monkeypatch.setenv("NUMTOK_RJOKES_DIR", str(data_dir))
     with pytest.raises(SystemExit):
         main(["demo", *flags])
-    assert "steps must be at least 1, got 0" in capsys.readouterr().err
+    assert "--train-examples does not apply to a comparison of task 'rjokes'" in (
+        capsys.readouterr().err
+    )
     monkeypatch.setenv("NUMTOK_RJOKES_DIR", str(tmp_path / "nowhere"))
     with pytest.raises(SystemExit):
         main(["demo", *flags])
     error = capsys.readouterr().err
     assert "running the arithmetic comparison, since the rJokes data folder" in error
-    assert "--eval-jokes does not apply to the arithmetic task of 'demo'" in error
+    assert "steps must be at least 1, got 0" in error
     with pytest.raises(SystemExit):
         main(["demo", "--data-dir", str(tmp_path / "nowhere"), "--out", str(tmp_path / "run")])
     assert "lacks train.tsv(.gz)" in capsys.readouterr().err

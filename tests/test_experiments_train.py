@@ -154,7 +154,7 @@ def test_killed_run_resumes_to_identical_results(tmp_path: Path, cache_dir: Path
     """SIGKILL a real ``numtok`` process mid-arm, rerun the same command, compare with a run that
     was never interrupted."""
     flags = ["--task", "arithmetic__add_or_sub", "--steps", "150", "--batch-size", "8",
-             "--train-questions", "400", "--eval-questions", "10", "--seeds", "1", "--arms",
+             "--train-examples", "400", "--eval-examples", "10", "--seeds", "1", "--arms",
              "ce,was", "--workers", "1", "--threads", "1", "--no-progress",
              "--cache-dir", str(cache_dir)]  # fmt: skip
     command = [sys.executable, "-m", "numtok.cli", "demo", *flags, "--out", str(tmp_path / "run")]

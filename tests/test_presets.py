@@ -84,8 +84,8 @@ def _two_steps(name: str, data_dir: Path, model_dir: Path) -> list[str]:
         return flags + (["--data-dir", str(data_dir)] if config.task == "rjokes" else [])
     flags += ["--workers", "1", "--batch-size", "8"]
     if isinstance(config, RJokesConfig):
-        return [*flags, "--data-dir", str(data_dir), "--eval-jokes", "5"]
-    return [*flags, "--train-questions", "64", "--eval-questions", "4"]
+        return [*flags, "--data-dir", str(data_dir), "--eval-examples", "5"]
+    return [*flags, "--train-examples", "64", "--eval-examples", "4"]
 
 
 @pytest.mark.slow

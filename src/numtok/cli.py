@@ -60,17 +60,23 @@ _FLAGS = {
     "metric": "--metric",
     "readout": "--readout",
     "max_new_tokens": "--max-new-tokens",
-    "train_questions": "--train-questions",
-    "eval_questions": "--eval-questions",
-    "eval_jokes": "--eval-jokes",
     "device": "--device",
     "threads": "--threads",
     "model": "--model",
 }
+# The sizes of every task, one spelling (RunConfig.size_fields): each task's fields -> flag.
+_SIZE_FLAGS = {
+    "train_questions": "--train-examples",
+    "train_examples": "--train-examples",
+    "eval_questions": "--eval-examples",
+    "eval_jokes": "--eval-examples",
+    "validation_examples": "--eval-examples",
+    "test_examples": "--eval-examples",
+    "harder_examples": "--eval-examples",
+}
 # The flags of a comparison trained from scratch that fine-tuning has no use for, and those of
 # numtok compare's fine-tuning runs that name no setting.
-_FROM_SCRATCH_ONLY = ("task", "train_questions", "eval_questions", "eval_jokes", "workers",
-                      "cache_dir")  # fmt: skip
+_FROM_SCRATCH_ONLY = ("task", "workers", "cache_dir")
 _FINE_TUNING_ONLY = ("preregister", "hypothesis", "primary", "margin", "target_effect")
 RJOKES = "rjokes"
 
@@ -152,6 +158,7 @@ def _add_demo_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     _add_dry_run_flag(parser)
+    _add_size_flags(parser)
     _add_from_scratch_flags(parser)
 
 
@@ -164,19 +171,26 @@ def _add_dry_run_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_size_flags(parser: argparse.ArgumentParser) -> None:
+    """The sizes of a run, one spelling for every task (``RunConfig.size_fields``)."""
+    parser.add_argument(
+        "--train-examples", type=int,
+        help="training examples drawn: arithmetic questions generated, rows of a fine-tuning "
+        "task (rJokes from scratch trains on every training joke; --data uses your files)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--eval-examples", type=int,
+        help="examples scored per evaluation split, validation included (rJokes from scratch: "
+        "0 is all)",
+    )  # fmt: skip
+
+
 def _add_from_scratch_flags(parser: argparse.ArgumentParser) -> None:
     """The flags only the comparisons trained from scratch read (``demo``, and ``compare`` with
     a from-scratch preset)."""
     parser.add_argument(
         "--task",
         help=f"from scratch: '{RJOKES}' (regression) or a Mathematics task (numtok list)",
-    )
-    parser.add_argument(
-        "--train-questions", type=int, help="arithmetic: size of the generated training set"
-    )
-    parser.add_argument("--eval-questions", type=int, help="arithmetic: questions per split")
-    parser.add_argument(
-        "--eval-jokes", type=int, help="rjokes: jokes of that split to score (0: all)"
     )
     parser.add_argument(
         "--workers",
@@ -245,6 +259,7 @@ def _parser() -> argparse.ArgumentParser:
         )  # fmt: skip
         add_compare_arguments(command, _seeds, _arms, _arm_weights, source_required=required)
         _add_dry_run_flag(command)
+        _add_size_flags(command)
         _add_from_scratch_flags(command)
     return parser
 
@@ -538,7 +553,7 @@ def _experiments(parser: argparse.ArgumentParser) -> ModuleType:
 
 def _with_flag_hint(message: str) -> str:
     """Point at the flag that sets the setting a message is about."""
-    for name, flag in _FLAGS.items():
+    for name, flag in (_FLAGS | _SIZE_FLAGS).items():
         if message.startswith((f"{name} ", f"unknown {name}", f"each {name[:-1]}")):
             return f"{message} (set with {flag})"
     return message
@@ -606,7 +621,8 @@ def _build_config(args: argparse.Namespace, preset_name: str, harness: ModuleTyp
             raise ValueError(f"{flag} does not apply to the preset {preset_name!r}")
     if args.task is not None and not is_rjokes:
         overrides["task"] = args.task
-    return config.with_overrides(**overrides)
+    sized = config.with_sizes(train_examples=args.train_examples, eval_examples=args.eval_examples)
+    return sized.with_overrides(**overrides)
 
 
 def _default_workers(config: Any) -> int:

@@ -168,6 +168,32 @@ class RunConfig:
         ignored)."""
         return replace(self, **{k: v for k, v in overrides.items() if v is not None})
 
+    def size_fields(self) -> dict[str, tuple[str, ...]]:
+        """The settings ``--train-examples`` and ``--eval-examples`` set, one spelling for every
+        task: ``{"train_examples": fields, "eval_examples": fields}``, how many training examples
+        a run draws and how many it scores per evaluation split (each task names its own
+        fields; a task without such a size leaves its key out)."""
+        return {}
+
+    def with_sizes(
+        self: _Config, *, train_examples: int | None = None, eval_examples: int | None = None
+    ) -> _Config:
+        """A copy with the fields of :meth:`size_fields` set (``None``: left as they are); a
+        ValueError naming the flag where this task has no such size."""
+        fields = self.size_fields()
+        overrides: dict[str, int] = {}
+        for name, value in (("train_examples", train_examples), ("eval_examples", eval_examples)):
+            if value is None:
+                continue
+            if name not in fields:
+                offered = [f"--{n.replace('_', '-')}" for n in fields] or ["neither"]
+                raise ValueError(
+                    f"--{name.replace('_', '-')} does not apply to a comparison of task "
+                    f"{getattr(self, 'task', '?')!r} (it takes {' and '.join(offered)})"
+                )
+            overrides |= dict.fromkeys(fields[name], value)
+        return self.with_overrides(**overrides)
+
     def fingerprint(self) -> str:
         """A short hash of the settings (12 hex digits): equal settings, equal fingerprint."""
         text = json.dumps(self.to_dict(), sort_keys=True)
@@ -222,6 +248,9 @@ class ExperimentConfig(TrainingConfig):
         check_positive_int("train_questions", self.train_questions)
         check_positive_int("eval_questions", self.eval_questions)
         check_evaluate_on(self.evaluate_on)
+
+    def size_fields(self) -> dict[str, tuple[str, ...]]:
+        return {"train_examples": ("train_questions",), "eval_examples": ("eval_questions",)}
 
     @property
     def splits(self) -> tuple[str, ...]:

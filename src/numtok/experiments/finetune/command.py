@@ -211,9 +211,8 @@ def compare_config(args: argparse.Namespace, base: FinetuneConfig | None) -> Fin
         if value is not None and name in known:
             settings[name] = value
     settings.update(_max_value(args.max_value, args.data))
-    if base is None:
-        return FinetuneConfig(**settings)
-    return base.with_overrides(**settings)
+    config = FinetuneConfig(**settings) if base is None else base.with_overrides(**settings)
+    return config.with_sizes(train_examples=args.train_examples, eval_examples=args.eval_examples)
 
 
 def _log_lines(quiet: bool) -> Callable[[str], None]:

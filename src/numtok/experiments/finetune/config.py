@@ -129,6 +129,12 @@ class FinetuneConfig(RunConfig):
         """Every (seed, arm, λ) but the ``base`` arm, which is not trained."""
         return len(self.seeds) * sum(len(self.weights_of(a)) for a in self.arms if a != "base")
 
+    def size_fields(self) -> dict[str, tuple[str, ...]]:
+        if self.task == "jsonl":  # the user's files are used as they are
+            return {}
+        evaluated = ("validation_examples", "test_examples", "harder_examples")
+        return {"train_examples": ("train_examples",), "eval_examples": evaluated}
+
     def validate(self) -> None:
         if self.task not in FINETUNE_TASKS:
             raise ValueError(f"task must be one of {list(FINETUNE_TASKS)}, got {self.task!r}")

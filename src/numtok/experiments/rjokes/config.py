@@ -48,6 +48,9 @@ class RJokesConfig(TrainingConfig):
     max_digits: int = 2
     min_probability: float = 1e-6
 
+    def size_fields(self) -> dict[str, tuple[str, ...]]:
+        return {"eval_examples": ("eval_jokes",)}  # every training joke is trained on
+
     def validate(self) -> None:
         if self.task != "rjokes":
             raise ValueError(f"task must be 'rjokes' for an RJokesConfig, got {self.task!r}")
