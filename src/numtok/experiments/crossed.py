@@ -485,13 +485,15 @@ def _differences(arm: ArrayLike, baseline: ArrayLike) -> Array:
     return difference
 
 
-def _refusal(seeds: int, items: int) -> str | None:
+def _refusal(seeds: int, items: int, nested: bool) -> str | None:
+    """Why a design gives no interval (None: it gives one). Items nested in seeds need no item
+    component: one item per seed is enough."""
     if seeds < 2:
         return (
             "one seed: the seed component of the variance cannot be estimated, so no interval "
             "and no verdict (run at least 2 seeds; 3 or more for useful power)"
         )
-    if items < 2:
+    if items < 2 and not nested:
         return "one item: the item component of the variance cannot be estimated, so no verdict"
     return None
 
@@ -538,7 +540,7 @@ def crossed_difference(
     d = _differences(arm, baseline)
     seeds, items = d.shape
     estimate = float(d.mean())
-    refusal = _refusal(seeds, 2 if nested else items)
+    refusal = _refusal(seeds, items, nested)
     if refusal is not None:
         return CrossedDifference(estimate, seeds, items, confidence, "no verdict", refusal)
     squares = None
@@ -617,7 +619,7 @@ def equivalence(
     d = _differences(arm, baseline)
     seeds, items = d.shape
     estimate = float(d.mean())
-    refusal = _refusal(seeds, 2 if nested else items)
+    refusal = _refusal(seeds, items, nested)
     if refusal is not None:
         return Equivalence(estimate, margin, alpha, "no verdict", refusal)
     if nested:

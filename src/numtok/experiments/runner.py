@@ -138,14 +138,13 @@ class ArithmeticRun:
         header = run_header(config, len(CharTokenizer()), command=command,
                             wall_seconds=wall_seconds, workers=workers)  # fmt: skip
         return write_scratch_report(
-            run_dir, runs, timing, header=header,
+            run_dir, config, runs, timing, header=header,
             design=_design(config, header["model_parameters"], timing),
             data={"generator": "mathematics_dataset", "task": config.task,
                   "sizes": {"train": config.train_questions, "per_split": config.eval_questions}},
             training_answers=[float(answer) for seed in data for _, answer in seed.train],
             references={split: [[float(answer) for _, answer in seed.evaluation[split]]
                                 for seed in data] for split in config.splits},
-            weights={arm: config.weight_of(arm) for arm in config.arms},
         )  # fmt: skip
 
 

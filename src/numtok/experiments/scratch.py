@@ -307,6 +307,7 @@ _RUN_ENTRIES = ("seed", "arm", "history", "mass", "pruned", "median_step_seconds
 
 def write_scratch_report(
     run_dir: Path,
+    config: TrainingConfig,
     runs: list[dict[str, Any]],
     timing: dict[str, Any],
     *,
@@ -315,7 +316,6 @@ def write_scratch_report(
     data: dict[str, Any],
     training_answers: list[float],
     references: dict[str, Any],
-    weights: dict[str, float],
 ) -> dict[str, Any]:
     """The rows of a run trained from scratch — every seed's answer to every item of every
     split of ``references`` (a split's true answers: one list when every seed answers the same
@@ -323,8 +323,8 @@ def write_scratch_report(
     ``predictions.json`` — written with their analysis by
     :func:`~numtok.experiments.report.analyse_and_write`; ``header``: the run's
     (:func:`~numtok.experiments.report_format.run_header`), ``data``: what the report says of the
-    data, ``training_answers``: whose mean, median and mode are the constant answers,
-    ``weights``: each arm's λ."""
+    data, ``training_answers``: whose mean, median and mode are the constant answers; each arm's
+    λ is ``config``'s."""
     stored = {(r["seed"], r["arm"]): _stored_answers(run_dir, r["seed"], r["arm"]) for r in runs}
     first = design.seeds[0]
     answers = {
@@ -339,7 +339,7 @@ def write_scratch_report(
         "data": data,
         "preregistration": None,
         "started": header["date"],
-        "choice": {"chosen": weights, "means": {}},
+        "choice": {"chosen": {arm: config.weight_of(arm) for arm in config.arms}, "means": {}},
         "training_constants": constant_answers(training_answers),
         "references": references,
         "answers": answers,

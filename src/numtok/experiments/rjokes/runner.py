@@ -78,14 +78,14 @@ class RJokesRun:
             wall_seconds=wall_seconds, workers=workers,
         )  # fmt: skip
         return write_scratch_report(
-            run_dir, runs, timing, header=header, design=_design(config, data, runs, timing),
+            run_dir, config, runs, timing, header=header,
+            design=_design(config, data, runs, timing),
             data={"files": data.files, "digest": data.digest,
                   "sizes": {"train": len(data.train), "validation": len(data.validation),
                             "test": len(data.test)},
                   "scored": {split: len(scored) for split, scored in jokes.items()}},
             training_answers=[score for _, score in data.train],
             references={split: [score for _, score in scored] for split, scored in jokes.items()},
-            weights={arm: config.weight_of(arm) for arm in config.arms},
         )  # fmt: skip
 
 
