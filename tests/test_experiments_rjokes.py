@@ -24,14 +24,7 @@ from numtok.experiments.presets import PRESETS
 from numtok.experiments.report import reanalyse
 from numtok.experiments.rjokes import RJokesConfig, run_rjokes
 from numtok.experiments.rjokes.evaluate import token_predictions
-from numtok.experiments.rjokes.model import ScoreRegressor
-from numtok.experiments.rjokes.train import (
-    RJokesTask,
-    ScoredTrainingSet,
-    arm_step,
-    build_arm,
-    build_tokenizer,
-)
+from numtok.experiments.rjokes.train import RJokesTask, build_tokenizer, prepare_training
 from numtok.experiments.scratch import train_arm
 from numtok.experiments.tasks.rjokes import (
     RJokesData,
@@ -41,6 +34,7 @@ from numtok.experiments.tasks.rjokes import (
     read_jokes,
 )
 from numtok.experiments.tokenizer import WordTokenizer
+from numtok.experiments.transformer_arm import ScoreRegressor, build_transformer_arm
 from numtok.readout.distribution import number_distribution
 
 SMOKE: RJokesConfig = PRESETS["rjokes-smoke"].config  # type: ignore[assignment]
@@ -147,49 +141,63 @@ def test_word_tokenizer() -> None:
 
 def test_arms_share_the_trunk_and_compute_their_losses(data: RJokesData) -> None:
     config = SMOKE.with_overrides(arms=("ce", "was", "mse", "head", "gls"), ntl_weight=0.7)
-    tokenizer = build_tokenizer(config, data)
-    training = ScoredTrainingSet(data.train, tokenizer)
-    models = {arm: build_arm(config, 3, arm, tokenizer) for arm in config.arms}
-    trunk = models["ce"][0].state_dict()
-    head_model = models["head"][0]
+    tokenizer, training = prepare_training(config, data)
+    arms = {arm: build_transformer_arm(config, 3, arm, tokenizer, training) for arm in config.arms}
+    trunk = arms["ce"].model.state_dict()
+    head_model = arms["head"].model
     assert isinstance(head_model, ScoreRegressor)
-    for arm, (model, _, _) in models.items():
+    for name, arm in arms.items():
+        model = arm.model
         state = (
             model.trunk.state_dict() if isinstance(model, ScoreRegressor) else model.state_dict()
         )
-        assert all(torch.equal(state[k], v) for k, v in trunk.items()), arm
+        assert all(torch.equal(state[k], v) for k, v in trunk.items()), name
     assert float(head_model.head.weight.detach().abs().sum()) == 0.0
 
     batch = training.batch(3, 0, config.batch_size)
     vocab = tokenizer.number_vocab()
-    model, optimizer, objective = models["was"]
+    model = arms["was"].model
     with torch.no_grad():
         logits = model(batch.inputs, positions=batch.positions, allowed=batch.allowed)
-    loss, ce, ntl = arm_step(config, 3, model, optimizer, objective, training)(0, 1e-3)
+    # The step computes logits at the answer tokens only; the reference, at every position.
+    loss, ce, ntl = arms["was"].step(0, 1e-3)
     torch.testing.assert_close(ce, F.cross_entropy(logits.flatten(0, 1), batch.labels.flatten()))
     torch.testing.assert_close(ntl, number_token_loss(logits, batch.labels, vocab, kind="was"))
     torch.testing.assert_close(loss, ce + 0.7 * ntl)
 
-    model, optimizer, objective = models["head"]
-    assert isinstance(model, ScoreRegressor)
     chosen = torch.as_tensor(training.batch_indices(3, 0, config.batch_size))
     columns = batch.example_offsets + training.answer_offsets[chosen]
     assert bool((batch.inputs[batch.example_rows, columns] == tokenizer.separator_id).all())
     with torch.no_grad():
-        hidden = model.trunk.features(
+        hidden = head_model.trunk.features(
             batch.inputs, positions=batch.positions, allowed=batch.allowed
         )
-        expected = F.mse_loss(model(hidden[batch.example_rows, columns]), training.targets[chosen])
-    loss, ce, ntl = arm_step(config, 3, model, optimizer, objective, training)(0, 1e-3)
+        expected = F.mse_loss(
+            head_model(hidden[batch.example_rows, columns]), training.targets[chosen]
+        )
+    loss, ce, ntl = arms["head"].step(0, 1e-3)
     assert ce is None and ntl is None
+    assert (arms["head"].has_ce, arms["head"].has_ntl) == (False, False)
     torch.testing.assert_close(loss, expected)
     scores = torch.tensor([s for _, s in data.train], dtype=torch.float32)
     torch.testing.assert_close(training.targets * training.score_std + training.score_mean, scores)
 
 
-def test_cached_scorer_matches_unpadded_forward_passes(data: RJokesData) -> None:
+def test_the_head_arm_refuses_a_training_set_without_targets(data: RJokesData) -> None:
+    from numtok.experiments.batches import TrainingSet
+
     tokenizer = build_tokenizer(SMOKE, data)
-    model = build_arm(SMOKE, 0, "ce", tokenizer)[0].eval()
+    plain = TrainingSet([(text, str(score)) for text, score in data.train], tokenizer)
+    with pytest.raises(
+        TypeError,
+        match=r"the head arm trains on a ScoredTrainingSet \(numeric targets\), got TrainingSet",
+    ):
+        build_transformer_arm(SMOKE, 0, "head", tokenizer, plain)
+
+
+def test_cached_scorer_matches_unpadded_forward_passes(data: RJokesData) -> None:
+    tokenizer, training = prepare_training(SMOKE, data)
+    model = build_transformer_arm(SMOKE, 0, "ce", tokenizer, training).model.eval()
     prompts = [tokenizer.encode_prompt(text) for text, _ in data.test[:5]]
     assert len({len(p) for p in prompts}) > 1, "prompts of different lengths test the padding"
     scorer = CachedScorer(model, prompts, tokenizer.pad_id, "cpu")
@@ -212,8 +220,8 @@ def test_cached_scorer_matches_unpadded_forward_passes(data: RJokesData) -> None
 
 
 def test_token_readouts_are_the_distribution_summaries(data: RJokesData) -> None:
-    tokenizer = build_tokenizer(SMOKE, data)
-    model = build_arm(SMOKE, 0, "ce", tokenizer)[0]
+    tokenizer, training = prepare_training(SMOKE, data)
+    model = build_transformer_arm(SMOKE, 0, "ce", tokenizer, training).model
     jokes = data.test[:20]
     predictions, mass, pruned = token_predictions(
         model, tokenizer, jokes, batch_size=7, max_digits=2, min_probability=0.0, device="cpu"

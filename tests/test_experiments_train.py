@@ -30,7 +30,8 @@ from numtok.experiments.runner import run_experiment
 from numtok.experiments.scratch import train_arm
 from numtok.experiments.tasks.mathematics import MathData, load_data
 from numtok.experiments.tokenizer import CharTokenizer
-from numtok.experiments.train import ArithmeticTask, build_arm, train_step
+from numtok.experiments.train import ArithmeticTask
+from numtok.experiments.transformer_arm import build_transformer_arm
 from numtok.losses.smoothing import gaussian_label_smoothing_ce
 
 SMOKE = PRESETS["smoke"].config
@@ -52,13 +53,18 @@ def data(cache_dir: Path) -> MathData:
     )
 
 
-def test_every_arm_starts_from_the_same_weights() -> None:
+def test_every_arm_starts_from_the_same_weights(data: MathData) -> None:
     tokenizer = CharTokenizer()
-    states = [build_arm(SMOKE, 7, arm, tokenizer)[0].state_dict() for arm in ("ce", "was", "mse")]
+    training = TrainingSet(data.train, tokenizer)
+
+    def initial(seed: int, arm: str) -> dict[str, torch.Tensor]:
+        return build_transformer_arm(SMOKE, seed, arm, tokenizer, training).model.state_dict()
+
+    states = [initial(7, arm) for arm in ("ce", "was", "mse")]
     for state in states[1:]:
         for name, tensor in states[0].items():
             assert torch.equal(state[name], tensor), name
-    other_seed = build_arm(SMOKE, 8, "ce", tokenizer)[0].state_dict()
+    other_seed = initial(8, "ce")
     assert not torch.equal(other_seed["embedding.weight"], states[0]["embedding.weight"])
 
 
@@ -74,14 +80,18 @@ def test_learning_rate_warms_up_then_decays_to_zero() -> None:
 def test_train_step_minimises_the_arm_loss(arm: str, data: MathData) -> None:
     tokenizer = CharTokenizer()
     vocab = tokenizer.number_vocab()
-    config = SMOKE.with_overrides(ntl_weight=0.7)
-    model, optimizer, objective = build_arm(config, 0, arm, tokenizer)
-    batch = TrainingSet(data.train, tokenizer).batch(0, 0, 8)
+    config = SMOKE.with_overrides(ntl_weight=0.7, batch_size=8)
+    training = TrainingSet(data.train, tokenizer)
+    built = build_transformer_arm(config, 0, arm, tokenizer, training)
+    model = built.model
+    batch = training.batch(0, 0, 8)
     labels = batch.labels
     with torch.no_grad():
         logits = model(batch.inputs, positions=batch.positions, allowed=batch.allowed)
     before = [p.detach().clone() for p in model.parameters()]
-    loss, ce, ntl_value = train_step(model, optimizer, objective, batch, config, 1e-3)
+    # The step computes logits at the answer tokens only; the reference, at every position.
+    loss, ce, ntl_value = built.step(0, 1e-3)
+    assert (built.has_ce, built.has_ntl) == (True, arm in NUMBER_LOSS_ARMS)
     assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     torch.testing.assert_close(ce, F.cross_entropy(logits.flatten(0, 1), labels.flatten()))
     if arm in NUMBER_LOSS_ARMS:
@@ -208,8 +218,11 @@ def test_single_arms_take_their_own_weight() -> None:
     assert config.weights_text() == f"λ: was {SMOKE.ntl_weight:g}, del 2.5"
     assert ExperimentConfig.from_dict(config.to_dict()) == config
     assert config.fingerprint() != config.with_overrides(arm_weights=(("del", 3.0),)).fingerprint()
-    _, _, objective = build_arm(config, 0, "del", CharTokenizer())
-    assert objective.ntl_weight == 2.5
+    tokenizer = CharTokenizer()
+    training = TrainingSet([("1+1", "2"), ("2+2", "4")], tokenizer)
+    arm = build_transformer_arm(config.with_overrides(batch_size=2), 0, "del", tokenizer, training)
+    loss, ce, number_loss = arm.step(0, 1e-3)
+    torch.testing.assert_close(loss, ce + 2.5 * number_loss)
     with pytest.raises(
         ValueError, match=r"arm_weights must be \(arm, λ\) pairs .* \('cat', 1\.0\)"
     ):

@@ -17,7 +17,7 @@ from numtok.experiments.config import ExperimentConfig
 from numtok.experiments.parallel import Executor, Job, progress_bar, report_progress
 from numtok.experiments.report import Design
 from numtok.experiments.report_format import run_header
-from numtok.experiments.scratch import run_scratch, write_scratch_report
+from numtok.experiments.scratch import run_scratch, step_costs, write_scratch_report
 from numtok.experiments.tasks.mathematics import (
     TASKS,
     Example,
@@ -154,8 +154,6 @@ PRIMARY_SPLIT = "interpolate"
 
 def _design(config: ExperimentConfig, parameters: int, timing: dict[str, Any]) -> Design:
     """What an arithmetic comparison trained, in the report's words."""
-    costs = [f"{arm} {entry['ratio_to_ce']:.2f}× CE's" for arm, entry in timing["arms"].items()
-             if arm != "ce" and "ce" in timing["arms"]]  # fmt: skip
     tested = [split for split in config.splits if split != "validation"]
     trained = (
         f"a decoder-only transformer from scratch ({config.n_layers} layers, d={config.d_model}, "
@@ -167,9 +165,7 @@ def _design(config: ExperimentConfig, parameters: int, timing: dict[str, Any]) -
         f"training questions (easy/medium/hard thirds) and {config.eval_questions} held-out "
         "questions per split (validation at the training difficulties; test: "
         f"{', '.join(tested) or 'not scored'}). Readout: greedy decoding, the last number of "
-        "the answer. A training step (interleaved timing, median): "
-        + (", ".join(costs) or "CE alone")
-        + "."
+        "the answer. A training step (interleaved timing, median): " + step_costs(timing) + "."
     )
     return Design(
         title=f"CE vs CE + λ·NTL on {config.task}, from scratch: {', '.join(config.arms)}",

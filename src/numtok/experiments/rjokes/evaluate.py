@@ -17,9 +17,9 @@ import torch
 
 from numtok.experiments.evaluate import CachedScorer, greedy_answers
 from numtok.experiments.model import Transformer
-from numtok.experiments.rjokes.model import ScoreRegressor
 from numtok.experiments.tasks.rjokes import Joke
 from numtok.experiments.tokenizer import WordTokenizer
+from numtok.experiments.transformer_arm import ScoreRegressor
 from numtok.numbers.text import last_number
 from numtok.readout.distribution import number_distribution
 

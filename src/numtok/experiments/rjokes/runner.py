@@ -15,7 +15,7 @@ from numtok.experiments.report import Design
 from numtok.experiments.report_format import run_header
 from numtok.experiments.rjokes.config import RJokesConfig
 from numtok.experiments.rjokes.train import RJokesTask, build_tokenizer, scored_jokes
-from numtok.experiments.scratch import run_scratch, write_scratch_report
+from numtok.experiments.scratch import run_scratch, step_costs, write_scratch_report
 from numtok.experiments.tasks.rjokes import RJokesData, find_data_dir, load_rjokes
 
 __all__ = ["PUBLISHED", "RJokesRun", "run_rjokes"]
@@ -100,8 +100,6 @@ def _design(
         if config.min_probability > 0
         else "every prefix enumerated"
     )
-    costs = [f"{arm} {entry['ratio_to_ce']:.2f}× CE's" for arm, entry in timing["arms"].items()
-             if arm != "ce" and "ce" in timing["arms"]]  # fmt: skip
     trained = (
         f"a decoder-only transformer from scratch ({config.n_layers} layers, d={config.d_model}, "
         f"word tokens: the {config.vocabulary_words:,} most frequent training words and the ten "
@@ -112,7 +110,7 @@ def _design(
         f"jokes, {config.eval_jokes or 'all'} scored per split. Readouts: greedy decoding, the "
         f"mean (`expected`) and median of the distribution over numbers of up to "
         f"{config.max_digits} digits ({pruning}). A training step (interleaved timing, median): "
-        + (", ".join(costs) or "CE alone")
+        + step_costs(timing)
         + f". Published for scale: {PUBLISHED}."
     )
     return Design(

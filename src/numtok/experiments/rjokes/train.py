@@ -1,45 +1,29 @@
-"""The rJokes comparison's arms: how one is built, trains a step and is scored
-(:class:`RJokesTask`; :func:`numtok.experiments.scratch.train_arm` runs it).
-
-Every arm of a seed starts from the same trunk weights (``torch.manual_seed(seed)``) and sees the
-same batches (:class:`~numtok.experiments.batches.TrainingSet`); the arms differ in the loss:
-
-* token arms (``ce``, ``was``, ``mse``, ``gls``): the arithmetic comparison's
-  :class:`~numtok.experiments.objectives.Objective` on the answer tokens (the score's digits and
-  ``<eos>``). Logits are computed at those positions only: the vocabulary is large and the
-  prompt tokens carry no loss.
-* ``head``: :class:`~.model.ScoreRegressor`, squared error between the head's output at the
-  ``<answer>`` token and the standardised score; no token loss.
+"""The rJokes comparison's arms (:class:`RJokesTask`; :func:`numtok.experiments.scratch.train_arm`
+runs it): the small transformer of
+:func:`~numtok.experiments.transformer_arm.build_transformer_arm` on the word tokens of the
+training jokes (token arms on the score's digits and ``<eos>``; ``head`` on the standardised
+score), scored greedily and by the distribution's mean and median (token arms) or by the head.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from numtok.experiments.batches import TrainingSet
-from numtok.experiments.loop import Progress, Step, optimizer_step
+from numtok.experiments.loop import Progress
 from numtok.experiments.model import Transformer
-from numtok.experiments.objectives import Objective
 from numtok.experiments.rjokes.config import RJokesConfig
 from numtok.experiments.rjokes.evaluate import head_predictions, token_predictions
-from numtok.experiments.rjokes.model import ScoreRegressor
 from numtok.experiments.scratch import Arm, Scored
 from numtok.experiments.tasks.rjokes import Joke, RJokesData, evaluation_subset
 from numtok.experiments.tokenizer import WordTokenizer
+from numtok.experiments.transformer_arm import (
+    ScoredTrainingSet,
+    ScoreRegressor,
+    build_transformer_arm,
+)
 
-__all__ = [
-    "RJokesTask",
-    "ScoredTrainingSet",
-    "arm_step",
-    "build_tokenizer",
-    "prepare_training",
-    "scored_jokes",
-]
+__all__ = ["RJokesTask", "build_tokenizer", "prepare_training", "scored_jokes"]
 
 
 def build_tokenizer(config: RJokesConfig, data: RJokesData) -> WordTokenizer:
@@ -64,8 +48,10 @@ def prepare_training(
     key = (data.digest, len(data.train), config.vocabulary_words, config.max_prompt_tokens)
     if key not in _PREPARED:
         tokenizer = build_tokenizer(config, data)
+        examples = [(text, str(score)) for text, score in data.train]
+        training = ScoredTrainingSet(examples, [score for _, score in data.train], tokenizer)
         _PREPARED.clear()
-        _PREPARED[key] = tokenizer, ScoredTrainingSet(data.train, tokenizer)
+        _PREPARED[key] = tokenizer, training
     return _PREPARED[key]
 
 
@@ -77,75 +63,6 @@ def scored_jokes(config: RJokesConfig, data: RJokesData) -> dict[str, list[Joke]
     if config.evaluate_on == "test":
         splits["test"] = data.test
     return {split: evaluation_subset(jokes, config.eval_jokes) for split, jokes in splits.items()}
-
-
-class ScoredTrainingSet(TrainingSet):
-    """The training jokes as ``joke <answer> digits <eos>`` examples, plus what the head arm
-    needs per example: where its ``<answer>`` token is and its standardised score."""
-
-    def __init__(self, jokes: Sequence[Joke], tokenizer: WordTokenizer) -> None:
-        super().__init__([(text, str(score)) for text, score in jokes], tokenizer)
-        # The <answer> token's label is the first digit: it follows the prompt's -100 labels.
-        self.answer_offsets = torch.tensor(
-            [int((labels == -100).sum()) for _, labels in self.examples]
-        )
-        scores = torch.tensor([score for _, score in jokes], dtype=torch.float32)
-        self.score_mean, self.score_std = float(scores.mean()), float(scores.std())
-        self.targets = (scores - self.score_mean) / self.score_std
-
-
-def build_arm(
-    config: RJokesConfig, seed: int, arm: str, tokenizer: WordTokenizer
-) -> tuple[nn.Module, torch.optim.Optimizer, Objective | None]:
-    """The arm's model (trunk initialised from ``seed``, the same for every arm), optimiser and
-    token objective (None for ``head``), on ``config.device``."""
-    device = torch.device(config.device)
-    torch.manual_seed(seed)
-    trunk = Transformer(config.model_config(len(tokenizer)))
-    model: nn.Module = ScoreRegressor(trunk) if arm == "head" else trunk
-    model = model.to(device)
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay
-    )
-    if arm == "head":
-        return model, optimizer, None
-    objective = Objective(arm, tokenizer.number_vocab(), ntl_weight=config.weight_of(arm))
-    return model, optimizer, objective.to(device)
-
-
-def arm_step(
-    config: RJokesConfig,
-    seed: int,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    objective: Objective | None,
-    training: ScoredTrainingSet,
-) -> Step:
-    """The arm's training step: ``step(index, learning_rate) -> (loss, ce, ntl)``."""
-    device = torch.device(config.device)
-
-    def step(index: int, learning_rate: float) -> Any:
-        batch = training.batch(seed, index, config.batch_size).to(device)
-        if objective is None:
-            assert isinstance(model, ScoreRegressor)
-            hidden = model.trunk.features(
-                batch.inputs, positions=batch.positions, allowed=batch.allowed
-            )  # (R, C, D)
-            chosen = torch.as_tensor(training.batch_indices(seed, index, config.batch_size))
-            columns = batch.example_offsets + training.answer_offsets[chosen].to(device)
-            predicted = model(hidden[batch.example_rows, columns])  # (B,)
-            loss = F.mse_loss(predicted, training.targets[chosen].to(device))
-            optimizer_step(model, optimizer, loss, config, learning_rate)
-            return loss, None, None
-        assert isinstance(model, Transformer)
-        hidden = model.features(batch.inputs, positions=batch.positions, allowed=batch.allowed)
-        answer = batch.labels != -100  # (R, C): the digits and <eos>
-        logits = model.logits(hidden[answer])  # (K, V)
-        loss, ce, ntl = objective(logits, batch.labels[answer])
-        optimizer_step(model, optimizer, loss, config, learning_rate)
-        return loss, ce, ntl
-
-    return step
 
 
 class RJokesTask:
@@ -164,10 +81,7 @@ class RJokesTask:
         return sum(len(jokes) for jokes in self.jokes.values())
 
     def build(self, seed: int, arm: str) -> Arm:
-        model, optimizer, objective = build_arm(self.config, seed, arm, self.tokenizer)
-        step = arm_step(self.config, seed, model, optimizer, objective, self.training)
-        has_ntl = objective is not None and objective.ntl is not None
-        return Arm(model, optimizer, step, has_ce=objective is not None, has_ntl=has_ntl)
+        return build_transformer_arm(self.config, seed, arm, self.tokenizer, self.training)
 
     def score(self, arm: str, model: nn.Module, progress: Progress) -> Scored:
         """``result``: ``{"mass" (the mean probability the distribution readouts cover; token
