@@ -765,6 +765,24 @@ def test_the_committed_rjokes_report_is_its_rows_reanalysed(tmp_path: Path) -> N
     assert (tmp_path / "report.md").read_text() == (DOCS / "rjokes-test-report.md").read_text()
 
 
+def test_the_committed_diamonds_test_is_its_rows_reanalysed(tmp_path: Path) -> None:
+    """docs/smollm2-diamonds-test.md is its preface, then what --reanalyse writes from
+    docs/smollm2-diamonds-test-rows.json below the report's title, byte for byte: the
+    registration found and matched; its two endpoints, (b) NTL-WAS − CE not shown and (a)
+    NTL-WAS − head undecided at ±50, both in the primary section."""
+    from numtok.experiments.report import reanalyse
+
+    reanalyse(DOCS / "smollm2-diamonds-test-rows.json", tmp_path)
+    title, body = (tmp_path / "report.md").read_text().split("\n", 1)
+    assert title == "# Fine-tuning smollm2 on diamonds-hundreds"
+    page = (DOCS / "smollm2-diamonds-test.md").read_text()
+    assert page.endswith("\n\n" + body.lstrip("\n"))
+    assert "before the run began (2026-12-04T17:03:30+00:00); the run's settings" in body
+    assert "| was | +1.527 | [-63.896, +66.951] | 2.4 | 75.869 |" in body
+    assert "| was (expected) | +193.781 | [-337.998, +725.560] | 3.2 | 562.629 |" in body
+    assert "| not shown | undecided | [-178.568, +566.130] |" in body
+
+
 def test_a_target_effect_plans_the_seeds_and_items_that_reach_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

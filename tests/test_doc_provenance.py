@@ -58,6 +58,7 @@ REPORT_PAGES = {
     "docs/compare-arithmetic-fresh.md": "numtok compare --preset smollm2-arithmetic-fresh",
     "docs/smollm2-rjokes-gate.md": "numtok compare --preset smollm2-rjokes",
     "docs/smollm2-diamonds-validation.md": "numtok compare --preset smollm2-diamonds",
+    "docs/smollm2-diamonds-test.md": "numtok compare --preset smollm2-diamonds",
 }
 
 #: Pages whose rewrite is under way (issue 40: the README, the landing page and the results

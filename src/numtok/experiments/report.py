@@ -150,7 +150,12 @@ def _primary_lines(
     arms: Sequence[str],
     tested: bool,
     nested: bool,
+    registered: bool,
 ) -> list[str]:
+    """The primary section: each of ``arms`` minus CE and, with a regression head in the run,
+    each token arm's readout minus the head (the paper's regression claim). A registered run
+    shows the registered arm's two differences; otherwise the head's own against CE and CE's
+    against the head are shown too."""
     split, readout = design.splits[0], design.readout
     metric = per_item_metric(design.metric)
     lines = ["## Primary endpoint", ""]
@@ -178,12 +183,14 @@ def _primary_lines(
         f"only where both arms learnt on validation (the gate below).{equivalence}",
         "",
     ]
+    has_head = "head" in design.arms
     against_ce = [((arm, readout), ("ce", readout)) for arm in arms if arm != "head"]
-    if "head" in arms:  # the head's own readout against CE's, then the regression claim
+    if has_head and not registered:  # the head's own readout against CE's
         against_ce.append((("head", "head"), ("ce", readout)))
     lines += _primary_table("arm − CE", against_ce, entries, split, metric, design.margin)
-    if "head" in arms and readout != "head":
-        against_head = [((arm, readout), ("head", "head")) for arm in ("ce", *arms)
+    if has_head and readout != "head":  # the regression claim
+        against_head = [((arm, readout), ("head", "head"))
+                        for arm in (arms if registered else ("ce", *arms))
                         if arm not in ("head", "base")]  # fmt: skip
         lines += ["", f"Each token arm's {readout} readout against the regression head (the "
                   "paper's claim that a token head trained with NTL matches a regression head):",
@@ -485,7 +492,9 @@ def analyse_and_write(
     compared_arms = [arm for arm in design.arms if arm != "ce"]
     if preregistered is not None:  # the registered arm alone is primary
         compared_arms = [preregistered[1]["primary_endpoint"]["difference"].split(" ")[0]]
-    lines += _primary_lines(design, entries, compared_arms, len(answers) > 1, nested)
+    lines += _primary_lines(
+        design, entries, compared_arms, len(answers) > 1, nested, preregistered is not None
+    )
     if results["planning"] is not None:
         lines += ["", *_planning_lines(results["planning"])]
     lines += ["", *_gate_lines(gate, nested), ""]
