@@ -756,13 +756,15 @@ def test_a_margin_tests_equivalence_under_the_same_gate(tmp_path: Path) -> None:
         FinetuneConfig(margin=0.0)
 
 
-def test_the_committed_rjokes_report_is_its_rows_reanalysed(tmp_path: Path) -> None:
-    """docs/rjokes-test-report.md is what --reanalyse writes from docs/rjokes-test-rows.json
-    (make demo's run, its paths replaced by DATA and runs/demo-rjokes), byte for byte."""
+@pytest.mark.parametrize("name", ["rjokes-test", "number-losses-test"])
+def test_the_committed_rjokes_reports_are_their_rows_reanalysed(tmp_path: Path, name: str) -> None:
+    """docs/rjokes-test-report.md (make demo's run) and docs/number-losses-test-report.md (the
+    rjokes-losses preset) are what --reanalyse writes from their rows (paths replaced by DATA
+    and runs/...), byte for byte."""
     from numtok.experiments.report import reanalyse
 
-    reanalyse(DOCS / "rjokes-test-rows.json", tmp_path)
-    assert (tmp_path / "report.md").read_text() == (DOCS / "rjokes-test-report.md").read_text()
+    reanalyse(DOCS / f"{name}-rows.json", tmp_path)
+    assert (tmp_path / "report.md").read_text() == (DOCS / f"{name}-report.md").read_text()
 
 
 def test_the_committed_diamonds_test_is_its_rows_reanalysed(tmp_path: Path) -> None:
