@@ -756,11 +756,12 @@ def test_a_margin_tests_equivalence_under_the_same_gate(tmp_path: Path) -> None:
         FinetuneConfig(margin=0.0)
 
 
-@pytest.mark.parametrize("name", ["rjokes-test", "number-losses-test"])
+@pytest.mark.parametrize("name", ["rjokes-test", "number-losses-test", "number-losses-arithmetic"])
 def test_the_committed_rjokes_reports_are_their_rows_reanalysed(tmp_path: Path, name: str) -> None:
-    """docs/rjokes-test-report.md (make demo's run) and docs/number-losses-test-report.md (the
-    rjokes-losses preset) are what --reanalyse writes from their rows (paths replaced by DATA
-    and runs/...), byte for byte."""
+    """docs/rjokes-test-report.md (make demo's run), docs/number-losses-test-report.md (the
+    rjokes-losses preset) and docs/number-losses-arithmetic-report.md (add_or_sub-losses) are
+    what --reanalyse writes from their rows (paths replaced by DATA and runs/...), byte for
+    byte."""
     from numtok.experiments.report import reanalyse
 
     reanalyse(DOCS / f"{name}-rows.json", tmp_path)

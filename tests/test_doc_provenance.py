@@ -52,7 +52,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 #: Copies of a ``report.md`` that a command wrote (the command is in each page's first lines):
 #: data dumps, results files for the other pages, not checked themselves.
 REPORT_PAGES = {
-    "docs/number-losses-arithmetic-report.md": "numtok repro --preset add_or_sub-losses",
+    "docs/number-losses-arithmetic-report.md": "numtok compare --preset add_or_sub-losses",
     "docs/number-losses-test-report.md": "numtok compare --preset rjokes-losses",
     "docs/rjokes-test-report.md": "numtok demo --data-dir DATA",
     "docs/compare-arithmetic-fresh.md": "numtok compare --preset smollm2-arithmetic-fresh",
