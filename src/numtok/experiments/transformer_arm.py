@@ -111,14 +111,14 @@ def build_transformer_arm(
     ``seed``, the same for every arm), AdamW, and ``step(index, learning_rate) -> (loss, CE or
     None, the unweighted number loss or None)``, one optimiser step on the seed's batch
     ``index`` of ``training`` (a :class:`ScoredTrainingSet` for ``head``)."""
-    device = torch.device(config.device)
-    torch.manual_seed(seed)
-    trunk = Transformer(config.model_config(len(tokenizer)))
     if arm == "head" and not isinstance(training, ScoredTrainingSet):
         raise TypeError(
             f"the head arm trains on a ScoredTrainingSet (numeric targets), "
             f"got {type(training).__name__}"
         )
+    device = torch.device(config.device)
+    torch.manual_seed(seed)
+    trunk = Transformer(config.model_config(len(tokenizer)))
     model: nn.Module = (ScoreRegressor(trunk) if arm == "head" else trunk).to(device)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay
