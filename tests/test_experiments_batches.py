@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from numtok.experiments.batches import TrainingSet, pack
-from numtok.experiments.model import ModelConfig, Transformer
-from numtok.experiments.tokenizer import CharTokenizer
+from numtok.experiments.scratch.batches import TrainingSet, pack
+from numtok.experiments.scratch.model import ModelConfig, Transformer
+from numtok.experiments.scratch.tokenizer import CharTokenizer
 
 QUESTIONS = [
     ("What is -150 take away -13?", "-137"),

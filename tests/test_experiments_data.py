@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("mathematics_dataset", reason="needs the demo extra: pip install numtok[demo]")
 
-from numtok.experiments.config import ExperimentConfig
+from numtok.experiments.scratch.config import ExperimentConfig
 from numtok.experiments.tasks.mathematics import (
     TASKS,
     _draw,

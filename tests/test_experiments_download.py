@@ -18,8 +18,8 @@ import pytest
 
 from numtok.cli import main
 from numtok.experiments import commands
-from numtok.experiments.rjokes import download
-from numtok.experiments.rjokes.download import DownloadError, fetch_rjokes
+from numtok.experiments.tasks import rjokes_download as download
+from numtok.experiments.tasks.rjokes_download import DownloadError, fetch_rjokes
 
 from test_experiments_rjokes import write_jokes
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from numtok.experiments.evaluate import greedy_answers
-from numtok.experiments.model import KeyValueCache, ModelConfig, Transformer, rotate
-from numtok.experiments.tokenizer import CharTokenizer
+from numtok.experiments.scratch.model import KeyValueCache, ModelConfig, Transformer, rotate
+from numtok.experiments.scratch.readouts import greedy_answers
+from numtok.experiments.scratch.tokenizer import CharTokenizer
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from numtok.cli import main
 from numtok.experiments.presets import PRESETS
 from numtok.experiments.report import Design, analyse_and_write
 from numtok.experiments.report_format import signed
-from numtok.experiments.runner import run_experiment
+from numtok.experiments.scratch.arithmetic import run_experiment
 from numtok.experiments.tasks.mathematics import TASKS, generate, read_cache
 from numtok.numbers.text import last_number
 

@@ -20,18 +20,17 @@ import torch.nn.functional as F
 pytest.importorskip("mathematics_dataset", reason="needs the demo extra: pip install numtok[demo]")
 
 from numtok import number_token_loss
-from numtok.experiments.batches import TrainingSet
-from numtok.experiments.config import ExperimentConfig
 from numtok.experiments.loop import learning_rate_at
 from numtok.experiments.objectives import GLS_SIGMA, NUMBER_LOSS_ARMS
 from numtok.experiments.presets import PRESETS
 from numtok.experiments.run_folder import arm_directory
-from numtok.experiments.runner import run_experiment
-from numtok.experiments.scratch import train_arm
+from numtok.experiments.scratch.arithmetic import ArithmeticTask, run_experiment
+from numtok.experiments.scratch.arm import build_transformer_arm
+from numtok.experiments.scratch.batches import TrainingSet
+from numtok.experiments.scratch.config import ExperimentConfig
+from numtok.experiments.scratch.engine import train_arm
+from numtok.experiments.scratch.tokenizer import CharTokenizer
 from numtok.experiments.tasks.mathematics import MathData, load_data
-from numtok.experiments.tokenizer import CharTokenizer
-from numtok.experiments.train import ArithmeticTask
-from numtok.experiments.transformer_arm import build_transformer_arm
 from numtok.losses.smoothing import gaussian_label_smoothing_ce
 
 SMOKE = PRESETS["smoke"].config

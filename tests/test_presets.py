@@ -16,7 +16,7 @@ import pytest
 from numtok.cli import main
 from numtok.experiments.finetune.config import FinetuneConfig
 from numtok.experiments.presets import PRESETS
-from numtok.experiments.rjokes.config import RJokesConfig
+from numtok.experiments.scratch.config import RJokesConfig
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ import importlib.util
 from pathlib import Path
 
 from numtok._common.extras import require_extra
-from numtok.experiments.config import ExperimentConfig, TrainingConfig
 from numtok.experiments.finetune.config import FinetuneConfig
 from numtok.experiments.finetune.runner import run_finetune
 from numtok.experiments.presets import (
@@ -16,15 +15,15 @@ from numtok.experiments.presets import (
     PRESETS,
     check_preset,
 )
-from numtok.experiments.rjokes.config import RJokesConfig
-from numtok.experiments.rjokes.download import DownloadError, fetch_rjokes
-from numtok.experiments.rjokes.runner import run_rjokes
 from numtok.experiments.run_folder import prepare_run_dir
-from numtok.experiments.runner import run_experiment
+from numtok.experiments.scratch.arithmetic import run_experiment
+from numtok.experiments.scratch.config import ExperimentConfig, RJokesConfig, TrainingConfig
+from numtok.experiments.scratch.rjokes import run_rjokes
 from numtok.experiments.summary import summary_lines
 from numtok.experiments.tasks.mathematics import TASKS
 from numtok.experiments.tasks.mathematics_compat import load_mathematics_dataset
 from numtok.experiments.tasks.rjokes import default_data_dir, find_data_dir
+from numtok.experiments.tasks.rjokes_download import DownloadError, fetch_rjokes
 
 __all__ = [
     "DEFAULT_REPRO_PRESET",

@@ -10,15 +10,10 @@ from typing import Any, ClassVar, TypeVar
 import torch
 
 from numtok._common.validation import check_int, check_number
-from numtok.experiments.model import ModelConfig
-from numtok.experiments.objectives import ARMS as ARITHMETIC_ARMS
 from numtok.experiments.objectives import NUMBER_LOSS_ARMS
-from numtok.experiments.tasks.mathematics import check_evaluate_on, check_task, evaluation_splits
 
 __all__ = [
-    "ExperimentConfig",
     "RunConfig",
-    "TrainingConfig",
     "check_device",
     "check_non_negative_int",
     "check_positive_int",
@@ -198,64 +193,6 @@ class RunConfig:
         """A short hash of the settings (12 hex digits): equal settings, equal fingerprint."""
         text = json.dumps(self.to_dict(), sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
-@dataclass(frozen=True)
-class TrainingConfig(RunConfig):
-    """A comparison of small transformers trained from scratch: the shared settings and the
-    model's size."""
-
-    d_model: int = 128
-    n_layers: int = 2
-    n_heads: int = 4
-
-    def validate(self) -> None:
-        super().validate()
-        ModelConfig(
-            vocab_size=1, d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads
-        )
-
-    def model_config(self, vocab_size: int) -> ModelConfig:
-        return ModelConfig(
-            vocab_size=vocab_size,
-            d_model=self.d_model,
-            n_layers=self.n_layers,
-            n_heads=self.n_heads,
-        )
-
-
-@dataclass(frozen=True)
-class ExperimentConfig(TrainingConfig):
-    """The arithmetic comparison on DeepMind's Mathematics data; everything that determines a
-    run's results (``workers`` and output folders do not). The defaults are the ``demo`` preset.
-
-    Arms (:mod:`numtok.experiments.objectives`): ``CE``, ``CE + ntl_weight · NTL`` or
-    Gaussian-label-smoothed CE.
-    """
-
-    ARMS: ClassVar[tuple[str, ...]] = ARITHMETIC_ARMS
-
-    task: str = "arithmetic__add_or_sub"
-    train_questions: int = 32_000
-    eval_questions: int = 300
-    #: ``"test"``: the held-out test splits; ``"validation"``: the validation split, for choosing
-    #: settings (:mod:`numtok.experiments.tasks.mathematics`).
-    evaluate_on: str = "test"
-
-    def validate(self) -> None:
-        check_task(self.task)
-        super().validate()
-        check_positive_int("train_questions", self.train_questions)
-        check_positive_int("eval_questions", self.eval_questions)
-        check_evaluate_on(self.evaluate_on)
-
-    def size_fields(self) -> dict[str, tuple[str, ...]]:
-        return {"train_examples": ("train_questions",), "eval_examples": ("eval_questions",)}
-
-    @property
-    def splits(self) -> tuple[str, ...]:
-        """The splits this run scores, in report order."""
-        return evaluation_splits(check_task(self.task), self.evaluate_on)
 
 
 def check_device(device: object) -> torch.device:

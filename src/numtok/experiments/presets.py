@@ -6,9 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from numtok.experiments.config import ExperimentConfig, TrainingConfig
 from numtok.experiments.finetune.config import FinetuneConfig
-from numtok.experiments.rjokes.config import RJokesConfig
+from numtok.experiments.scratch.config import ExperimentConfig, RJokesConfig, TrainingConfig
 
 __all__ = [
     "DEFAULT_REPRO_PRESET",

@@ -25,7 +25,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from numtok.experiments.runner import default_cache_dir
+from numtok.experiments.tasks import default_cache_dir
 
 __all__ = [
     "SMOLLM2_GGUF",

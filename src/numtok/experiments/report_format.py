@@ -1,9 +1,8 @@
-"""What every run's report shares: the fields results.json begins with (a description of the
-machine among them), JSON without NaN, and tables as aligned text or Markdown."""
+"""What every run's report shares: a description of the machine, JSON without NaN, and signed
+numbers as the tables print them."""
 
 from __future__ import annotations
 
-import datetime
 import math
 import os
 import platform
@@ -11,11 +10,7 @@ from typing import Any
 
 import torch
 
-import numtok
-from numtok.experiments.config import TrainingConfig
-from numtok.experiments.model import Transformer
-
-__all__ = ["hardware", "json_safe", "run_header", "signed"]
+__all__ = ["hardware", "json_safe", "signed"]
 
 
 def hardware(device: str, threads: int) -> dict[str, Any]:
@@ -32,28 +27,6 @@ def hardware(device: str, threads: int) -> dict[str, Any]:
     if device.startswith("cuda"):
         info["gpu"] = torch.cuda.get_device_name(torch.device(device))
     return info
-
-
-def run_header(
-    config: TrainingConfig,
-    vocabulary_size: int,
-    *,
-    command: str | None,
-    wall_seconds: float,
-    workers: int,
-) -> dict[str, Any]:
-    """The fields every results.json begins with: numtok's version, the date (UTC), the command,
-    the hardware, the run's wall time and worker count, the settings and the model's size."""
-    return {
-        "numtok_version": numtok.__version__,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": command,
-        "hardware": hardware(config.device, config.threads),
-        "wall_seconds": wall_seconds,
-        "workers": workers,
-        "config": config.to_dict(),
-        "model_parameters": Transformer(config.model_config(vocabulary_size)).num_parameters(),
-    }
 
 
 def json_safe(value: Any) -> Any:

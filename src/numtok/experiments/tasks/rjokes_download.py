@@ -17,7 +17,7 @@ import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 
-from numtok.experiments.runner import default_cache_dir
+from numtok.experiments.tasks import default_cache_dir
 
 __all__ = ["CHECKSUMS", "SOURCE_URL", "DownloadError", "fetch_rjokes", "rjokes_cache_dir"]
 

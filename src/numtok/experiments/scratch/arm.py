@@ -3,10 +3,10 @@ built for a seed, and its training step (:func:`build_transformer_arm`).
 
 Everything that varies from step to step is a function of (seed, step): the initial weights come
 from ``torch.manual_seed(seed)``, the batch of step ``s`` from
-:class:`~numtok.experiments.batches.TrainingSet`, and the learning rate from the step number.
-There is no dropout. So every arm of a seed starts from the same trunk weights and sees the same
-batches, and :func:`~numtok.experiments.loop.train_with_checkpoints` resumes an interrupted arm
-exactly. The arms differ in the loss:
+:class:`~numtok.experiments.scratch.batches.TrainingSet`, and the learning rate from the step
+number. There is no dropout. So every arm of a seed starts from the same trunk weights and sees
+the same batches, and :func:`~numtok.experiments.loop.train_with_checkpoints` resumes an
+interrupted arm exactly. The arms differ in the loss:
 
 * token arms (``ce``, ``was``, ``mse``, ``gls``, ...): the
   :class:`~numtok.experiments.objectives.Objective` on the answer tokens. Logits are computed at
@@ -27,19 +27,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from numtok.experiments.batches import PackedBatch, TrainingSet
-from numtok.experiments.config import TrainingConfig
 from numtok.experiments.loop import optimizer_step
-from numtok.experiments.model import Transformer
 from numtok.experiments.objectives import Objective
-from numtok.experiments.scratch import Arm
-from numtok.experiments.tokenizer import PromptAnswerTokenizer
+from numtok.experiments.scratch.batches import PackedBatch, TrainingSet
+from numtok.experiments.scratch.config import TrainingConfig
+from numtok.experiments.scratch.engine import Arm
+from numtok.experiments.scratch.model import Transformer
+from numtok.experiments.scratch.tokenizer import PromptAnswerTokenizer
 
 __all__ = ["ScoreRegressor", "ScoredTrainingSet", "build_transformer_arm"]
 
 
 class ScoreRegressor(nn.Module):
-    """``trunk`` (the same :class:`~numtok.experiments.model.Transformer` as the token arms,
+    """``trunk`` (the same :class:`~numtok.experiments.scratch.model.Transformer` as the token arms,
     with the same initial weights) and ``head``, a linear map from the hidden state at the
     ``<answer>`` token to the standardised target. The head starts at zero, so the first
     prediction is the training mean."""

@@ -8,14 +8,15 @@ to score a trained model (its answers, stored in the arm's ``predictions.json``)
 run (:class:`ScratchRun`), its data, its jobs and its report, which :func:`write_scratch_report`
 writes from the stored answers with the one report writer of every comparison
 (:mod:`numtok.experiments.report`). The arithmetic task is
-:class:`numtok.experiments.train.ArithmeticTask` and
-:class:`numtok.experiments.runner.ArithmeticRun`; rJokes
-:class:`numtok.experiments.rjokes.train.RJokesTask` and
-:class:`numtok.experiments.rjokes.runner.RJokesRun`.
+:class:`numtok.experiments.scratch.arithmetic.ArithmeticTask` and
+:class:`numtok.experiments.scratch.arithmetic.ArithmeticRun`; rJokes
+:class:`numtok.experiments.scratch.rjokes.RJokesTask` and
+:class:`numtok.experiments.scratch.rjokes.RJokesRun`.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import sys
 import time
@@ -27,7 +28,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from numtok.experiments.config import TrainingConfig
+import numtok
 from numtok.experiments.loop import (
     Progress,
     Step,
@@ -43,8 +44,10 @@ from numtok.experiments.parallel import (
     report_progress,
 )
 from numtok.experiments.report import Design, analyse_and_write
-from numtok.experiments.report_format import json_safe
+from numtok.experiments.report_format import hardware, json_safe
 from numtok.experiments.run_folder import arm_directory, finish_arm, prepare_run_dir, read_result
+from numtok.experiments.scratch.config import TrainingConfig
+from numtok.experiments.scratch.model import Transformer
 from numtok.experiments.stats import constant_answers
 from numtok.experiments.timing import interleaved_step_times
 
@@ -53,6 +56,7 @@ __all__ = [
     "Scored",
     "ScratchRun",
     "ScratchTask",
+    "run_header",
     "run_scratch",
     "step_costs",
     "step_times",
@@ -168,6 +172,28 @@ def step_times(task: ScratchTask, *, rounds: int) -> dict[str, Any]:
         threads=config.threads,
         rounds=rounds,
     )
+
+
+def run_header(
+    config: TrainingConfig,
+    vocabulary_size: int,
+    *,
+    command: str | None,
+    wall_seconds: float,
+    workers: int,
+) -> dict[str, Any]:
+    """The fields every results.json begins with: numtok's version, the date (UTC), the command,
+    the hardware, the run's wall time and worker count, the settings and the model's size."""
+    return {
+        "numtok_version": numtok.__version__,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": command,
+        "hardware": hardware(config.device, config.threads),
+        "wall_seconds": wall_seconds,
+        "workers": workers,
+        "config": config.to_dict(),
+        "model_parameters": Transformer(config.model_config(vocabulary_size)).num_parameters(),
+    }
 
 
 def step_costs(timing: dict[str, Any]) -> str:

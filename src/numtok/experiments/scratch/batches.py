@@ -21,7 +21,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from numtok.experiments.tokenizer import PromptAnswerTokenizer
+from numtok.experiments.scratch.tokenizer import PromptAnswerTokenizer
 
 __all__ = ["PackedBatch", "TrainingSet", "pack"]
 

@@ -1,23 +1,40 @@
-"""The arithmetic comparison as :func:`~numtok.experiments.scratch.run_scratch` runs it
-(:class:`ArithmeticRun`): DeepMind's Mathematics questions generated for every seed and cached,
-then every (seed, arm), the step timing, and the report of every comparison (each seed draws
-its own questions: items nested in seeds, the paired-seed analysis). Rerunning the same settings
-into the same folder resumes: finished arms are read back, interrupted ones continue from their
+"""The arithmetic comparison from scratch, as :func:`~numtok.experiments.scratch.engine.run_scratch`
+runs it: DeepMind's Mathematics questions generated for every seed and cached
+(:class:`ArithmeticRun`), then every (seed, arm) (:class:`ArithmeticTask`: the small transformer
+of :func:`~numtok.experiments.scratch.arm.build_transformer_arm` on character tokens, scored by
+greedy decoding), the step timing, and the report of every comparison (each seed draws its own
+questions: items nested in seeds, the paired-seed analysis). Rerunning the same settings into the
+same folder resumes: finished arms are read back, interrupted ones continue from their
 checkpoints."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from numtok.experiments.config import ExperimentConfig
+import torch
+from torch import nn
+
+from numtok.experiments.loop import Progress
 from numtok.experiments.parallel import Executor, Job, progress_bar, report_progress
 from numtok.experiments.report import Design
-from numtok.experiments.report_format import run_header
-from numtok.experiments.scratch import run_scratch, step_costs, write_scratch_report
+from numtok.experiments.scratch.arm import build_transformer_arm
+from numtok.experiments.scratch.batches import TrainingSet
+from numtok.experiments.scratch.config import ExperimentConfig
+from numtok.experiments.scratch.engine import (
+    Arm,
+    Scored,
+    run_header,
+    run_scratch,
+    step_costs,
+    write_scratch_report,
+)
+from numtok.experiments.scratch.model import Transformer
+from numtok.experiments.scratch.readouts import greedy_answers
+from numtok.experiments.scratch.tokenizer import CharTokenizer
+from numtok.experiments.tasks import default_cache_dir
 from numtok.experiments.tasks.mathematics import (
     TASKS,
     Example,
@@ -32,18 +49,46 @@ from numtok.experiments.tasks.mathematics import (
     write_cache,
 )
 from numtok.experiments.tasks.mathematics_compat import load_mathematics_dataset
-from numtok.experiments.tokenizer import CharTokenizer
-from numtok.experiments.train import ArithmeticTask
+from numtok.numbers.text import last_number
 
-__all__ = ["ArithmeticRun", "default_cache_dir", "run_experiment"]
+__all__ = ["ArithmeticRun", "ArithmeticTask", "run_experiment"]
 
 
-def default_cache_dir() -> Path:
-    """``$NUMTOK_CACHE``, else ``$XDG_CACHE_HOME/numtok``, else ``~/.cache/numtok``."""
-    if os.environ.get("NUMTOK_CACHE"):
-        return Path(os.environ["NUMTOK_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "numtok"
+class ArithmeticTask:
+    """The arithmetic comparison as a :class:`~numtok.experiments.scratch.engine.ScratchTask`: the
+    character tokenizer, the packed batches of ``data.train`` (batch ``s`` of a seed a function
+    of (seed, s)), and greedy answers to every question of the splits the run scores."""
+
+    #: Scoring reports no items to the progress bar (it counts training steps only).
+    scored_items = 0
+
+    def __init__(self, config: ExperimentConfig, data: MathData) -> None:
+        self.config = config
+        self.data = data
+        self.tokenizer = CharTokenizer()
+        self.training = TrainingSet(data.train, self.tokenizer)
+
+    def build(self, seed: int, arm: str) -> Arm:
+        return build_transformer_arm(self.config, seed, arm, self.tokenizer, self.training)
+
+    def score(self, arm: str, model: nn.Module, progress: Progress) -> Scored:
+        """``result``: nothing of its own; ``predictions``: ``{"splits": {split: {"greedy":
+        [the last number of the answer, or None]}}, "texts": {split: [the generated answer]}}``
+        for every split the run scores."""
+        assert isinstance(model, Transformer)
+        texts = {
+            split: greedy_answers(
+                model,
+                self.tokenizer,
+                [question for question, _ in self.data.evaluation[split]],
+                batch_size=self.config.eval_batch_size,
+                device=torch.device(self.config.device),
+            )
+            for split in self.config.splits
+        }
+        answers = {split: {"greedy": [last_number(text) for text in generated]}
+                   for split, generated in texts.items()}  # fmt: skip
+        return Scored({}, {"splits": answers, "texts": texts})
 
 
 def _evaluation_job(config_dict: dict[str, Any], seed: int) -> dict[str, list[Example]]:
@@ -190,9 +235,9 @@ def run_experiment(
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) the comparison described by ``config`` in ``run_dir``
-    (:func:`~numtok.experiments.scratch.run_scratch`): writes ``results.json``, ``report.md`` and
-    ``report.png`` and returns the results. ``cache_dir``: where generated questions are kept
-    (default :func:`default_cache_dir`)."""
+    (:func:`~numtok.experiments.scratch.engine.run_scratch`): writes ``results.json``,
+    ``report.md`` and ``report.png`` and returns the results. ``cache_dir``: where generated
+    questions are kept (default :func:`~numtok.experiments.tasks.default_cache_dir`)."""
     load_mathematics_dataset()  # a missing dependency fails here, before any work
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     return run_scratch(
