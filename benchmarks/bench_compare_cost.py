@@ -7,6 +7,10 @@ two seeds, 30 steps, every readout (greedy, expected, median, mode). The rows gi
 training and of scoring (validation and test) the run itself recorded, and their ratio.
 
     .venv/bin/python benchmarks/bench_compare_cost.py [--out runs/compare-cost] [--threads 2]
+        [--readout-tolerance T]
+
+``--readout-tolerance`` is compare's (default: its own, 1e-3): the unexplored mass each item's
+distribution readouts may leave, which their cost follows.
 
 Run it alone on the machine: the minutes are wall time.
 """
@@ -42,6 +46,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/compare-cost"))
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--results", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--readout-tolerance", type=float)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     data = args.out / "word-problems.jsonl"
@@ -51,6 +56,8 @@ def main() -> None:
     command = ["compare", "--data", str(data), "--arms", "ce,was", "--seeds", "0,1",
                "--steps", "30", "--threads", str(args.threads), "--out", str(run),
                "--no-progress"]  # fmt: skip
+    if args.readout_tolerance is not None:
+        command += ["--readout-tolerance", f"{args.readout_tolerance:g}"]
     status = numtok(command)
     wall = (time.perf_counter() - began) / 60
     results = json.loads((run / "results.json").read_text())
@@ -62,6 +69,7 @@ def main() -> None:
         "status": status,
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "threads": args.threads,
+        "readout_tolerance": results["config"]["readout_tolerance"],
         "train_minutes": training,
         "validation_scoring_minutes": validation,
         "test_scoring_minutes": test,

@@ -33,6 +33,7 @@ from numtok.experiments.item_metrics import (
 from numtok.experiments.provenance import git_provenance
 from numtok.experiments.report import _difference_cells, _gate_lines
 from numtok.experiments.tasks.jsonl import DataError, read_records, read_user_data
+from numtok.readout.distribution import FAST_TOLERANCE
 
 from conftest import without_root_override
 
@@ -524,6 +525,12 @@ def test_a_preregistration_is_written_once_and_held_against_the_run(tmp_path: Pa
     changed = {**record, "settings": {"steps": 61, "seeds": [3]}}
     with pytest.raises(ValueError, match=r"settings.steps: registered 60, this run 61"):
         check_preregistration(path, changed)
+    # A setting added after the registration was written: registered at its default.
+    later = {**record, "settings": {**record["settings"], "readout_tolerance": FAST_TOLERANCE}}
+    assert check_preregistration(path, later)["hypothesis"] == "h"
+    other = {**record, "settings": {**record["settings"], "readout_tolerance": 0.01}}
+    with pytest.raises(ValueError, match=r"settings.readout_tolerance: registered 0.001, this run"):
+        check_preregistration(path, other)
     assert git_provenance(path)["commit"] is None  # not in git
     run = lambda *a: subprocess.run(["git", *a], cwd=tmp_path, check=True, capture_output=True)  # noqa: E731
     run("init", "-q")

@@ -176,3 +176,35 @@ def test_a_split_is_scored_by_every_readout_in_one_pass(
     assert scored["unexplored"] == fast.pruned.tolist()
     moved = (fast.mean - exact.mean).abs()
     assert bool((moved <= fast.pruned / (fast.mass + fast.pruned) * 99 + 1e-9).all())
+
+
+def test_the_readout_tolerance_is_the_configs(tiny_llama_dir: Path) -> None:
+    """``readout_tolerance`` reaches the readouts: 0 scores them exactly (nothing unexplored),
+    a large one leaves some mass unexplored, at most that share of each example's number mass
+    (at most 1), and its means within the bound that mass puts on them."""
+    tokenizer = build_tokenizer()
+    model = float64_model(tiny_llama_dir, "lora").eval()
+    examples = [encode(tokenizer, question, answer) for question, answer in SHARED + UNSHARED]
+    trained = Trained(model, None, (0.0, 1.0))
+    settings = {"model": str(tiny_llama_dir), "max_value": 99, "max_digits": 2, "threads": 1}
+    prompts = [list(e.prompt) for e in examples]
+    exact = predict_numbers(model, tokenizer, prompts, max_digits=2, max_value=99)
+    scored = score_split(
+        trained, tokenizer, FinetuneConfig(**settings, readout_tolerance=0), examples
+    )
+    assert scored["unexplored"] == [0.0] * len(examples)
+    assert scored["answers"]["expected"] == exact.mean.tolist()
+    loose = FinetuneConfig(**settings, readout_tolerance=0.5)
+    read = score_split(trained, tokenizer, loose, examples)
+    unexplored = torch.tensor(read["unexplored"], dtype=torch.float64)
+    assert bool((unexplored > 0).any()) and bool((unexplored <= 0.5).all())
+    fast = predict_numbers(model, tokenizer, prompts, max_digits=2, max_value=99, tolerance=0.5)
+    assert read["answers"]["expected"] == fast.mean.tolist()
+    moved = (fast.mean - exact.mean).abs()
+    assert bool((moved <= unexplored / (fast.mass + unexplored) * 99 + 1e-9).all())
+
+
+@pytest.mark.parametrize("tolerance", [-0.1, 1.0, "0.1", True])
+def test_a_readout_tolerance_outside_0_to_1_is_refused(tolerance: Any) -> None:
+    with pytest.raises(ValueError, match=r"readout_tolerance must be a number in \[0, 1\)"):
+        FinetuneConfig(readout_tolerance=tolerance)

@@ -60,6 +60,7 @@ _FLAGS = {
     "metric": "--metric",
     "readout": "--readout",
     "max_new_tokens": "--max-new-tokens",
+    "readout_tolerance": "--readout-tolerance",
     "device": "--device",
     "threads": "--threads",
     "model": "--model",

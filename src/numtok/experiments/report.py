@@ -600,6 +600,8 @@ def _settings_lines(
     design: Design, rows: Mapping[str, Any], unparsed: float, nested: bool
 ) -> list[str]:
     largest_unexplored = rows.get("largest_unexplored")
+    # Rows written before the tolerance was a setting were read at FAST_TOLERANCE.
+    tolerance = rows.get("config", {}).get("readout_tolerance", FAST_TOLERANCE)
     lines = [
         "## Settings",
         "",
@@ -618,7 +620,7 @@ def _settings_lines(
     if largest_unexplored is not None:
         lines[-1] += (
             f" The distribution readouts left at most {largest_unexplored:.2g} of an item's "
-            f"probability unexplored (tolerance {FAST_TOLERANCE:g} of its number mass); its mean "
+            f"probability unexplored (tolerance {tolerance:g} of its number mass); its mean "
             "moves by at most unexplored / (covered + unexplored) of the range 0.."
             f"{design.max_value}."
         )

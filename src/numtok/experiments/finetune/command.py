@@ -56,6 +56,7 @@ _SETTINGS = {
     "head_learning_rate": "--head-learning-rate", "adaptation": "--adaptation",
     "lora_rank": "--lora-rank", "metric": "--metric", "readout": "--readout", "margin": "--margin",
     "device": "--device", "threads": "--threads", "max_new_tokens": "--max-new-tokens",
+    "readout_tolerance": "--readout-tolerance",
 }  # fmt: skip
 
 
@@ -139,6 +140,12 @@ def add_compare_arguments(
         help="the expected/median readouts enumerate the numbers 0..N: an int, 'none', or "
         f"'auto' (default: the largest training answer when every training answer is an "
         f"integer from 0 to {AUTO_MAX_VALUE}, else none)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--readout-tolerance", type=float,
+        help="the probability the expected/median/mode readouts may leave unexplored per example, "
+        "a share of its number mass (default 0.001; 0: exact; larger: faster, the mean within "
+        "about that share of the range 0..max-value)",
     )  # fmt: skip
     parser.add_argument("--max-new-tokens", type=int, help="tokens generated per answer (8)")
     parser.add_argument("--device", help="cpu (default), cuda, cuda:N or mps")

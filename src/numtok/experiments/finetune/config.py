@@ -10,7 +10,7 @@ from numtok._common.validation import check_number
 from numtok.experiments.config import RunConfig, check_non_negative_int, check_positive_int
 from numtok.experiments.item_metrics import ENDPOINT_METRICS
 from numtok.experiments.objectives import NUMBER_LOSS_ARMS
-from numtok.readout.distribution import MAX_DIGITS
+from numtok.readout.distribution import FAST_TOLERANCE, MAX_DIGITS
 
 __all__ = [
     "ADAPTATIONS",
@@ -95,6 +95,10 @@ class FinetuneConfig(RunConfig):
     #: spelled in up to ``max_digits`` digits (None: no distribution readouts).
     max_value: int | None = None
     max_digits: int = 2
+    #: The unexplored mass the distribution readouts may leave per example, as a share of its
+    #: number mass (:func:`numtok.readout.distribution.number_distribution`; 0: exact): the mean
+    #: moves by at most about this share of the range 0..``max_value``.
+    readout_tolerance: float = FAST_TOLERANCE
     max_new_tokens: int = 8
     #: Equivalence within ±``margin`` of the tested metric (MSE for RMSE) for the primary
     #: comparisons (two one-sided tests at 5 %; None: none). Pre-registrable: it is a setting.
@@ -153,6 +157,13 @@ class FinetuneConfig(RunConfig):
             "harder_examples", "max_prompt_tokens", "max_digits", "max_new_tokens",
         ):  # fmt: skip
             check_positive_int(name, getattr(self, name))
+        if isinstance(self.readout_tolerance, bool) or not (
+            isinstance(self.readout_tolerance, (int, float)) and 0 <= self.readout_tolerance < 1
+        ):
+            raise ValueError(
+                "readout_tolerance must be a number in [0, 1) (0: exact readouts), got "
+                f"{self.readout_tolerance!r}"
+            )
         for name in ("head_learning_rate", "margin"):
             if getattr(self, name) is not None:
                 check_number(name, getattr(self, name), minimum=0.0, inclusive=False)

@@ -3,8 +3,9 @@
 * ``greedy``: the generated text's last number, as the paper reads answers (None: no number);
 * ``expected``, ``median`` and ``mode``: the mean, median and mode of the model's distribution
   over the numbers 0 to ``max_value`` (:func:`numtok.predict_numbers`; only with
-  ``config.max_value``), read with :data:`numtok.readout.distribution.FAST_TOLERANCE` (no limit on
-  the prefixes: the bound holds; a flat distribution costs what it costs) and with the greedy text
+  ``config.max_value``), read with ``config.readout_tolerance`` (by default
+  :data:`numtok.readout.distribution.FAST_TOLERANCE`; no limit on the prefixes: the bound holds, a
+  flat distribution costs what it costs) and with the greedy text
   from the same prompt pass: one pass over a split scores every readout.
   Each item's unexplored mass (``pruned``) is kept beside the answers (``unexplored``);
 * ``head``: the regression head's prediction (the ``head`` arm's only readout).
@@ -31,7 +32,6 @@ from numtok.experiments.finetune.train import Trained, prompt_states
 from numtok.hf._head import causal_lm_of
 from numtok.numbers.text import last_number
 from numtok.readout.decoding import predict_numbers
-from numtok.readout.distribution import FAST_TOLERANCE
 from numtok.readout.scorers import cache_argument
 
 __all__ = ["generate_answers", "score_split"]
@@ -104,7 +104,7 @@ def score_split(
     read = predict_numbers(
         trained.model, tokenizer, [list(e.prompt) for e in examples],
         max_digits=config.max_digits, max_value=config.max_value,
-        tolerance=FAST_TOLERANCE,
+        tolerance=config.readout_tolerance,
         new_tokens=config.max_new_tokens,
     )  # fmt: skip
     texts = tokenizer.batch_decode([list(t) for t in read.greedy], skip_special_tokens=True)

@@ -91,12 +91,19 @@ def check_preregistration(path: Path, record: dict[str, Any]) -> dict[str, Any]:
     """The stored pre-registration, if it names this run (``record`` as :func:`preregistration`
     makes it); otherwise a ValueError listing what differs."""
     stored: dict[str, Any] = json.loads(path.read_text())
+    # A setting this run has and the registration lacks was added to numtok after it was
+    # written: the registered run had it at its default.
+    defaults = FinetuneConfig().to_dict()
+    added = {k: defaults[k] for k in record.get("settings", {}) if k in defaults}
+    registered = {**stored, "settings": {**added, **stored.get("settings", {})}}
     differing = [
         key for key in sorted(set(stored) | set(record))
-        if key not in _NOT_HELD and stored.get(key) != record.get(key)
+        if key not in _NOT_HELD and registered.get(key) != record.get(key)
     ]  # fmt: skip
     if differing:
-        details = "; ".join(_difference(key, stored.get(key), record.get(key)) for key in differing)
+        details = "; ".join(
+            _difference(key, registered.get(key), record.get(key)) for key in differing
+        )
         raise ValueError(f"this run is not the one {path} pre-registered ({details})")
     return stored
 
