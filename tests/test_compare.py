@@ -446,7 +446,7 @@ def test_the_gate_stays_at_its_level_over_many_null_candidates(runs: int) -> Non
 
 def test_one_seed_gives_no_interval_and_says_so() -> None:
     from numtok.experiments.finetune.config import FinetuneConfig
-    from numtok.experiments.finetune.report import design_of
+    from numtok.experiments.finetune.rows import design_of
     from numtok.experiments.summary import summary_lines
 
     answers, references, constants = _run(seeds=1)

@@ -425,7 +425,7 @@ def run_reanalyse(
 ) -> int:
     """``numtok compare --reanalyse RUN [--out DIR] [--target-effect E]``: the report rebuilt
     from RUN's rows; any other flag is an error (the rows hold the run's settings)."""
-    from numtok.experiments.finetune.report import upgrade_rows
+    from numtok.experiments.finetune.rows import upgrade_rows
     from numtok.experiments.report import reanalyse
     from numtok.experiments.summary import summary_lines
 

@@ -37,7 +37,7 @@ from numtok.experiments.finetune.data import FinetuneData, load_finetune_data
 from numtok.experiments.finetune.evaluate import score_split
 from numtok.experiments.finetune.models import model_digest, resolve_model
 from numtok.experiments.finetune.preregistration import check_preregistration, preregistration
-from numtok.experiments.finetune.report import write_report
+from numtok.experiments.finetune.rows import write_report
 from numtok.experiments.finetune.train import Trained, load_model, load_trained, train_arm
 from numtok.experiments.item_metrics import answer_values, item_metrics
 from numtok.experiments.loop import median_step_seconds
