@@ -701,7 +701,8 @@ def write_summary(out: Path, rows: list[dict[str, Any]], timings_path: Path | No
     timings = None
     if timings_path is not None:
         timings = [json.loads(line) for line in timings_path.read_text().splitlines() if line]
-    note = f"Note: {rows[0]['note']}\n\n" if rows and rows[0]["note"] else ""
+    notes = list(dict.fromkeys(row["note"] for row in rows if row["note"]))  # in order, once
+    note = "".join(f"Note: {text}\n\n" for text in notes)
     out.with_suffix(".md").write_text(note + summary(rows, timings) + "\n")
 
 
