@@ -23,14 +23,7 @@ from numtok.experiments.report import Design
 from numtok.experiments.scratch.arm import build_transformer_arm
 from numtok.experiments.scratch.batches import TrainingSet
 from numtok.experiments.scratch.config import ExperimentConfig
-from numtok.experiments.scratch.engine import (
-    Arm,
-    Scored,
-    run_header,
-    run_scratch,
-    step_costs,
-    write_scratch_report,
-)
+from numtok.experiments.scratch.engine import Arm, RunDescription, Scored, run_scratch, step_costs
 from numtok.experiments.scratch.model import Transformer
 from numtok.experiments.scratch.readouts import greedy_answers
 from numtok.experiments.scratch.tokenizer import CharTokenizer
@@ -166,25 +159,17 @@ class ArithmeticRun:
     def task(self, seed: int) -> ArithmeticTask:
         return ArithmeticTask(self.config, self._data(seed))
 
-    def report(
-        self,
-        runs: list[dict[str, Any]],
-        timing: dict[str, Any],
-        run_dir: Path,
-        *,
-        command: str | None,
-        wall_seconds: float,
-        workers: int,
-    ) -> dict[str, Any]:
-        """The run's rows (every seed's answer to each of its own questions), written with their
-        analysis by the one report writer (:func:`~numtok.experiments.report.analyse_and_write`)."""
+    def vocabulary_size(self) -> int:
+        return len(CharTokenizer())
+
+    def description(
+        self, runs: list[dict[str, Any]], timing: dict[str, Any], parameters: int
+    ) -> RunDescription:
+        """Every seed's answer to each of its own questions: one list of true answers per seed."""
         config = self.config
         data = [self._data(seed) for seed in config.seeds]
-        header = run_header(config, len(CharTokenizer()), command=command,
-                            wall_seconds=wall_seconds, workers=workers)  # fmt: skip
-        return write_scratch_report(
-            run_dir, config, runs, timing, header=header,
-            design=_design(config, header["model_parameters"], timing),
+        return RunDescription(
+            design=_design(config, parameters, timing),
             data={"generator": "mathematics_dataset", "task": config.task,
                   "sizes": {"train": config.train_questions, "per_split": config.eval_questions}},
             training_answers=[float(answer) for seed in data for _, answer in seed.train],

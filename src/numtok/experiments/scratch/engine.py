@@ -5,9 +5,10 @@ train with the loop every comparison shares, score, store) and the arms' step ti
 A task supplies, for one arm (:class:`ScratchTask`), how to build it for a seed (its model
 initialised from the seed, its optimiser, and its training step over the seed's batches) and how
 to score a trained model (its answers, stored in the arm's ``predictions.json``); for the whole
-run (:class:`ScratchRun`), its data, its jobs and its report, which :func:`write_scratch_report`
-writes from the stored answers with the one report writer of every comparison
-(:mod:`numtok.experiments.report`). The arithmetic task is
+run (:class:`ScratchRun`), its data, its jobs and what the report says of it
+(:class:`RunDescription`: the design, the data, the true answers), from which
+:func:`write_scratch_report` writes the stored answers' rows with the one report writer of every
+comparison (:mod:`numtok.experiments.report`). The arithmetic task is
 :class:`numtok.experiments.scratch.arithmetic.ArithmeticTask` and
 :class:`numtok.experiments.scratch.arithmetic.ArithmeticRun`; rJokes
 :class:`numtok.experiments.scratch.rjokes.RJokesTask` and
@@ -53,6 +54,7 @@ from numtok.experiments.timing import interleaved_step_times
 
 __all__ = [
     "Arm",
+    "RunDescription",
     "Scored",
     "ScratchRun",
     "ScratchTask",
@@ -244,18 +246,30 @@ class ScratchRun(Protocol):
         """The task a worker trains ``seed``'s arms with."""
         ...
 
-    def report(
-        self,
-        runs: list[dict[str, Any]],
-        timing: dict[str, Any],
-        run_dir: Path,
-        *,
-        command: str | None,
-        wall_seconds: float,
-        workers: int,
-    ) -> dict[str, Any]:
-        """Write the run's report files into ``run_dir``; the results."""
+    def vocabulary_size(self) -> int:
+        """The size of the model's vocabulary (the report counts its parameters)."""
         ...
+
+    def description(
+        self, runs: list[dict[str, Any]], timing: dict[str, Any], parameters: int
+    ) -> RunDescription:
+        """What the report says of the finished run: ``runs``, every arm's result;
+        ``parameters``, the model's."""
+        ...
+
+
+@dataclass
+class RunDescription:
+    """What a task says of its run for the report: ``design`` (what was trained, in the report's
+    words, and what it compares), ``data`` (what the report records of the data),
+    ``training_answers`` (whose mean, median and mode are the constant answers every arm must
+    beat) and ``references`` (each scored split's true answers: one list when every seed answers
+    the same items, one list per seed when each seed drew its own)."""
+
+    design: Design
+    data: dict[str, Any]
+    training_answers: list[float]
+    references: dict[str, Any]
 
 
 def _arm_job(run: ScratchRun, seed: int, arm: str, run_dir: str) -> dict[str, Any]:
@@ -314,14 +328,13 @@ def run_scratch(
         if not (run_dir / _TIMING).exists():
             say("numtok: timing one training step per arm (interleaved rounds)...")
         timing = _timing_job(run, str(run_dir))
-    return run.report(
-        outputs[:arms],
-        timing,
-        run_dir,
-        command=command,
-        wall_seconds=time.perf_counter() - started,
-        workers=workers,
-    )
+    runs = outputs[:arms]
+    header = run_header(
+        config, run.vocabulary_size(), command=command,
+        wall_seconds=time.perf_counter() - started, workers=workers,
+    )  # fmt: skip
+    description = run.description(runs, timing, header["model_parameters"])
+    return write_scratch_report(run_dir, config, runs, timing, header, description)
 
 
 def _stored_answers(run_dir: Path, seed: int, arm: str) -> dict[str, Any]:
@@ -346,21 +359,14 @@ def write_scratch_report(
     config: TrainingConfig,
     runs: list[dict[str, Any]],
     timing: dict[str, Any],
-    *,
     header: dict[str, Any],
-    design: Design,
-    data: dict[str, Any],
-    training_answers: list[float],
-    references: dict[str, Any],
+    description: RunDescription,
 ) -> dict[str, Any]:
     """The rows of a run trained from scratch — every seed's answer to every item of every
-    split of ``references`` (a split's true answers: one list when every seed answers the same
-    items, one list per seed when each seed drew its own), read back from each arm's
-    ``predictions.json`` — written with their analysis by
-    :func:`~numtok.experiments.report.analyse_and_write`; ``header``: the run's
-    (:func:`~numtok.experiments.report_format.run_header`), ``data``: what the report says of the
-    data, ``training_answers``: whose mean, median and mode are the constant answers; each arm's
-    λ is ``config``'s."""
+    split of ``description.references``, read back from each arm's ``predictions.json`` —
+    written with their analysis by :func:`~numtok.experiments.report.analyse_and_write`;
+    ``header``: the run's (:func:`run_header`); each arm's λ is ``config``'s."""
+    design, references = description.design, description.references
     stored = {(r["seed"], r["arm"]): _stored_answers(run_dir, r["seed"], r["arm"]) for r in runs}
     first = design.seeds[0]
     answers = {
@@ -372,11 +378,11 @@ def write_scratch_report(
     rows = {
         **header,
         "design": design.to_dict(),
-        "data": data,
+        "data": description.data,
         "preregistration": None,
         "started": header["date"],
         "choice": {"chosen": {arm: config.weight_of(arm) for arm in config.arms}, "means": {}},
-        "training_constants": constant_answers(training_answers),
+        "training_constants": constant_answers(description.training_answers),
         "references": references,
         "answers": answers,
         "runs": [{key: r[key] for key in _RUN_ENTRIES if key in r} for r in runs],

@@ -25,14 +25,7 @@ from numtok.experiments.scratch.arm import (
     build_transformer_arm,
 )
 from numtok.experiments.scratch.config import RJokesConfig
-from numtok.experiments.scratch.engine import (
-    Arm,
-    Scored,
-    run_header,
-    run_scratch,
-    step_costs,
-    write_scratch_report,
-)
+from numtok.experiments.scratch.engine import Arm, RunDescription, Scored, run_scratch, step_costs
 from numtok.experiments.scratch.model import Transformer
 from numtok.experiments.scratch.readouts import head_predictions, token_predictions
 from numtok.experiments.scratch.tokenizer import WordTokenizer
@@ -189,26 +182,16 @@ class RJokesRun:
     def task(self, seed: int) -> RJokesTask:
         return RJokesTask(self.config, self._data())
 
-    def report(
-        self,
-        runs: list[dict[str, Any]],
-        timing: dict[str, Any],
-        run_dir: Path,
-        *,
-        command: str | None,
-        wall_seconds: float,
-        workers: int,
-    ) -> dict[str, Any]:
-        """The run's rows (every seed's prediction for every scored joke), written with their
-        analysis by the one report writer (:func:`~numtok.experiments.report.analyse_and_write`)."""
+    def vocabulary_size(self) -> int:
+        return len(build_tokenizer(self.config, self._data()))
+
+    def description(
+        self, runs: list[dict[str, Any]], timing: dict[str, Any], parameters: int
+    ) -> RunDescription:
+        """Every seed's prediction for every scored joke: one list of true scores per split."""
         config, data = self.config, self._data()
         jokes = scored_jokes(config, data)
-        header = run_header(
-            config, len(build_tokenizer(config, data)), command=command,
-            wall_seconds=wall_seconds, workers=workers,
-        )  # fmt: skip
-        return write_scratch_report(
-            run_dir, config, runs, timing, header=header,
+        return RunDescription(
             design=_design(config, data, runs, timing),
             data={"files": data.files, "digest": data.digest,
                   "sizes": {"train": len(data.train), "validation": len(data.validation),
