@@ -49,8 +49,8 @@ from numtok.experiments.report_format import hardware, json_safe
 from numtok.experiments.run_folder import arm_directory, finish_arm, prepare_run_dir, read_result
 from numtok.experiments.scratch.config import TrainingConfig
 from numtok.experiments.scratch.model import Transformer
+from numtok.experiments.scratch.timing import interleaved_step_times
 from numtok.experiments.stats import constant_answers
-from numtok.experiments.timing import interleaved_step_times
 
 __all__ = [
     "Arm",
@@ -160,7 +160,7 @@ def train_arm(
 
 
 def step_times(task: ScratchTask, *, rounds: int) -> dict[str, Any]:
-    """:func:`~numtok.experiments.timing.interleaved_step_times` for every arm, on the first
+    """:func:`~numtok.experiments.scratch.timing.interleaved_step_times` for every arm, on the first
     seed's initial weights and batches."""
     config = task.config
     if torch.device(config.device).type == "cpu":
