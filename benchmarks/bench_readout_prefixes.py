@@ -68,11 +68,12 @@ from bench_readout import arithmetic_prompts, random_llama, random_prompts
 
 from numtok import NumberVocab
 from numtok.numbers.spans import span_tables
-from numtok.readout.decoding import LOGITS_BUDGET_BYTES
+from numtok.readout.decoding import prompts_per_group
 from numtok.readout.distribution import (
     FAST_TOLERANCE,
     NumberDistribution,
     number_distribution,
+    number_log_probs,
     widest_level,
 )
 from numtok.readout.scorers import CachedScorer
@@ -90,14 +91,6 @@ TARGET_RATIO = 3.0
 class OverLimitError(Exception):
     """A setting stopped before the scorer call that would have passed a limit; the message says
     which."""
-
-
-def number_log_probs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """log softmax(logits) at the number-token columns ``ids``, float64 (M, N), computed as
-    number_distribution computes it (the log-sum-exp in float32)."""
-    wide = logits if logits.dtype == torch.float64 else logits.float()
-    log_normaliser = torch.logsumexp(wide, dim=-1, keepdim=True).double()
-    return wide[:, ids.to(logits.device)].double() - log_normaliser
 
 
 class CountingScorer:
@@ -121,7 +114,7 @@ class CountingScorer:
         node_limit: int | None = None,
     ) -> None:
         self.inner = inner
-        self.ids = vocab.ids
+        self.vocab = vocab
         self.column = {token: column for column, token in enumerate(vocab.ids.tolist())}
         self.record = record
         self.row_limit = row_limit
@@ -137,7 +130,7 @@ class CountingScorer:
     def start(self) -> torch.Tensor:
         logits = self.inner.start()
         self.start_rows = logits.shape[0]
-        self.start_log_probs = self._last = number_log_probs(logits, self.ids).cpu()
+        self.start_log_probs = self._last = number_log_probs(logits, self.vocab).cpu()
         return logits
 
     def extend(self, parents: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -162,7 +155,7 @@ class CountingScorer:
             self.parents.append(parents)
         logits = self.inner.extend(parents, tokens)
         if self.record:
-            self._last = number_log_probs(logits, self.ids).cpu()
+            self._last = number_log_probs(logits, self.vocab).cpu()
         self.nodes += rows
         return logits
 
@@ -267,8 +260,7 @@ def count_setting(
     """number_distribution over the prompts ``ids`` in predict_numbers' groups, each group's
     CachedScorer in a CountingScorer; :class:`OverLimitError` from the first call past a limit
     (``node_limit`` over all the prompts, each group held to its share of it)."""
-    widest = widest_level(vocab, digits)
-    group = max(1, LOGITS_BUDGET_BYTES // (widest * vocab.vocab_size * 4))
+    group = prompts_per_group(vocab, digits)
     parts, scorers = [], []
     model.eval()
     for begin in range(0, len(ids), group):

@@ -204,7 +204,17 @@ def test_the_readout_tolerance_is_the_configs(tiny_llama_dir: Path) -> None:
     assert bool((moved <= unexplored / (fast.mass + unexplored) * 99 + 1e-9).all())
 
 
-@pytest.mark.parametrize("tolerance", [-0.1, 1.0, "0.1", True])
-def test_a_readout_tolerance_outside_0_to_1_is_refused(tolerance: Any) -> None:
-    with pytest.raises(ValueError, match=r"readout_tolerance must be a number in \[0, 1\)"):
+@pytest.mark.parametrize(
+    ("tolerance", "error", "message"),
+    [
+        (-0.1, ValueError, r"readout_tolerance must be in \[0, 1\), got -0.1"),
+        (1.0, ValueError, r"readout_tolerance must be in \[0, 1\), got 1.0"),
+        ("0.1", TypeError, r"readout_tolerance must be a number in \[0, 1\), got '0.1'"),
+        (True, TypeError, r"readout_tolerance must be a number in \[0, 1\), got True"),
+    ],
+)
+def test_a_readout_tolerance_outside_0_to_1_is_refused(
+    tolerance: Any, error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
         FinetuneConfig(readout_tolerance=tolerance)

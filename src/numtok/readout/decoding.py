@@ -43,6 +43,7 @@ __all__ = [
     "greedy_tokens",
     "predict_numbers",
     "prompt_token_ids",
+    "prompts_per_group",
 ]
 
 
@@ -231,6 +232,22 @@ def prompt_token_ids(
     return encoded
 
 
+def prompts_per_group(
+    vocab: NumberVocab,
+    max_digits: int,
+    *,
+    max_value: int | None = None,
+    max_prefixes: int | None = None,
+) -> int:
+    """How many prompts :func:`predict_numbers` reads at a time (at least one): each prompt's
+    tree is scored on its own, so a group's widest level returns ``group · widest`` logit rows
+    of V float32 columns at once (``widest``: :func:`~numtok.readout.distribution.widest_level`,
+    at most ``max_prefixes``), kept under :data:`LOGITS_BUDGET_BYTES`."""
+    widest = widest_level(vocab, max_digits, max_value=max_value)
+    widest = widest if max_prefixes is None else min(widest, max_prefixes)
+    return max(1, LOGITS_BUDGET_BYTES // (widest * vocab.vocab_size * 4))
+
+
 def _output_size(model: Any) -> int | None:
     embeddings = getattr(model, "get_output_embeddings", lambda: None)()
     weight = getattr(embeddings, "weight", None)
@@ -335,11 +352,7 @@ def predict_numbers(
     pad_id = getattr(vocab_or_tokenizer, "pad_token_id", None)
     pad_id = pad_id if isinstance(pad_id, int) else 0
     eos_id = getattr(vocab_or_tokenizer, "eos_token_id", None)
-    # Each prompt's tree is scored on its own; a group's widest level returns
-    # group · widest logit rows of V columns at once.
-    widest = widest_level(vocab, max_digits, max_value=max_value)
-    widest = widest if max_prefixes is None else min(widest, max_prefixes)
-    group = max(1, LOGITS_BUDGET_BYTES // (widest * vocab.vocab_size * 4))
+    group = prompts_per_group(vocab, max_digits, max_value=max_value, max_prefixes=max_prefixes)
     scorer: type[CachedScorer] | type[WholeSequenceScorer] = CachedScorer
     greedy: list[tuple[int, ...]] = []
 

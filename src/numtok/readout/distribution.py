@@ -23,7 +23,9 @@ __all__ = [
     "NextTokenScorer",
     "NumberDistribution",
     "check_max_digits",
+    "check_tolerance",
     "number_distribution",
+    "number_log_probs",
 ]
 
 #: The largest ``max_digits``: the table holds ``10**max_digits`` float64 values per prompt, and
@@ -104,11 +106,13 @@ def _check_probability(min_probability: object) -> float:
     return float(min_probability)
 
 
-def _check_tolerance(tolerance: object) -> float:
+def check_tolerance(tolerance: object, *, name: str = "tolerance") -> float:
+    """``tolerance`` (the unexplored mass :func:`number_distribution` may leave) checked: a number
+    in [0, 1), not a bool; the errors call it ``name``."""
     if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)):
-        raise TypeError(f"tolerance must be a number in [0, 1), got {tolerance!r}")
+        raise TypeError(f"{name} must be a number in [0, 1), got {tolerance!r}")
     if not 0.0 <= tolerance < 1.0:
-        raise ValueError(f"tolerance must be in [0, 1), got {tolerance!r}")
+        raise ValueError(f"{name} must be in [0, 1), got {tolerance!r}")
     return float(tolerance)
 
 
@@ -149,9 +153,7 @@ def _most_likely(
 
 
 def _number_log_probs(logits: torch.Tensor, vocab: NumberVocab, expected_rows: int) -> torch.Tensor:
-    """log softmax(logits) at the number-token columns, float64 (M, N); the full-vocabulary
-    log-sum-exp in the logits' own precision (at least float32), without a float64 copy of all
-    logits."""
+    """:func:`number_log_probs` of a scorer's logits, checked to be (``expected_rows``, V)."""
     if (
         not isinstance(logits, torch.Tensor)
         or logits.dim() != 2
@@ -167,6 +169,13 @@ def _number_log_probs(logits: torch.Tensor, vocab: NumberVocab, expected_rows: i
             f"vocab_size={vocab.vocab_size}; build it with the model's output size "
             "(NumberVocab.from_tokenizer(tokenizer, vocab_size=model.config.vocab_size))"
         )
+    return number_log_probs(logits, vocab)
+
+
+def number_log_probs(logits: torch.Tensor, vocab: NumberVocab) -> torch.Tensor:
+    """``log softmax(logits)`` (M, V) at the number-token columns ``vocab.ids``: float64 (M, N),
+    the full-vocabulary log-sum-exp in the logits' own precision (at least float32), without a
+    float64 copy of all logits."""
     wide = logits if logits.dtype == torch.float64 else logits.float()
     log_normaliser = torch.logsumexp(wide, dim=-1, keepdim=True).double()  # (M, 1)
     return wide[:, vocab.ids.to(logits.device)].double() - log_normaliser  # (M, N)
@@ -280,7 +289,7 @@ def number_distribution(
     max_digits = check_max_digits(max_digits)
     largest = check_max_value(max_value, max_digits)
     min_probability = _check_probability(min_probability)
-    tolerance = _check_tolerance(tolerance)
+    tolerance = check_tolerance(tolerance)
     max_prefixes = _check_max_prefixes(max_prefixes)
     # Each token's integer value and digit count ("007" is 7 and 3); digit strings only.
     tables = span_tables(vocab)

@@ -10,7 +10,7 @@ from numtok._common.validation import check_number
 from numtok.experiments.config import RunConfig, check_non_negative_int, check_positive_int
 from numtok.experiments.item_metrics import ENDPOINT_METRICS
 from numtok.experiments.objectives import NUMBER_LOSS_ARMS
-from numtok.readout.distribution import FAST_TOLERANCE, MAX_DIGITS
+from numtok.readout.distribution import FAST_TOLERANCE, MAX_DIGITS, check_tolerance
 
 __all__ = [
     "ADAPTATIONS",
@@ -157,13 +157,7 @@ class FinetuneConfig(RunConfig):
             "harder_examples", "max_prompt_tokens", "max_digits", "max_new_tokens",
         ):  # fmt: skip
             check_positive_int(name, getattr(self, name))
-        if isinstance(self.readout_tolerance, bool) or not (
-            isinstance(self.readout_tolerance, (int, float)) and 0 <= self.readout_tolerance < 1
-        ):
-            raise ValueError(
-                "readout_tolerance must be a number in [0, 1) (0: exact readouts), got "
-                f"{self.readout_tolerance!r}"
-            )
+        check_tolerance(self.readout_tolerance, name="readout_tolerance")
         for name in ("head_learning_rate", "margin"):
             if getattr(self, name) is not None:
                 check_number(name, getattr(self, name), minimum=0.0, inclusive=False)
