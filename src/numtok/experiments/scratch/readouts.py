@@ -32,6 +32,25 @@ __all__ = ["CachedScorer", "greedy_answers", "head_predictions", "token_predicti
 #: more token leaves room for ``<eos>``.
 MAX_ANSWER_TOKENS = 31
 
+# Prompts per enumeration batch: at 2 digits the cache holds 100 rows per prompt.
+_READOUT_PROMPTS = 16
+
+Predictions = list[float | None]
+
+
+def _silent(amount: int) -> None:
+    pass
+
+
+def _by_length(prompts: Sequence[list[int]], size: int) -> list[list[int]]:
+    """Indices of ``prompts`` in batches of ``size`` similar lengths (little padding)."""
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    return [order[start : start + size] for start in range(0, len(order), size)]
+
+
+def _finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
 
 class CachedScorer:
     """The model as a :class:`numtok.readout.distribution.NextTokenScorer` over a batch of prompts.
@@ -132,26 +151,6 @@ def greedy_answers(
             answers[index] = text
     model.train(was_training)
     return answers
-
-
-# Prompts per enumeration batch: at 2 digits the cache holds 100 rows per prompt.
-_READOUT_PROMPTS = 16
-
-Predictions = list[float | None]
-
-
-def _silent(amount: int) -> None:
-    pass
-
-
-def _by_length(prompts: Sequence[list[int]], size: int) -> list[list[int]]:
-    """Indices of ``prompts`` in batches of ``size`` similar lengths (little padding)."""
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    return [order[start : start + size] for start in range(0, len(order), size)]
-
-
-def _finite_or_none(value: float) -> float | None:
-    return value if math.isfinite(value) else None
 
 
 @torch.no_grad()
