@@ -197,9 +197,9 @@ def test_compare_runs_reports_and_resumes_from_the_command_line(
     median = results["unparsed_answer"]
     assert f"scores an unparsed answer as the training median ({median:.4g})" in report
     assert report.count("parsed, arm / baseline") == 1 + len(results["answers"])  # every table
-    import numtok.experiments.finetune.runner as runner
+    import numtok.experiments.finetune.comparison as runner
 
-    monkeypatch.setattr(runner, "train_arm", lambda *a, **k: pytest.fail("trained again"))
+    monkeypatch.setattr(runner, "build_arm", lambda *a, **k: pytest.fail("trained again"))
     assert main(arguments) == 0
     assert _strict_json(out / "results.json")["answers"] == results["answers"]
     assert "estimate:" not in capsys.readouterr().err  # nothing left: no probe
@@ -228,11 +228,11 @@ def test_compare_chooses_lambda_on_validation(
     assert not list(out.rglob("test.json")) and len(list(out.rglob("model.pt"))) == 6
     assert "**Not measured: the test splits were not scored**" in (out / "report.md").read_text()
     assert list(_strict_json(out / "results.json")["answers"]) == ["validation"]
-    import numtok.experiments.finetune.runner as runner
+    import numtok.experiments.finetune.comparison as runner
 
-    train = runner.train_arm
+    train = runner.build_arm
     retrained: list[Any] = []
-    monkeypatch.setattr(runner, "train_arm", lambda *a, **k: retrained.append(a) or train(*a, **k))
+    monkeypatch.setattr(runner, "build_arm", lambda *a, **k: retrained.append(a) or train(*a, **k))
     assert main(arguments) == 0  # the same command scores the test split, training nothing
     assert retrained == []
     results = _strict_json(out / "results.json")
@@ -301,7 +301,7 @@ def test_compare_refuses_bad_paths_in_one_line_before_loading_the_model(
 ) -> None:  # fmt: skip
     """Each path flag's error is one line naming the flag, and it comes before the model is
     loaded or built (which took 6-21 s, 85 s where SmolLM2 was built first)."""
-    import numtok.experiments.finetune.runner as runner
+    import numtok.experiments.finetune.comparison as runner
     import numtok.experiments.pretrained as pretrained
     from numtok.cli import main
 
@@ -623,7 +623,7 @@ def test_a_margin_or_target_effect_that_is_not_positive_is_named_by_its_flag(
 def test_lambda_is_chosen_with_unparsed_answers_scored_as_the_report_scores_them() -> None:
     """An arm that answers less cannot win λ's choice: its unparsed answers count as the training
     median in the validation metric, as in the report."""
-    from numtok.experiments.finetune.runner import _metric_of
+    from numtok.experiments.finetune.comparison import _metric_of
     from numtok.experiments.item_metrics import answer_values
 
     references = answer_values([3.0, 5.0])

@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from numtok.experiments.finetune.config import FinetuneConfig
 from numtok.experiments.finetune.data import load_finetune_data
 from numtok.experiments.finetune.examples import encode, prompt_batch, training_batch
-from numtok.experiments.finetune.runner import run_finetune
-from numtok.experiments.finetune.train import answer_logits, load_model, prompt_states
+from numtok.experiments.finetune.comparison import run_finetune
+from numtok.experiments.finetune.arm import answer_logits, load_model, prompt_states
 from numtok.experiments.presets import PRESETS
 from numtok.experiments.report import reanalyse
 from numtok.experiments.run_folder import prepare_run_dir
@@ -177,12 +177,12 @@ def test_a_whole_arithmetic_run_reports_and_resumes(
         run_dir / "results.json"
     ).read_text()
 
-    import numtok.experiments.finetune.runner as runner
+    import numtok.experiments.finetune.comparison as runner
 
     def refuse(*_: Any, **__: Any) -> None:
         raise AssertionError("a finished arm was trained or scored again")
 
-    monkeypatch.setattr(runner, "train_arm", refuse)
+    monkeypatch.setattr(runner, "build_arm", refuse)
     monkeypatch.setattr(runner, "score_split", refuse)
     again = run_finetune(config, run_dir, log=lambda _: None)
     assert again["answers"] == results["answers"] and again["comparisons"] == results["comparisons"]
@@ -199,7 +199,7 @@ def test_an_interrupted_run_resumes_where_it_stopped(
     the result equals an uninterrupted run's."""
     config = small(tiny_llama_dir, arms=("ce", "was"), seeds=(0,), test_splits=("test",))
     straight = run_finetune(config, tmp_path / "straight", log=lambda _: None)
-    import numtok.experiments.finetune.runner as runner
+    import numtok.experiments.finetune.comparison as runner
 
     calls: list[str] = []
     original = runner.score_split
@@ -216,8 +216,8 @@ def test_an_interrupted_run_resumes_where_it_stopped(
     assert len(list((tmp_path / "resumed").rglob("model.pt"))) == 2
     monkeypatch.setattr(runner, "score_split", original)
     trained: list[str] = []
-    train = runner.train_arm
-    monkeypatch.setattr(runner, "train_arm", lambda *a, **k: trained.append(a[1]) or train(*a, **k))
+    train = runner.build_arm
+    monkeypatch.setattr(runner, "build_arm", lambda *a, **k: trained.append(a[1].arm) or train(*a, **k))
     resumed = run_finetune(config, tmp_path / "resumed", log=lambda _: None)
     assert trained == [] and resumed["answers"] == straight["answers"]
 
@@ -235,7 +235,7 @@ def test_an_arm_killed_while_training_continues_from_its_checkpoint(
         **({"max_value": 99, "readout": "expected"} if arm == "head" else {}),
     )  # fmt: skip
     straight = run_finetune(config, tmp_path / "straight", log=lambda _: None)
-    import numtok.experiments.finetune.train as train
+    import numtok.experiments.finetune.arm as train
 
     batches: list[int] = []
     original = train.training_batch

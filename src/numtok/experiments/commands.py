@@ -7,8 +7,8 @@ import importlib.util
 from pathlib import Path
 
 from numtok._common.extras import require_extra
+from numtok.experiments.finetune.comparison import run_finetune
 from numtok.experiments.finetune.config import FinetuneConfig
-from numtok.experiments.finetune.runner import run_finetune
 from numtok.experiments.presets import (
     DEFAULT_REPRO_PRESET,
     DEFAULT_RJOKES_PRESET,

@@ -60,17 +60,26 @@ class Executor:
         self.pool = pool
         self.queue = progress_queue
 
-    def run(self, jobs: Sequence[Job], bar: Any) -> list[Any]:
-        """Results in job order."""
+    def run(
+        self, jobs: Sequence[Job], bar: Any, finished: Callable[[int, Any], None] | None = None
+    ) -> list[Any]:
+        """Results in job order; ``finished(index, result)`` hears of each job as it ends."""
+        tell = finished or (lambda _index, _result: None)
         if self.pool is None:
             _set_progress_sink(_BarSink(bar))
-            return [fn(*args) for fn, args in jobs]
+            results = []
+            for index, (fn, args) in enumerate(jobs):
+                results.append(fn(*args))
+                tell(index, results[-1])
+            return results
         futures = [self.pool.submit(fn, *args) for fn, args in jobs]
         pending: set[Future[Any]] = set(futures)
         try:
             while pending:
-                _, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+                ended, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
                 self._drain(bar)
+                for future in ended:
+                    tell(futures.index(future), future.result())
             self._drain(bar)
             return [future.result() for future in futures]
         except BaseException:

@@ -2,7 +2,7 @@
 Lines (or a built-in preset) with CE and each number loss, paired seeds, λ chosen on
 validation, the learnability gate per comparison, the test split scored once, and a report with
 one interval per difference, the crossed seed × item analysis
-(:mod:`numtok.experiments.finetune.runner`).
+(:mod:`numtok.experiments.finetune.comparison`).
 
 Every check runs before any training: the settings, the data (one line per error: file, line,
 field), the model, a run folder that holds other settings, and a pre-registration the run does
@@ -303,8 +303,7 @@ def run_compare(
         print("a dry run: the settings and flags are checked; the model and the data are read "
               "when the run starts, and nothing is trained or written")  # fmt: skip
         return 0
-    from numtok.experiments.finetune.preregistration import write_preregistration
-    from numtok.experiments.finetune.runner import (
+    from numtok.experiments.finetune.comparison import (
         check_registered,
         estimate_minutes,
         prepare,
@@ -312,6 +311,7 @@ def run_compare(
         remaining_work,
         run_finetune,
     )
+    from numtok.experiments.finetune.preregistration import write_preregistration
     from numtok.experiments.run_folder import prepare_run_dir
     from numtok.experiments.summary import summary_lines
 
@@ -339,11 +339,11 @@ def run_compare(
     print(config.plan(), file=sys.stderr)
     for warning in preflight_warnings(config, run_dir, args.target_effect):
         print(f"warning: {warning}", file=sys.stderr)
-    if work.steps + work.examples:
+    if work.steps + work.items:
         minutes, step_seconds, example_seconds = estimate_minutes(config, prepared, work)
         print(
             f"estimate: {minutes:.0f} min for the {work.steps:,} training steps and "
-            f"{work.examples:,} scored examples left (a probe: {step_seconds:.2f} s a CE step, "
+            f"{work.items:,} scored examples left (a probe: {step_seconds:.2f} s a CE step, "
             f"{example_seconds:.2f} s an example)",
             file=sys.stderr,
         )

@@ -25,10 +25,10 @@ from typing import Any
 
 import torch
 
+from numtok.experiments.finetune.arm import Trained, prompt_states
 from numtok.experiments.finetune.config import FinetuneConfig
 from numtok.experiments.finetune.examples import Encoded, prompt_batch, training_batch
 from numtok.experiments.finetune.prefix import prefix_cache, shared_prefix_length
-from numtok.experiments.finetune.train import Trained, prompt_states
 from numtok.hf._head import causal_lm_of
 from numtok.numbers.text import last_number
 from numtok.readout.decoding import predict_numbers

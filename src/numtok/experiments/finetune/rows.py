@@ -19,6 +19,7 @@ from numtok.experiments.item_metrics import answer_values
 from numtok.experiments.objectives import NUMBER_LOSS_ARMS
 from numtok.experiments.report import Design, analyse_and_write
 from numtok.experiments.report_format import json_safe
+from numtok.experiments.runner import Job
 
 __all__ = ["design_of", "upgrade_rows", "write_report"]
 
@@ -47,7 +48,7 @@ def design_of(config: FinetuneConfig, notes: Sequence[str], chosen: Mapping[str,
 
 def _answers(
     config: FinetuneConfig,
-    validation: Mapping[tuple[int, str, float], dict[str, Any]],
+    validation: Mapping[Job, dict[str, Any]],
     chosen: Mapping[str, float],
     test: Mapping[tuple[int, str], dict[str, Any]],
 ) -> dict[str, dict[str, dict[str, NDArray[np.float64]]]]:
@@ -59,7 +60,7 @@ def _answers(
         for arm in config.arms:
             seeds = config.seeds[:1] if arm == "base" else config.seeds
             if split == "validation":
-                stored = [validation[(seed, arm, chosen[arm])]["answers"] for seed in seeds]
+                stored = [validation[Job(seed, arm, chosen[arm])]["answers"] for seed in seeds]
             else:
                 stored = [test[(seed, arm)]["splits"][split]["answers"] for seed in seeds]
             answers[split][arm] = {
@@ -73,7 +74,7 @@ def write_report(
     run_dir: Path,
     config: FinetuneConfig,
     data: FinetuneData,
-    validation: Mapping[tuple[int, str, float], dict[str, Any]],
+    validation: Mapping[Job, dict[str, Any]],
     choice: dict[str, Any],
     test: Mapping[tuple[int, str], dict[str, Any]],
     *,
@@ -137,14 +138,14 @@ def upgrade_rows(rows: dict[str, Any]) -> dict[str, Any]:
 
 def _parsed_by_weight(
     config: FinetuneConfig,
-    validation: Mapping[tuple[int, str, float], dict[str, Any]],
+    validation: Mapping[Job, dict[str, Any]],
     choice: dict[str, Any],
 ) -> dict[str, dict[str, float | None]]:
     """``parsed[arm][λ]``: the mean share of parsed answers of the run's readout over the seeds,
     for each arm and λ of the grid's choice."""
 
     def parsed(arm: str, weight: float) -> float | None:
-        stored = [validation[(seed, arm, weight)]["answers"].get(config.readout)
+        stored = [validation[Job(seed, arm, weight)]["answers"].get(config.readout)
                   for seed in config.seeds]  # fmt: skip
         if any(answers is None for answers in stored):
             return None

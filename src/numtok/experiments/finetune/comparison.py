@@ -1,19 +1,16 @@
-"""Run a whole fine-tuning comparison (``numtok compare`` and the ``smollm2-*`` presets), in
-this process, in three phases:
+"""A whole fine-tuning comparison (``numtok compare`` and the ``smollm2-*`` presets), run in this
+process by the runner of every comparison (:func:`numtok.experiments.runner.run_phases`):
 
 1. **Validation.** Every (seed, arm, λ) is trained — every λ of the grid when λ is chosen — and
-   scored on the validation split; what training changed is kept (``model.pt``,
-   written by the training loop every comparison shares, which also resumes an interrupted arm
-   from its checkpoint).
+   scored on the validation split.
 2. **Choice and gate.** The rule of :mod:`~numtok.experiments.finetune.choose` picks each
    number-loss arm's λ from the validation answers alone; the learnability gate
    (:func:`~numtok.experiments.analysis.learnability_gate`) reads them too.
-3. **Test.** Each seed's arm at its chosen λ is scored once on the test splits; its
-   ``model.pt`` is then deleted (those of the λ not chosen, after the choice).
+3. **Test.** Each seed's arm at its chosen λ is scored once on the test splits.
 
-Rerunning the same settings into the same folder resumes: a finished step (``validation.json``,
-``test.json``) is read back, an interrupted training continues from its last checkpoint, an
-interrupted scoring starts again. The ``base`` arm (the model before
+What fine-tuning supplies to the runner is :class:`FinetuneModels`: the arms of
+:mod:`~numtok.experiments.finetune.arm` on the data :func:`prepare` loads, scored by
+:func:`~numtok.experiments.finetune.evaluate.score_split`. The ``base`` arm (the model before
 fine-tuning) does not depend on the seed: it is scored once, and that one row pairs with every
 seed of CE.
 """
@@ -23,7 +20,7 @@ from __future__ import annotations
 import json
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from numtok.experiments.finetune.arm import Trained, build_arm, load_arm, load_model
 from numtok.experiments.finetune.choose import choose_weights
 from numtok.experiments.finetune.config import FinetuneConfig
 from numtok.experiments.finetune.data import FinetuneData, load_finetune_data
@@ -38,21 +36,23 @@ from numtok.experiments.finetune.evaluate import score_split
 from numtok.experiments.finetune.models import model_digest, resolve_model
 from numtok.experiments.finetune.preregistration import check_preregistration, preregistration
 from numtok.experiments.finetune.rows import write_report
-from numtok.experiments.finetune.train import Trained, load_model, load_trained, train_arm
 from numtok.experiments.item_metrics import answer_values, item_metrics
-from numtok.experiments.loop import median_step_seconds
+from numtok.experiments.loop import Progress
 from numtok.experiments.objectives import NUMBER_LOSS_ARMS
-from numtok.experiments.parallel import progress_bar
-from numtok.experiments.run_folder import CHECKPOINT, WEIGHTS, prepare_run_dir, save_atomically
+from numtok.experiments.parallel import open_executor, progress_bar
+from numtok.experiments.run_folder import prepare_run_dir
+from numtok.experiments.runner import Arm, Job, Work, run_phases, train
+from numtok.experiments.runner import remaining_work as work_left
 from numtok.experiments.stats import constant_answers
 from numtok.numbers.vocab import NumberVocab
 
 __all__ = [
+    "FinetuneModels",
     "Prepared",
-    "Work",
     "check_registered",
     "estimate_minutes",
     "job_directory",
+    "jobs_of",
     "prepare",
     "preregistration_of",
     "remaining_work",
@@ -60,7 +60,6 @@ __all__ = [
 ]
 
 Log = Callable[[str], None]
-VALIDATION, TEST = "validation.json", "test.json"
 
 
 @dataclass
@@ -152,25 +151,47 @@ def _check_model(run_dir: Path, prepared: Prepared) -> float:
     return float(stored.get("created", path.stat().st_mtime))
 
 
-def _read(path: Path) -> dict[str, Any] | None:
-    return json.loads(path.read_text()) if path.exists() else None
-
-
-def _score(
-    trained: Trained, prepared: Prepared, config: FinetuneConfig, split: str, bar: Any
-) -> dict[str, Any]:
-    scored = score_split(trained, prepared.tokenizer, config, prepared.data.splits[split])
-    bar.update(len(prepared.data.splits[split]))
-    return scored
-
-
 @dataclass(frozen=True)
-class Work:
-    """What a run still has to do: training steps and scored examples (a finished phase's
-    stored results are not done again)."""
+class FinetuneModels:
+    """The fine-tuned arms of ``config`` on ``prepared``'s model and data, as the runner builds,
+    rebuilds and scores them (one process: it holds the tokenizer and the encoded data)."""
 
-    steps: int
-    examples: int
+    config: FinetuneConfig
+    prepared: Prepared
+
+    def models(self, seed: int) -> FinetuneModels:
+        return self
+
+    def build(self, job: Job) -> Arm:
+        p = self.prepared
+        train = p.data.splits["train"]
+        return build_arm(self.config, job, p.model_dir, train, p.vocab, p.pad_id)
+
+    def load(self, job: Job, directory: Path) -> Trained:
+        p = self.prepared
+        return load_arm(self.config, job, p.model_dir, p.data.splits["train"], directory)
+
+    def score(self, answerer: Trained, split: str, progress: Progress) -> dict[str, Any]:
+        examples = self.prepared.data.splits[split]
+        scored = score_split(answerer, self.prepared.tokenizer, self.config, examples)
+        progress(len(examples))
+        return scored
+
+
+def jobs_of(config: FinetuneConfig) -> list[Job]:
+    """Every (seed, arm, λ) the validation phase trains: each λ of an arm's grid, the ``base``
+    arm once (it does not depend on the seed)."""
+    return [
+        Job(seed, arm, weight)
+        for seed in config.seeds
+        for arm in config.arms
+        if arm != "base" or seed == config.seeds[0]
+        for weight in config.weights_of(arm)
+    ]
+
+
+def _directories(config: FinetuneConfig, run_dir: Path) -> dict[Job, Path]:
+    return {job: job_directory(run_dir, config, *job) for job in jobs_of(config)}
 
 
 def remaining_work(
@@ -179,19 +200,12 @@ def remaining_work(
     """Every training step and every scored example of ``config`` not yet stored in
     ``run_dir`` (with ``validation_only``, none of the test splits')."""
     splits = prepared.data.splits
-    steps = examples = 0
-    for seed in config.seeds:
-        for arm in config.arms:
-            if arm == "base" and seed != config.seeds[0]:
-                continue
-            for weight in config.weights_of(arm):
-                if not (job_directory(run_dir, config, seed, arm, weight) / VALIDATION).exists():
-                    steps += config.steps if arm != "base" else 0
-                    examples += len(splits["validation"])
-            tested = job_directory(run_dir, config, seed, arm, config.weights_of(arm)[0]) / TEST
-            if not validation_only and not tested.exists():
-                examples += sum(len(splits[s]) for s in config.evaluation_splits)
-    return Work(steps, examples)
+    return work_left(
+        jobs_of(config), _directories(config, run_dir),
+        steps=lambda job: config.steps if job.arm != "base" else 0,
+        items={split: len(examples) for split, examples in splits.items()},
+        test_splits=() if validation_only else config.evaluation_splits,
+    )  # fmt: skip
 
 
 #: The probe's training steps; the first, with its one-off allocations, is not timed.
@@ -208,11 +222,10 @@ def estimate_minutes(
     step_seconds = 0.0
     if work.steps:
         probe = config.with_overrides(steps=_PROBE_STEPS, warmup_steps=1, checkpoint_every=1000)
+        arm = FinetuneModels(probe, prepared).build(Job(config.seeds[0], "ce", 0.0))
         with tempfile.TemporaryDirectory() as folder:
-            trained, log = train_arm(
-                probe, "ce", 0.0, config.seeds[0], prepared.model_dir,
-                prepared.data.splits["train"], prepared.vocab, prepared.pad_id, Path(folder),
-            )  # fmt: skip
+            log = train(arm, probe, Path(folder), None)
+        trained = arm.answerer
         step_seconds = float(np.median(log.step_seconds[1:]))
     else:  # scoring left alone: the pretrained model scores as fast as a trained one
         trained = Trained(load_model(prepared.model_dir, config, config.seeds[0]).eval(), None,
@@ -221,45 +234,8 @@ def estimate_minutes(
     began = time.perf_counter()
     score_split(trained, prepared.tokenizer, config, examples)
     example_seconds = (time.perf_counter() - began) / len(examples)
-    seconds = work.steps * step_seconds + work.examples * example_seconds
+    seconds = work.steps * step_seconds + work.items * example_seconds
     return seconds / 60, step_seconds, example_seconds
-
-
-def _validation_phase(
-    config: FinetuneConfig, run_dir: Path, prepared: Prepared, log: Log, bar: Any
-) -> dict[tuple[int, str, float], dict[str, Any]]:
-    """Train and score on validation every (seed, arm, λ) not done yet; their results."""
-    results: dict[tuple[int, str, float], dict[str, Any]] = {}
-    for seed in config.seeds:
-        for arm in config.arms:
-            if arm == "base" and seed != config.seeds[0]:
-                continue
-            for weight in config.weights_of(arm):
-                directory = job_directory(run_dir, config, seed, arm, weight)
-                stored = _read(directory / VALIDATION)
-                if stored is None:
-                    directory.mkdir(parents=True, exist_ok=True)
-                    began = time.perf_counter()
-                    trained, training = train_arm(
-                        config, arm, weight, seed, prepared.model_dir,
-                        prepared.data.splits["train"], prepared.vocab, prepared.pad_id,
-                        directory, progress=bar.update,
-                    )  # fmt: skip
-                    trained_minutes = (time.perf_counter() - began) / 60
-                    began = time.perf_counter()
-                    scored = _score(trained, prepared, config, "validation", bar)
-                    stored = {
-                        "seed": seed, "arm": arm, "weight": weight, **scored,
-                        "history": training.history,
-                        "seconds_per_step": median_step_seconds(training),
-                        "train_minutes": trained_minutes,
-                        "score_minutes": (time.perf_counter() - began) / 60,
-                    }  # fmt: skip
-                    save_atomically(stored, directory / VALIDATION)
-                    (directory / CHECKPOINT).unlink(missing_ok=True)
-                    log(f"seed {seed} {arm} λ={weight:g}: trained and validation scored")
-                results[(seed, arm, weight)] = stored
-    return results
 
 
 def _metric_of(
@@ -275,7 +251,7 @@ def _metric_of(
 
 def _choose(
     config: FinetuneConfig,
-    validation: dict[tuple[int, str, float], dict[str, Any]],
+    validation: Mapping[Job, dict[str, Any]],
     prepared: Prepared,
 ) -> dict[str, Any]:
     """Each number-loss arm's λ: the grid's choice, or the one λ it trained at."""
@@ -287,7 +263,7 @@ def _choose(
     values = {
         arm: {
             weight: [
-                _metric_of(validation[(seed, arm, weight)], config.readout, config.metric,
+                _metric_of(validation[Job(seed, arm, weight)], config.readout, config.metric,
                            references, unparsed)
                 for seed in config.seeds
             ]
@@ -299,54 +275,6 @@ def _choose(
     chosen |= {choice.arm: choice.chosen for choice in choices}
     means = {choice.arm: {f"{w:g}": m for w, m in choice.means.items()} for choice in choices}
     return {"chosen": chosen, "means": means}
-
-
-def _test_phase(
-    config: FinetuneConfig,
-    run_dir: Path,
-    prepared: Prepared,
-    chosen: dict[str, float],
-    log: Log,
-    bar: Any,
-) -> dict[tuple[int, str], dict[str, Any]]:
-    """Score every seed's arm at its chosen λ on the test splits, once; drop the kept weights."""
-    results: dict[tuple[int, str], dict[str, Any]] = {}
-    for seed in config.seeds:
-        for arm in config.arms:
-            if arm == "base" and seed != config.seeds[0]:
-                continue
-            directory = job_directory(run_dir, config, seed, arm, chosen[arm])
-            stored = _read(directory / TEST)
-            if stored is None:
-                began = time.perf_counter()
-                train = prepared.data.splits["train"]
-                if arm == "base":
-                    trained, _ = train_arm(
-                        config, arm, 0.0, seed, prepared.model_dir, train, prepared.vocab,
-                        prepared.pad_id, directory,
-                    )  # fmt: skip
-                else:
-                    trained = load_trained(config, arm, seed, prepared.model_dir, train, directory)
-                stored = {
-                    "seed": seed, "arm": arm, "weight": chosen[arm],
-                    "splits": {s: _score(trained, prepared, config, s, bar)
-                               for s in config.evaluation_splits},
-                    "score_minutes": (time.perf_counter() - began) / 60,
-                }  # fmt: skip
-                save_atomically(stored, directory / TEST)
-                log(f"seed {seed} {arm}: test splits scored")
-            (directory / WEIGHTS).unlink(missing_ok=True)
-            results[(seed, arm)] = stored
-    return results
-
-
-def _drop_unchosen(config: FinetuneConfig, run_dir: Path, chosen: dict[str, float]) -> None:
-    for seed in config.seeds:
-        for arm in config.arms:
-            for weight in config.weights_of(arm):
-                if weight != chosen[arm]:
-                    path = job_directory(run_dir, config, seed, arm, weight) / WEIGHTS
-                    path.unlink(missing_ok=True)
 
 
 def run_finetune(
@@ -376,16 +304,19 @@ def run_finetune(
     prepare_run_dir(config, run_dir)
     created = _check_model(run_dir, prepared)
     work = remaining_work(config, prepared, run_dir, validation_only=validation_only)
-    total = work.steps + work.examples
-    with progress_bar(show_progress, total, "steps + scored examples", "it") as bar:
-        validation = _validation_phase(config, run_dir, prepared, log, bar)
-        choice = _choose(config, validation, prepared)
-        test: dict[tuple[int, str], dict[str, Any]] = {}
-        if not validation_only:
-            _drop_unchosen(config, run_dir, choice["chosen"])
-            test = _test_phase(config, run_dir, prepared, choice["chosen"], log, bar)
+    total = work.steps + work.items
+    with (
+        progress_bar(show_progress, total, "steps + scored examples", "it") as bar,
+        open_executor(1) as executor,
+    ):
+        done = run_phases(
+            FinetuneModels(config, prepared), jobs_of(config), _directories(config, run_dir),
+            choose=lambda validation: _choose(config, validation, prepared),
+            test_splits=() if validation_only else config.evaluation_splits,
+            executor=executor, bar=bar, log=log,
+        )  # fmt: skip
     return write_report(
-        run_dir, config, prepared.data, validation, choice, test,
+        run_dir, config, prepared.data, done.validation, done.choice, done.test,
         constants=constant_answers([e.value for e in prepared.data.splits["train"]]),
         preregistered=None if preregistered is None or registration is None
         else (Path(preregistered), registration),

@@ -1,4 +1,6 @@
-"""Fine-tuning one arm of a pretrained causal LM on one seed.
+"""One arm of a pretrained causal LM fine-tuned on one seed, as the runner of every comparison
+(:mod:`numtok.experiments.runner`) trains it: built (:func:`build_arm`) and rebuilt once trained
+(:func:`load_arm`).
 
 Every arm of a seed starts from the same pretrained weights (with LoRA, the same adapters: their
 initialisation is drawn from the seed) and takes the same batches (a permutation of the training
@@ -9,8 +11,8 @@ is part of an answer, and :class:`numtok.experiments.objectives.Objective` (CE, 
 NTL-MSE, DEL, or Gaussian-label-smoothed CE) reads those logits. The ``head`` arm (rJokes) reads
 the hidden state of each prompt's last token into a linear layer and minimises the squared error to
 the standardised score. The training loop is every comparison's
-(:func:`numtok.experiments.loop.train_with_checkpoints`: AdamW, linear warm-up then cosine decay,
-gradient clipping, logged loss averages, checkpoints an interrupted arm resumes from).
+(:func:`numtok.experiments.runner.train`: AdamW, linear warm-up then cosine decay, gradient
+clipping, logged loss averages, checkpoints an interrupted arm resumes from).
 """
 
 from __future__ import annotations
@@ -26,25 +28,20 @@ from torch import nn
 from numtok.experiments.finetune.config import FinetuneConfig
 from numtok.experiments.finetune.examples import IGNORE_INDEX, Encoded, training_batch
 from numtok.experiments.finetune.prefix import decoder_states
-from numtok.experiments.loop import (
-    Progress,
-    TrainingLog,
-    load_trainable_state,
-    optimizer_step,
-    train_with_checkpoints,
-)
+from numtok.experiments.loop import load_trainable_state, optimizer_step
 from numtok.experiments.objectives import Objective
 from numtok.experiments.run_folder import WEIGHTS
+from numtok.experiments.runner import Arm, Job
 from numtok.hf._head import causal_lm_of
 from numtok.numbers.vocab import NumberVocab
 
 __all__ = [
     "Trained",
     "answer_logits",
+    "build_arm",
+    "load_arm",
     "load_model",
-    "load_trained",
     "prompt_states",
-    "train_arm",
 ]
 
 
@@ -126,46 +123,39 @@ def _trainable(model: Any, head: nn.Linear | None) -> nn.ModuleList:
     return nn.ModuleList([model] + ([head] if head is not None else []))
 
 
-def load_trained(
-    config: FinetuneConfig,
-    arm: str,
-    seed: int,
-    model_dir: Path,
-    examples: Sequence[Encoded],
-    directory: Path,
+def load_arm(
+    config: FinetuneConfig, job: Job, model_dir: Path, examples: Sequence[Encoded], directory: Path
 ) -> Trained:
-    """The arm :func:`train_arm` trained into ``directory`` (its ``model.pt``: the parameters
-    training changed), rebuilt from the pretrained model on ``config.device``, in eval mode."""
-    model = load_model(model_dir, config, seed)
-    head = _new_head(model, arm, seed, config.device)
-    state = torch.load(directory / WEIGHTS, map_location=config.device, weights_only=True)
-    load_trainable_state(_trainable(model, head), state)
+    """The arm :func:`build_arm` built and the runner trained into ``directory`` (its
+    ``model.pt``: the parameters training changed), rebuilt from the pretrained model on
+    ``config.device``, in eval mode; the ``base`` arm: the pretrained model."""
+    model = load_model(model_dir, config, job.seed)
+    head = _new_head(model, job.arm, job.seed, config.device)
+    if job.arm != "base":
+        state = torch.load(directory / WEIGHTS, map_location=config.device, weights_only=True)
+        load_trainable_state(_trainable(model, head), state)
     return Trained(model.eval(), head, _answer_scale(examples))
 
 
-def train_arm(
+def build_arm(
     config: FinetuneConfig,
-    arm: str,
-    weight: float,
-    seed: int,
+    job: Job,
     model_dir: Path,
     examples: Sequence[Encoded],
     vocab: NumberVocab,
     pad_id: int,
-    directory: Path,
-    progress: Progress | None = None,
-) -> tuple[Trained, TrainingLog]:
-    """Fine-tune ``arm`` (at λ = ``weight`` for a number-loss arm) for ``config.steps`` steps of
-    ``config.batch_size`` examples with :func:`~numtok.experiments.loop.train_with_checkpoints`
-    in ``directory`` (resuming from its checkpoint; ``model.pt`` at the end). The ``base`` arm
-    returns the pretrained model untouched and an empty log."""
+) -> Arm:
+    """``job``'s arm (at λ = ``job.weight`` for a number-loss arm), ready to fine-tune for
+    ``config.steps`` steps of ``config.batch_size`` ``examples``; the ``base`` arm does not train
+    (the pretrained model, untouched)."""
+    seed, arm = job.seed, job.arm
     model = load_model(model_dir, config, seed)
     scale = _answer_scale(examples)
     if arm == "base":
-        return Trained(model.eval(), None, scale), TrainingLog([], [])
+        return Arm(model, None, None, False, False, Trained(model.eval(), None, scale))
     head = _new_head(model, arm, seed, config.device)
     torch.manual_seed(seed)
-    objective = None if head is not None else Objective(arm, vocab, ntl_weight=weight)
+    objective = None if head is not None else Objective(arm, vocab, ntl_weight=job.weight)
     groups: list[dict[str, Any]] = [{"params": [p for p in model.parameters() if p.requires_grad]}]
     if head is not None:
         head_rate = config.head_learning_rate or config.learning_rate
@@ -193,8 +183,8 @@ def train_arm(
         optimizer_step(trainable, optimizer, loss, config, learning_rate)
         return loss, ce, ntl
 
-    log = train_with_checkpoints(
-        trainable, optimizer, step, config, directory, progress=progress,
+    return Arm(
+        trainable, optimizer, step,
         has_ce=objective is not None, has_ntl=objective is not None and objective.ntl is not None,
+        answerer=Trained(model, head, scale),
     )  # fmt: skip
-    return Trained(model.eval(), head, scale), log
