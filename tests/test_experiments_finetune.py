@@ -16,11 +16,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from numtok.experiments.finetune.arm import answer_logits, load_model, prompt_states
+from numtok.experiments.finetune.comparison import run_finetune
 from numtok.experiments.finetune.config import FinetuneConfig
 from numtok.experiments.finetune.data import load_finetune_data
 from numtok.experiments.finetune.examples import encode, prompt_batch, training_batch
-from numtok.experiments.finetune.comparison import run_finetune
-from numtok.experiments.finetune.arm import answer_logits, load_model, prompt_states
 from numtok.experiments.presets import PRESETS
 from numtok.experiments.report import reanalyse
 from numtok.experiments.run_folder import prepare_run_dir
@@ -217,7 +217,9 @@ def test_an_interrupted_run_resumes_where_it_stopped(
     monkeypatch.setattr(runner, "score_split", original)
     trained: list[str] = []
     train = runner.build_arm
-    monkeypatch.setattr(runner, "build_arm", lambda *a, **k: trained.append(a[1].arm) or train(*a, **k))
+    monkeypatch.setattr(
+        runner, "build_arm", lambda *a, **k: trained.append(a[1].arm) or train(*a, **k)
+    )
     resumed = run_finetune(config, tmp_path / "resumed", log=lambda _: None)
     assert trained == [] and resumed["answers"] == straight["answers"]
 

@@ -15,11 +15,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import numtok.readout.decoding
+from numtok.experiments.finetune.arm import Trained, answer_logits, load_model, prompt_states
 from numtok.experiments.finetune.config import FinetuneConfig
 from numtok.experiments.finetune.evaluate import generate_answers, score_split
 from numtok.experiments.finetune.examples import IGNORE_INDEX, encode, prompt_batch, training_batch
 from numtok.experiments.finetune.prefix import decoder_states, shared_prefix_length
-from numtok.experiments.finetune.arm import Trained, answer_logits, load_model, prompt_states
 from numtok.readout.decoding import predict_numbers
 from numtok.readout.distribution import FAST_TOLERANCE
 

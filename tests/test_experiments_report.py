@@ -116,11 +116,15 @@ def test_run_writes_results_report_and_plot(smoke_run: tuple[Path, Path, dict[st
     for index, seed in enumerate(SMOKE.seeds):
         data = read_cache(SMOKE.task, seed, cache_dir=cache, **sizes)
         assert data is not None
-        texts = json.loads((run_dir / f"seed{seed}" / "was" / "predictions.json").read_text())
+        folder = run_dir / f"seed{seed}" / "was"
+        validated = json.loads((folder / "validation.json").read_text())
+        tested = json.loads((folder / "test.json").read_text())["splits"]
+        texts = {"validation": validated["texts"]} | {s: t["texts"] for s, t in tested.items()}
+        assert set(texts) == set(data.evaluation)
         for split, examples in data.evaluation.items():
             assert results["references"][split][index] == [float(a) for _, a in examples]
             assert results["answers"][split]["was"]["greedy"][index] == [
-                last_number(text) for text in texts["texts"][split]
+                last_number(text) for text in texts[split]
             ]
     assert set(results["timing"]["arms"]) == set(SMOKE.arms)
     assert "A training step (interleaved timing, median): was" in report
@@ -147,7 +151,7 @@ def test_rerun_resumes_instead_of_training_again(
     smoke_run: tuple[Path, Path, dict[str, Any]],
 ) -> None:
     run_dir, cache, results = smoke_run
-    result_file = run_dir / "seed0" / "ce" / "result.json"
+    result_file = run_dir / "seed0" / "ce" / "test.json"
     stamp = result_file.stat().st_mtime_ns
     again = run_experiment(SMOKE, run_dir, cache_dir=cache, show_progress=False)
     assert result_file.stat().st_mtime_ns == stamp

@@ -21,9 +21,9 @@ from numtok import number_token_loss
 from numtok.cli import main
 from numtok.experiments.presets import PRESETS
 from numtok.experiments.report import reanalyse
+from numtok.experiments.runner import Job, score_test, train_and_validate
 from numtok.experiments.scratch.arm import ScoreRegressor, build_transformer_arm
 from numtok.experiments.scratch.config import RJokesConfig
-from numtok.experiments.scratch.engine import train_arm
 from numtok.experiments.scratch.readouts import CachedScorer, token_predictions
 from numtok.experiments.scratch.rjokes import (
     RJokesTask,
@@ -289,23 +289,26 @@ def test_run_writes_rows_report_and_plot(smoke_run: tuple[Path, Any]) -> None:
 
 def test_rerun_reads_finished_arms_back(smoke_run: tuple[Path, Any], data_dir: Path) -> None:
     run_dir, results = smoke_run
-    stamps = {p: p.stat().st_mtime_ns for p in run_dir.glob("seed*/*/result.json")}
+    stamps = {p: p.stat().st_mtime_ns for p in run_dir.glob("seed*/*/*.json")}
+    assert len(stamps) == 2 * len(SMOKE.seeds) * len(SMOKE.arms)  # validation.json, test.json
     again = run_rjokes(SMOKE, run_dir, data_dir=data_dir, show_progress=False)
     assert again["answers"] == results["answers"]
-    assert stamps == {p: p.stat().st_mtime_ns for p in run_dir.glob("seed*/*/result.json")}
+    assert stamps == {p: p.stat().st_mtime_ns for p in run_dir.glob("seed*/*/*.json")}
     with pytest.raises(ValueError, match="holds a run with other settings"):
         run_rjokes(SMOKE.with_overrides(steps=31), run_dir, data_dir=data_dir)
 
 
 def test_progress_counts_steps_and_scored_jokes(data: RJokesData, tmp_path: Path) -> None:
     config = SMOKE.with_overrides(steps=12, checkpoint_every=5)
+    task = RJokesTask(config, data)
     for arm in ("was", "head"):
-        reported: list[int] = []
-        train_arm(RJokesTask(config, data), 0, arm, tmp_path, progress=reported.append)
-        assert sum(reported) == 12 + 2 * config.eval_jokes  # validation and test
-        again: list[int] = []
-        train_arm(RJokesTask(config, data), 0, arm, tmp_path, progress=again.append)
-        assert again == [12 + 2 * config.eval_jokes]  # read back, not trained again
+        job, directory = Job(0, arm, config.weight_of(arm)), tmp_path / arm
+        validated: list[int] = []
+        train_and_validate(task, config, job, directory, validated.append)
+        assert sum(validated) == 12 + config.eval_jokes
+        tested: list[int] = []
+        score_test(task, job, directory, ["test"], tested.append)
+        assert sum(tested) == config.eval_jokes
 
 
 def test_command_line(data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -24,11 +24,11 @@ from numtok.experiments.loop import learning_rate_at
 from numtok.experiments.objectives import GLS_SIGMA, NUMBER_LOSS_ARMS
 from numtok.experiments.presets import PRESETS
 from numtok.experiments.run_folder import arm_directory
+from numtok.experiments.runner import Job, train_and_validate
 from numtok.experiments.scratch.arithmetic import ArithmeticTask, run_experiment
 from numtok.experiments.scratch.arm import build_transformer_arm
 from numtok.experiments.scratch.batches import TrainingSet
 from numtok.experiments.scratch.config import ExperimentConfig
-from numtok.experiments.scratch.engine import train_arm
 from numtok.experiments.scratch.tokenizer import CharTokenizer
 from numtok.experiments.tasks.mathematics import MathData, load_data
 from numtok.losses.smoothing import gaussian_label_smoothing_ce
@@ -109,13 +109,9 @@ def test_train_step_minimises_the_arm_loss(arm: str, data: MathData) -> None:
 
 
 def _comparable(result: dict[str, Any]) -> dict[str, Any]:
-    """What must not change when a run is interrupted and resumed (timings may; the answers
-    are compared from the arm's predictions.json)."""
-    return {key: result[key] for key in ("seed", "arm", "history")}
-
-
-def _answers(run_dir: Path, seed: int, arm: str) -> Any:
-    return json.loads((arm_directory(run_dir, seed, arm) / "predictions.json").read_text())
+    """What must not change when a run is interrupted and resumed (timings may): the logged
+    losses, and the answers where the entry holds them (a job's, not a report row's)."""
+    return {key: result[key] for key in ("seed", "arm", "history", "answers") if key in result}
 
 
 class _InterruptError(Exception):
@@ -125,7 +121,8 @@ class _InterruptError(Exception):
 def test_interrupted_arm_resumes_to_identical_results(tmp_path: Path, data: MathData) -> None:
     config = SMOKE.with_overrides(steps=35, checkpoint_every=10, log_every=5)
     task = ArithmeticTask(config, data)
-    reference = train_arm(task, 0, "was", tmp_path / "straight")
+    job = Job(0, "was", config.weight_of("was"))
+    reference = train_and_validate(task, config, job, tmp_path / "straight", lambda _: None)
 
     done = 0
 
@@ -135,19 +132,19 @@ def test_interrupted_arm_resumes_to_identical_results(tmp_path: Path, data: Math
         if done == 23:
             raise _InterruptError
 
+    directory = tmp_path / "resumed"
     with pytest.raises(_InterruptError):
-        train_arm(task, 0, "was", tmp_path / "resumed", progress=interrupt_after_23_steps)
-    directory = arm_directory(tmp_path / "resumed", 0, "was")
-    assert (directory / "checkpoint.pt").exists() and not (directory / "result.json").exists()
+        train_and_validate(task, config, job, directory, interrupt_after_23_steps)
+    assert (directory / "checkpoint.pt").exists() and not (directory / "validation.json").exists()
 
     resumed_steps: list[int] = []
-    resumed = train_arm(task, 0, "was", tmp_path / "resumed", progress=resumed_steps.append)
+    resumed = train_and_validate(task, config, job, directory, resumed_steps.append)
     assert resumed_steps[0] == 20  # restarted from the checkpoint at step 20, not from 0
     assert _comparable(resumed) == _comparable(reference)
-    assert _answers(tmp_path / "resumed", 0, "was") == _answers(tmp_path / "straight", 0, "was")
-    assert not (directory / "checkpoint.pt").exists()
-    # A finished arm is read back, not trained again.
-    assert train_arm(task, 0, "was", tmp_path / "resumed") == resumed
+    assert json.loads((directory / "validation.json").read_text()) == json.loads(
+        json.dumps(resumed)
+    )
+    assert not (directory / "checkpoint.pt").exists() and (directory / "model.pt").exists()
 
 
 def _wait_for(path: Path, process: subprocess.Popen[bytes], timeout: float) -> None:
@@ -174,8 +171,8 @@ def test_killed_run_resumes_to_identical_results(tmp_path: Path, cache_dir: Path
     _wait_for(arm_directory(tmp_path / "run", 0, "was") / "checkpoint.pt", process, timeout=120)
     process.send_signal(signal.SIGKILL)
     process.wait()
-    assert (arm_directory(tmp_path / "run", 0, "ce") / "result.json").exists()
-    assert not (arm_directory(tmp_path / "run", 0, "was") / "result.json").exists()
+    assert (arm_directory(tmp_path / "run", 0, "ce") / "validation.json").exists()
+    assert not (arm_directory(tmp_path / "run", 0, "was") / "validation.json").exists()
 
     finished = subprocess.run(command, capture_output=True, env=environment, check=True)
     assert b"run folder" in finished.stdout

@@ -1,9 +1,10 @@
 """The layout of a run folder, shared by every task.
 
 ``config.json`` holds the settings (a folder refuses a run with other settings);
-``seed<N>/<arm>/`` holds one arm's ``checkpoint.pt`` while it trains, then ``model.pt``,
-``predictions.json`` and ``result.json`` (whose presence marks the arm finished). Every file is
-written atomically, so a killed process leaves the old file or the new one, never half of one.
+``seed<N>/<arm>/`` holds one arm's ``checkpoint.pt`` while it trains, then ``model.pt`` and what
+each phase of the runner stored (:mod:`numtok.experiments.runner`: ``validation.json``,
+``test.json``). Every file is written atomically, so a killed process leaves the old file or the
+new one, never half of one.
 """
 
 from __future__ import annotations
@@ -19,14 +20,12 @@ __all__ = [
     "CHECKPOINT",
     "WEIGHTS",
     "arm_directory",
-    "finish_arm",
     "prepare_run_dir",
-    "read_result",
     "save_atomically",
     "why_not_creatable",
 ]
 
-CONFIG, RESULT, CHECKPOINT, WEIGHTS = "config.json", "result.json", "checkpoint.pt", "model.pt"
+CONFIG, CHECKPOINT, WEIGHTS = "config.json", "checkpoint.pt", "model.pt"
 
 
 class Settings(Protocol):
@@ -93,24 +92,3 @@ def save_atomically(obj: Any, path: Path) -> None:
     else:
         torch.save(obj, temporary)
     os.replace(temporary, path)
-
-
-def read_result(directory: Path) -> dict[str, Any] | None:
-    """A finished arm's stored result, or None."""
-    path = directory / RESULT
-    if not path.exists():
-        return None
-    stored: dict[str, Any] = json.loads(path.read_text())
-    return stored
-
-
-def finish_arm(directory: Path, result: dict[str, Any], predictions: Any) -> dict[str, Any]:
-    """Store a trained and evaluated arm (``predictions.json``, then ``result.json``, which marks
-    it finished), drop its checkpoint, and return what a later :func:`read_result` reads back
-    (JSON: tuples become lists)."""
-    save_atomically(predictions, directory / "predictions.json")
-    save_atomically(result, directory / RESULT)
-    (directory / CHECKPOINT).unlink(missing_ok=True)
-    stored = read_result(directory)
-    assert stored is not None
-    return stored

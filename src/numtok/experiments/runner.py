@@ -52,9 +52,12 @@ __all__ = [
     "Models",
     "Phases",
     "Work",
+    "phase_rows",
     "remaining_work",
     "run_phases",
+    "score_test",
     "train",
+    "train_and_validate",
 ]
 
 VALIDATION, TEST = "validation.json", "test.json"
@@ -132,42 +135,56 @@ def _set_threads(config: RunConfig) -> None:
         torch.set_num_threads(config.threads)
 
 
-def _validation_job(source: ModelSource, job: Job, directory: str) -> dict[str, Any]:
-    """Train ``job`` and score it on validation; store (and return) ``validation.json``."""
-    _set_threads(source.config)
-    models, folder = source.models(job.seed), Path(directory)
-    folder.mkdir(parents=True, exist_ok=True)
+def train_and_validate(
+    models: Models, config: RunConfig, job: Job, directory: Path, progress: Progress
+) -> dict[str, Any]:
+    """Phase 1 for one job: train it in ``directory`` (resuming from its checkpoint) and score it
+    on validation; store (and return) ``validation.json``, then drop the checkpoint.
+    ``progress`` hears of every training step and scored item."""
+    directory.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
     arm = models.build(job)
-    log = train(arm, source.config, folder, report_progress)
+    log = train(arm, config, directory, progress)
     trained_minutes = (time.perf_counter() - began) / 60
     began = time.perf_counter()
-    scored = models.score(arm.answerer, "validation", report_progress)
+    scored = models.score(arm.answerer, "validation", progress)
     stored = {
         "seed": job.seed, "arm": job.arm, "weight": job.weight, **scored,
         "history": log.history, "seconds_per_step": median_step_seconds(log),
         "train_minutes": trained_minutes, "score_minutes": (time.perf_counter() - began) / 60,
     }  # fmt: skip
-    save_atomically(stored, folder / VALIDATION)
-    (folder / CHECKPOINT).unlink(missing_ok=True)
+    save_atomically(stored, directory / VALIDATION)
+    (directory / CHECKPOINT).unlink(missing_ok=True)
     return stored
+
+
+def score_test(
+    models: Models, job: Job, directory: Path, splits: Sequence[str], progress: Progress
+) -> dict[str, Any]:
+    """Phase 3 for one job: rebuild it as training left it in ``directory`` and score it on the
+    test ``splits``; store (and return) ``test.json``."""
+    began = time.perf_counter()
+    answerer = models.load(job, directory)
+    stored = {
+        "seed": job.seed, "arm": job.arm, "weight": job.weight,
+        "splits": {split: models.score(answerer, split, progress) for split in splits},
+        "score_minutes": (time.perf_counter() - began) / 60,
+    }  # fmt: skip
+    save_atomically(stored, directory / TEST)
+    return stored
+
+
+def _validation_job(source: ModelSource, job: Job, directory: str) -> dict[str, Any]:
+    _set_threads(source.config)
+    models = source.models(job.seed)
+    return train_and_validate(models, source.config, job, Path(directory), report_progress)
 
 
 def _test_job(
     source: ModelSource, job: Job, directory: str, splits: Sequence[str]
 ) -> dict[str, Any]:
-    """Score the trained ``job`` on the test ``splits``; store (and return) ``test.json``."""
     _set_threads(source.config)
-    models, folder = source.models(job.seed), Path(directory)
-    began = time.perf_counter()
-    answerer = models.load(job, folder)
-    stored = {
-        "seed": job.seed, "arm": job.arm, "weight": job.weight,
-        "splits": {split: models.score(answerer, split, report_progress) for split in splits},
-        "score_minutes": (time.perf_counter() - began) / 60,
-    }  # fmt: skip
-    save_atomically(stored, folder / TEST)
-    return stored
+    return score_test(source.models(job.seed), job, Path(directory), splits, report_progress)
 
 
 def _read(path: Path) -> dict[str, Any] | None:
@@ -184,6 +201,11 @@ class Phases:
     choice: dict[str, Any]
     test: dict[tuple[int, str], dict[str, Any]]
     beside: list[Any]
+
+    def scorings(self) -> list[dict[str, Any]]:
+        """Every stored scoring of one split: each job's on validation, then each test split's."""
+        tested = (scored for stored in self.test.values() for scored in stored["splits"].values())
+        return [*self.validation.values(), *tested]
 
 
 @dataclass(frozen=True)
@@ -274,3 +296,41 @@ def run_phases(
             (directories[job] / WEIGHTS).unlink(missing_ok=True)
             test[(job.seed, job.arm)] = stored_tests[job]  # type: ignore[assignment]
     return Phases(done, choice, test, outputs[len(missing) :])
+
+
+def phase_rows(phases: Phases, seeds: Sequence[int], splits: Sequence[str]) -> dict[str, Any]:
+    """What every comparison's rows hold of its phases (:mod:`numtok.experiments.report` reads
+    them): ``answers[split][arm][readout]``, one list of answers per seed that ran the arm at its
+    chosen λ, in ``seeds`` order (a seed-free arm such as ``base``: one), for each of
+    ``splits``; the ``choice``; one ``runs`` entry per trained job (its λ, logged losses, step
+    time and minutes); each tested job's ``test_minutes``; and the ``minutes`` of it all."""
+    chosen = phases.choice["chosen"]
+    tested = {job: phases.test.get((job.seed, job.arm), {"splits": {}})["splits"]
+              for job in phases.validation if job.weight == chosen[job.arm]}  # fmt: skip
+    by_arm: dict[str, list[Job]] = {}
+    for job in sorted(tested, key=lambda job: list(seeds).index(job.seed)):
+        by_arm.setdefault(job.arm, []).append(job)
+
+    def scored(job: Job, split: str) -> dict[str, Any]:
+        return phases.validation[job] if split == "validation" else tested[job][split]
+
+    answers = {
+        split: {arm: {readout: [scored(job, split)["answers"][readout] for job in jobs]
+                      for readout in scored(jobs[0], split)["answers"]}
+                for arm, jobs in by_arm.items()}
+        for split in splits
+    }  # fmt: skip
+    validation, test = phases.validation.values(), phases.test.values()
+    return {
+        "choice": phases.choice,
+        "answers": answers,
+        "runs": [
+            {"seed": r["seed"], "arm": r["arm"], "weight": r["weight"], "history": r["history"],
+             "seconds_per_step": r["seconds_per_step"], "train_minutes": r["train_minutes"],
+             "validation_minutes": r["score_minutes"]}
+            for r in validation
+        ],
+        "test_minutes": {f"seed{r['seed']}/{r['arm']}": r["score_minutes"] for r in test},
+        "minutes": sum(r["train_minutes"] + r["score_minutes"] for r in validation)
+        + sum(r["score_minutes"] for r in test),
+    }  # fmt: skip

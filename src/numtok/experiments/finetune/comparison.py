@@ -309,14 +309,14 @@ def run_finetune(
         progress_bar(show_progress, total, "steps + scored examples", "it") as bar,
         open_executor(1) as executor,
     ):
-        done = run_phases(
+        phases = run_phases(
             FinetuneModels(config, prepared), jobs_of(config), _directories(config, run_dir),
             choose=lambda validation: _choose(config, validation, prepared),
             test_splits=() if validation_only else config.evaluation_splits,
             executor=executor, bar=bar, log=log,
         )  # fmt: skip
     return write_report(
-        run_dir, config, prepared.data, done.validation, done.choice, done.test,
+        run_dir, config, prepared.data, phases,
         constants=constant_answers([e.value for e in prepared.data.splits["train"]]),
         preregistered=None if preregistered is None or registration is None
         else (Path(preregistered), registration),

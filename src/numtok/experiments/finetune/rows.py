@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from numpy.typing import NDArray
 
 from numtok.experiments.finetune.config import FinetuneConfig
 from numtok.experiments.finetune.data import FinetuneData
@@ -19,7 +18,7 @@ from numtok.experiments.item_metrics import answer_values
 from numtok.experiments.objectives import NUMBER_LOSS_ARMS
 from numtok.experiments.report import Design, analyse_and_write
 from numtok.experiments.report_format import json_safe
-from numtok.experiments.runner import Job
+from numtok.experiments.runner import Job, Phases, phase_rows
 
 __all__ = ["design_of", "upgrade_rows", "write_report"]
 
@@ -46,37 +45,11 @@ def design_of(config: FinetuneConfig, notes: Sequence[str], chosen: Mapping[str,
     )
 
 
-def _answers(
-    config: FinetuneConfig,
-    validation: Mapping[Job, dict[str, Any]],
-    chosen: Mapping[str, float],
-    test: Mapping[tuple[int, str], dict[str, Any]],
-) -> dict[str, dict[str, dict[str, NDArray[np.float64]]]]:
-    """``answers[split][arm][readout]``: (seeds, items), one row for ``base``; the test splits
-    when they were scored."""
-    answers: dict[str, dict[str, dict[str, NDArray[np.float64]]]] = {}
-    for split in ("validation", *(config.evaluation_splits if test else ())):
-        answers[split] = {}
-        for arm in config.arms:
-            seeds = config.seeds[:1] if arm == "base" else config.seeds
-            if split == "validation":
-                stored = [validation[Job(seed, arm, chosen[arm])]["answers"] for seed in seeds]
-            else:
-                stored = [test[(seed, arm)]["splits"][split]["answers"] for seed in seeds]
-            answers[split][arm] = {
-                readout: np.stack([answer_values(entry[readout]) for entry in stored])
-                for readout in stored[0]
-            }
-    return answers
-
-
 def write_report(
     run_dir: Path,
     config: FinetuneConfig,
     data: FinetuneData,
-    validation: Mapping[Job, dict[str, Any]],
-    choice: dict[str, Any],
-    test: Mapping[tuple[int, str], dict[str, Any]],
+    phases: Phases,
     *,
     constants: Mapping[str, float],
     preregistered: tuple[Path, dict[str, Any]] | None,
@@ -87,33 +60,22 @@ def write_report(
     results (as ``results.json`` holds them). Everything the analysis reads is in the rows
     (:func:`~numtok.experiments.report.analyse_and_write`), so that a reanalysis of them
     rebuilds the same report."""
-    answers = _answers(config, validation, choice["chosen"], test)
-    minutes = sum(r["train_minutes"] + r["score_minutes"] for r in validation.values())
-    minutes += sum(r["score_minutes"] for r in test.values())
-    scores = [*validation.values(), *(s for r in test.values() for s in r["splits"].values())]
-    unexplored = [u for scored in scores for u in scored.get("unexplored", [])]
+    splits = ("validation", *(config.evaluation_splits if phases.test else ()))
+    unexplored = [u for scored in phases.scorings() for u in scored.get("unexplored", [])]
+    choice = phases.choice | {"parsed": _parsed_by_weight(config, phases.validation, phases.choice)}
     rows = {
-        "design": design_of(config, data.notes, choice["chosen"]).to_dict(),
+        "design": design_of(config, data.notes, phases.choice["chosen"]).to_dict(),
         "config": config.to_dict(),
         "data": {"notes": data.notes, "digest": data.digest,
                  "sizes": {s: len(e) for s, e in data.splits.items()}},
         "preregistration": None if preregistered is None else str(preregistered[0]),
         "started": datetime.datetime.fromtimestamp(started, datetime.timezone.utc).isoformat(
             timespec="seconds"),
-        "choice": choice | {"parsed": _parsed_by_weight(config, validation, choice)},
         "training_constants": dict(constants),
         "references": {split: answer_values([e.value for e in data.splits[split]])
-                       for split in answers},
-        "answers": answers,
-        "runs": [
-            {"seed": seed, "arm": arm, "weight": weight, "history": r["history"],
-             "seconds_per_step": r["seconds_per_step"], "train_minutes": r["train_minutes"],
-             "validation_minutes": r["score_minutes"]}
-            for (seed, arm, weight), r in validation.items()
-        ],
-        "test_minutes": {f"seed{seed}/{arm}": r["score_minutes"]
-                         for (seed, arm), r in test.items()},
-        "minutes": minutes,
+                       for split in splits},
+        **phase_rows(phases, config.seeds, splits),
+        "choice": choice,
         "largest_unexplored": max(unexplored) if unexplored else None,
     }  # fmt: skip
     return analyse_and_write(

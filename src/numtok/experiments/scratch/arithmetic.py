@@ -4,7 +4,7 @@ runs it: DeepMind's Mathematics questions generated for every seed and cached
 of :func:`~numtok.experiments.scratch.arm.build_transformer_arm` on character tokens, scored by
 greedy decoding), the step timing, and the report of every comparison (each seed draws its own
 questions: items nested in seeds, the paired-seed analysis). Rerunning the same settings into the
-same folder resumes: finished arms are read back, interrupted ones continue from their
+same folder resumes: finished phases are read back, interrupted trainings continue from their
 checkpoints."""
 
 from __future__ import annotations
@@ -20,10 +20,12 @@ from torch import nn
 from numtok.experiments.loop import Progress
 from numtok.experiments.parallel import Executor, Job, progress_bar, report_progress
 from numtok.experiments.report import Design
-from numtok.experiments.scratch.arm import build_transformer_arm
+from numtok.experiments.runner import Arm, Phases
+from numtok.experiments.runner import Job as ArmJob
+from numtok.experiments.scratch.arm import build_transformer_arm, load_transformer_arm
 from numtok.experiments.scratch.batches import TrainingSet
 from numtok.experiments.scratch.config import ExperimentConfig
-from numtok.experiments.scratch.engine import Arm, RunDescription, Scored, run_scratch, step_costs
+from numtok.experiments.scratch.engine import RunDescription, run_scratch, step_costs
 from numtok.experiments.scratch.model import Transformer
 from numtok.experiments.scratch.readouts import greedy_answers
 from numtok.experiments.scratch.tokenizer import CharTokenizer
@@ -48,12 +50,10 @@ __all__ = ["ArithmeticRun", "ArithmeticTask", "run_experiment"]
 
 
 class ArithmeticTask:
-    """The arithmetic comparison as a :class:`~numtok.experiments.scratch.engine.ScratchTask`: the
-    character tokenizer, the packed batches of ``data.train`` (batch ``s`` of a seed a function
-    of (seed, s)), and greedy answers to every question of the splits the run scores."""
-
-    #: Scoring reports no items to the progress bar (it counts training steps only).
-    scored_items = 0
+    """One seed of the arithmetic comparison as the runner's
+    :class:`~numtok.experiments.runner.Models`: the character tokenizer, the packed batches of
+    ``data.train`` (batch ``s`` of a seed a function of (seed, s)), and greedy answers to the
+    questions of a split."""
 
     def __init__(self, config: ExperimentConfig, data: MathData) -> None:
         self.config = config
@@ -61,27 +61,27 @@ class ArithmeticTask:
         self.tokenizer = CharTokenizer()
         self.training = TrainingSet(data.train, self.tokenizer)
 
-    def build(self, seed: int, arm: str) -> Arm:
-        return build_transformer_arm(self.config, seed, arm, self.tokenizer, self.training)
+    def build(self, job: ArmJob) -> Arm:
+        return build_transformer_arm(self.config, job.seed, job.arm, self.tokenizer, self.training)
 
-    def score(self, arm: str, model: nn.Module, progress: Progress) -> Scored:
-        """``result``: nothing of its own; ``predictions``: ``{"splits": {split: {"greedy":
-        [the last number of the answer, or None]}}, "texts": {split: [the generated answer]}}``
-        for every split the run scores."""
-        assert isinstance(model, Transformer)
-        texts = {
-            split: greedy_answers(
-                model,
-                self.tokenizer,
-                [question for question, _ in self.data.evaluation[split]],
-                batch_size=self.config.eval_batch_size,
-                device=torch.device(self.config.device),
-            )
-            for split in self.config.splits
-        }
-        answers = {split: {"greedy": [last_number(text) for text in generated]}
-                   for split, generated in texts.items()}  # fmt: skip
-        return Scored({}, {"splits": answers, "texts": texts})
+    def load(self, job: ArmJob, directory: Path) -> nn.Module:
+        return load_transformer_arm(
+            self.config, job.seed, job.arm, self.tokenizer, self.training, directory
+        )
+
+    def score(self, answerer: nn.Module, split: str, progress: Progress) -> dict[str, Any]:
+        """``{"answers": {"greedy": [the last number of the answer, or None]}, "texts": [the
+        generated answer]}`` for every question of ``split`` (no progress: the bar counts
+        training steps only)."""
+        assert isinstance(answerer, Transformer)
+        texts = greedy_answers(
+            answerer,
+            self.tokenizer,
+            [question for question, _ in self.data.evaluation[split]],
+            batch_size=self.config.eval_batch_size,
+            device=torch.device(self.config.device),
+        )
+        return {"answers": {"greedy": [last_number(text) for text in texts]}, "texts": texts}
 
 
 def _evaluation_job(config_dict: dict[str, Any], seed: int) -> dict[str, list[Example]]:
@@ -144,11 +144,13 @@ class ArithmeticRun:
     def prepare(self, executor: Executor, show_progress: bool) -> None:
         _generate_data(self.config, executor, Path(self.cache_dir), show_progress)
 
-    def jobs(self) -> list[tuple[int, str]]:
-        return [(seed, arm) for seed in self.config.seeds for arm in self.config.arms]
+    def jobs(self) -> list[ArmJob]:
+        config = self.config
+        return [ArmJob(seed, arm, config.weight_of(arm)) for seed in config.seeds
+                for arm in config.arms]  # fmt: skip
 
-    def scored_items(self) -> int:
-        return 0
+    def scored_items(self) -> dict[str, int]:
+        return dict.fromkeys(self.config.splits, 0)
 
     def _data(self, seed: int) -> MathData:
         return load_data(
@@ -156,14 +158,14 @@ class ArithmeticRun:
             eval_questions=self.config.eval_questions, cache_dir=Path(self.cache_dir),
         )  # fmt: skip
 
-    def task(self, seed: int) -> ArithmeticTask:
+    def models(self, seed: int) -> ArithmeticTask:
         return ArithmeticTask(self.config, self._data(seed))
 
     def vocabulary_size(self) -> int:
         return len(CharTokenizer())
 
     def description(
-        self, runs: list[dict[str, Any]], timing: dict[str, Any], parameters: int
+        self, phases: Phases, timing: dict[str, Any], parameters: int
     ) -> RunDescription:
         """Every seed's answer to each of its own questions: one list of true answers per seed."""
         config = self.config

@@ -1,5 +1,6 @@
 """The arms of every comparison trained from scratch (arithmetic, rJokes): the small transformer
-built for a seed, and its training step (:func:`build_transformer_arm`).
+built for a seed, and its training step (:func:`build_transformer_arm`), and the arm rebuilt as
+training left it (:func:`load_transformer_arm`).
 
 Everything that varies from step to step is a function of (seed, step): the initial weights come
 from ``torch.manual_seed(seed)``, the batch of step ``s`` from
@@ -21,21 +22,28 @@ interrupted arm exactly. The arms differ in the loss:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from numtok.experiments.loop import optimizer_step
+from numtok.experiments.loop import load_trainable_state, optimizer_step
 from numtok.experiments.objectives import Objective
+from numtok.experiments.run_folder import WEIGHTS
+from numtok.experiments.runner import Arm
 from numtok.experiments.scratch.batches import PackedBatch, TrainingSet
 from numtok.experiments.scratch.config import TrainingConfig
-from numtok.experiments.scratch.engine import Arm
 from numtok.experiments.scratch.model import Transformer
 from numtok.experiments.scratch.tokenizer import PromptAnswerTokenizer
 
-__all__ = ["ScoreRegressor", "ScoredTrainingSet", "build_transformer_arm"]
+__all__ = [
+    "ScoreRegressor",
+    "ScoredTrainingSet",
+    "build_transformer_arm",
+    "load_transformer_arm",
+]
 
 
 class ScoreRegressor(nn.Module):
@@ -143,4 +151,18 @@ def build_transformer_arm(
         return loss, ce, number_loss
 
     has_ntl = objective is not None and objective.ntl is not None
-    return Arm(model, optimizer, step, has_ce=objective is not None, has_ntl=has_ntl)
+    return Arm(
+        model, optimizer, step, has_ce=objective is not None, has_ntl=has_ntl, answerer=model
+    )
+
+
+def load_transformer_arm(
+    config: TrainingConfig, seed: int, arm: str, tokenizer: PromptAnswerTokenizer,
+    training: TrainingSet, directory: Path,
+) -> nn.Module:  # fmt: skip
+    """The model of :func:`build_transformer_arm` with the weights training left in
+    ``directory`` (its ``model.pt``), in eval mode."""
+    model = build_transformer_arm(config, seed, arm, tokenizer, training).model
+    state = torch.load(directory / WEIGHTS, map_location=config.device, weights_only=True)
+    load_trainable_state(model, state)
+    return model.eval()

@@ -4,7 +4,7 @@ transformer of :func:`~numtok.experiments.scratch.arm.build_transformer_arm` on 
 the training jokes, token arms on the score's digits and ``<eos>``, ``head`` on the standardised
 score; scored greedily and by the distribution's mean and median, or by the head), the step timing
 beside them, and the report. Rerunning the same settings into the same folder resumes: finished
-arms are read back, interrupted ones continue from their checkpoints."""
+phases are read back, interrupted trainings continue from their checkpoints."""
 
 from __future__ import annotations
 
@@ -19,13 +19,15 @@ from torch import nn
 from numtok.experiments.loop import Progress
 from numtok.experiments.parallel import Executor
 from numtok.experiments.report import Design
+from numtok.experiments.runner import Arm, Job, Phases
 from numtok.experiments.scratch.arm import (
     ScoredTrainingSet,
     ScoreRegressor,
     build_transformer_arm,
+    load_transformer_arm,
 )
 from numtok.experiments.scratch.config import RJokesConfig
-from numtok.experiments.scratch.engine import Arm, RunDescription, Scored, run_scratch, step_costs
+from numtok.experiments.scratch.engine import RunDescription, jobs_of, run_scratch, step_costs
 from numtok.experiments.scratch.model import Transformer
 from numtok.experiments.scratch.readouts import head_predictions, token_predictions
 from numtok.experiments.scratch.tokenizer import WordTokenizer
@@ -91,7 +93,7 @@ def scored_jokes(config: RJokesConfig, data: RJokesData) -> dict[str, list[Joke]
 
 
 class RJokesTask:
-    """The rJokes comparison as a :class:`~numtok.experiments.scratch.engine.ScratchTask`: the word
+    """The rJokes comparison as the runner's :class:`~numtok.experiments.runner.Models`: the word
     vocabulary and scored training jokes of ``data`` (built once per process), and the jokes of
     :func:`scored_jokes`, read out greedily and by the distribution's mean and median (token
     arms) or by the head."""
@@ -101,46 +103,35 @@ class RJokesTask:
         self.jokes = scored_jokes(config, data)
         self.tokenizer, self.training = prepare_training(config, data)
 
-    @property
-    def scored_items(self) -> int:
-        return sum(len(jokes) for jokes in self.jokes.values())
+    def build(self, job: Job) -> Arm:
+        return build_transformer_arm(self.config, job.seed, job.arm, self.tokenizer, self.training)
 
-    def build(self, seed: int, arm: str) -> Arm:
-        return build_transformer_arm(self.config, seed, arm, self.tokenizer, self.training)
-
-    def score(self, arm: str, model: nn.Module, progress: Progress) -> Scored:
-        """``result``: ``{"mass" (the mean probability the distribution readouts cover; token
-        arms), "pruned" (the largest probability pruning left out of one joke's distribution)}``;
-        ``predictions``: ``{"splits": {split: {readout: [score or None per joke]}}}``;
-        ``progress`` hears of every scored joke."""
-        config, device = self.config, torch.device(self.config.device)
-        splits: dict[str, dict[str, list[float | None]]] = {}
-        masses: list[float] = []
-        pruned: list[float] = []
-        for split, jokes in self.jokes.items():
-            texts = [text for text, _ in jokes]
-            if isinstance(model, ScoreRegressor):
-                splits[split] = head_predictions(
-                    model, self.tokenizer, texts, batch_size=config.eval_batch_size,
-                    mean=self.training.score_mean, std=self.training.score_std, device=device,
-                    progress=progress,
-                )  # fmt: skip
-                continue
-            assert isinstance(model, Transformer)
-            splits[split], mass, left_out = token_predictions(
-                model, self.tokenizer, texts, batch_size=config.eval_batch_size,
-                max_new_tokens=GREEDY_TOKENS, max_digits=config.max_digits,
-                min_probability=config.min_probability, device=device, progress=progress,
-            )  # fmt: skip
-            masses += mass
-            pruned += left_out
-        return Scored(
-            {
-                "mass": sum(masses) / len(masses) if masses else None,
-                "pruned": max(pruned) if pruned else None,
-            },
-            {"splits": splits},
+    def load(self, job: Job, directory: Path) -> nn.Module:
+        return load_transformer_arm(
+            self.config, job.seed, job.arm, self.tokenizer, self.training, directory
         )
+
+    def score(self, answerer: nn.Module, split: str, progress: Progress) -> dict[str, Any]:
+        """``{"answers": {readout: [score or None per joke]}}``, and for token arms ``"mass"``
+        (the probability the distribution readouts cover) and ``"pruned"`` (what pruning left
+        out of the distribution) per joke, on ``split``'s scored jokes; ``progress`` hears of
+        every scored joke."""
+        config, device = self.config, torch.device(self.config.device)
+        texts = [text for text, _ in self.jokes[split]]
+        if isinstance(answerer, ScoreRegressor):
+            answers = head_predictions(
+                answerer, self.tokenizer, texts, batch_size=config.eval_batch_size,
+                mean=self.training.score_mean, std=self.training.score_std, device=device,
+                progress=progress,
+            )  # fmt: skip
+            return {"answers": answers}
+        assert isinstance(answerer, Transformer)
+        answers, mass, pruned = token_predictions(
+            answerer, self.tokenizer, texts, batch_size=config.eval_batch_size,
+            max_new_tokens=GREEDY_TOKENS, max_digits=config.max_digits,
+            min_probability=config.min_probability, device=device, progress=progress,
+        )  # fmt: skip
+        return {"answers": answers, "mass": mass, "pruned": pruned}
 
 
 #: The dataset paper's regression baselines, trained on the full 550k-joke train split (not
@@ -171,28 +162,31 @@ class RJokesRun:
     def prepare(self, executor: Executor, show_progress: bool) -> None:
         return None  # the files are there (find_data_dir); each worker reads them
 
-    def jobs(self) -> list[tuple[int, str]]:
+    def jobs(self) -> list[Job]:
         # Longest jobs first: the head arms (no vocabulary-sized output, no readout) last.
-        order = sorted(self.config.arms, key=lambda arm: arm == "head")
-        return [(seed, arm) for arm in order for seed in self.config.seeds]
+        return jobs_of(self.config, tuple(sorted(self.config.arms, key=lambda arm: arm == "head")))
 
-    def scored_items(self) -> int:
-        return sum(len(jokes) for jokes in scored_jokes(self.config, self._data()).values())
+    def scored_items(self) -> dict[str, int]:
+        return {
+            split: len(jokes) for split, jokes in scored_jokes(self.config, self._data()).items()
+        }
 
-    def task(self, seed: int) -> RJokesTask:
+    def models(self, seed: int) -> RJokesTask:
         return RJokesTask(self.config, self._data())
 
     def vocabulary_size(self) -> int:
         return len(build_tokenizer(self.config, self._data()))
 
     def description(
-        self, runs: list[dict[str, Any]], timing: dict[str, Any], parameters: int
+        self, phases: Phases, timing: dict[str, Any], parameters: int
     ) -> RunDescription:
         """Every seed's prediction for every scored joke: one list of true scores per split."""
         config, data = self.config, self._data()
         jokes = scored_jokes(config, data)
+        pruned = max((p for scored in phases.scorings() for p in scored.get("pruned", [])),
+                     default=None)  # fmt: skip
         return RunDescription(
-            design=_design(config, data, runs, timing),
+            design=_design(config, data, pruned, timing),
             data={"files": data.files, "digest": data.digest,
                   "sizes": {"train": len(data.train), "validation": len(data.validation),
                             "test": len(data.test)},
@@ -203,13 +197,13 @@ class RJokesRun:
 
 
 def _design(
-    config: RJokesConfig, data: RJokesData, runs: list[dict[str, Any]], timing: dict[str, Any]
+    config: RJokesConfig, data: RJokesData, pruned: float | None, timing: dict[str, Any]
 ) -> Design:
-    """What an rJokes comparison trained, in the report's words."""
-    pruned = [r["pruned"] for r in runs if r["pruned"] is not None]
+    """What an rJokes comparison trained, in the report's words (``pruned``: the most any joke's
+    distribution left out, None when no arm read one)."""
     pruning = (
         f"prefixes below {config.min_probability:g} not extended (at most "
-        f"{max(pruned, default=0.0):.2g} of a joke's probability left out)"
+        f"{pruned or 0.0:.2g} of a joke's probability left out)"
         if config.min_probability > 0
         else "every prefix enumerated"
     )
