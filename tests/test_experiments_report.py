@@ -166,6 +166,21 @@ def test_run_folder_with_other_settings_is_refused(
         run_experiment(SMOKE.with_overrides(steps=41), run_dir, cache_dir=cache)
 
 
+def test_run_folder_of_an_older_layout_is_refused(
+    smoke_run: tuple[Path, Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    """A folder whose arms an older numtok stored (result.json and predictions.json) is refused
+    before any training, not silently trained again beside the old files."""
+    run_dir, cache, _ = smoke_run
+    older = tmp_path / "older"
+    (older / "seed0" / "ce").mkdir(parents=True)
+    (older / "config.json").write_text((run_dir / "config.json").read_text())
+    (older / "seed0" / "ce" / "result.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"was written by an older numtok .*run into a new --out"):
+        run_experiment(SMOKE, older, cache_dir=cache, show_progress=False)
+    assert sorted(p.name for p in older.rglob("*")) == ["ce", "config.json", "result.json", "seed0"]
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
