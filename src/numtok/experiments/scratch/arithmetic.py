@@ -20,9 +20,9 @@ from torch import nn
 from numtok.experiments.loop import Progress
 from numtok.experiments.parallel import Executor, Job, progress_bar, report_progress
 from numtok.experiments.report import Design
-from numtok.experiments.runner import Arm, Phases
 from numtok.experiments.runner import Job as ArmJob
-from numtok.experiments.scratch.arm import build_transformer_arm, load_transformer_arm
+from numtok.experiments.runner import Phases
+from numtok.experiments.scratch.arm import TransformerModels
 from numtok.experiments.scratch.batches import TrainingSet
 from numtok.experiments.scratch.config import ExperimentConfig
 from numtok.experiments.scratch.engine import RunDescription, run_scratch, step_costs
@@ -49,25 +49,19 @@ from numtok.numbers.text import last_number
 __all__ = ["ArithmeticRun", "ArithmeticTask", "run_experiment"]
 
 
-class ArithmeticTask:
+class ArithmeticTask(TransformerModels):
     """One seed of the arithmetic comparison as the runner's
     :class:`~numtok.experiments.runner.Models`: the character tokenizer, the packed batches of
     ``data.train`` (batch ``s`` of a seed a function of (seed, s)), and greedy answers to the
     questions of a split."""
+
+    config: ExperimentConfig
 
     def __init__(self, config: ExperimentConfig, data: MathData) -> None:
         self.config = config
         self.data = data
         self.tokenizer = CharTokenizer()
         self.training = TrainingSet(data.train, self.tokenizer)
-
-    def build(self, job: ArmJob) -> Arm:
-        return build_transformer_arm(self.config, job.seed, job.arm, self.tokenizer, self.training)
-
-    def load(self, job: ArmJob, directory: Path) -> nn.Module:
-        return load_transformer_arm(
-            self.config, job.seed, job.arm, self.tokenizer, self.training, directory
-        )
 
     def score(self, answerer: nn.Module, split: str, progress: Progress) -> dict[str, Any]:
         """``{"answers": {"greedy": [the last number of the answer, or None]}, "texts": [the

@@ -1,6 +1,6 @@
 """The arms of every comparison trained from scratch (arithmetic, rJokes): the small transformer
 built for a seed, and its training step (:func:`build_transformer_arm`), and the arm rebuilt as
-training left it (:func:`load_transformer_arm`).
+training left it (:class:`TransformerModels`, what a task's models share).
 
 Everything that varies from step to step is a function of (seed, step): the initial weights come
 from ``torch.manual_seed(seed)``, the batch of step ``s`` from
@@ -32,7 +32,7 @@ from torch import nn
 from numtok.experiments.loop import load_trainable_state, optimizer_step
 from numtok.experiments.objectives import Objective
 from numtok.experiments.run_folder import WEIGHTS
-from numtok.experiments.runner import Arm
+from numtok.experiments.runner import Arm, Job
 from numtok.experiments.scratch.batches import PackedBatch, TrainingSet
 from numtok.experiments.scratch.config import TrainingConfig
 from numtok.experiments.scratch.model import Transformer
@@ -41,8 +41,8 @@ from numtok.experiments.scratch.tokenizer import PromptAnswerTokenizer
 __all__ = [
     "ScoreRegressor",
     "ScoredTrainingSet",
+    "TransformerModels",
     "build_transformer_arm",
-    "load_transformer_arm",
 ]
 
 
@@ -156,13 +156,23 @@ def build_transformer_arm(
     )
 
 
-def load_transformer_arm(
-    config: TrainingConfig, seed: int, arm: str, tokenizer: PromptAnswerTokenizer,
-    training: TrainingSet, directory: Path,
-) -> nn.Module:  # fmt: skip
-    """The model of :func:`build_transformer_arm` with the weights training left in
-    ``directory`` (its ``model.pt``), in eval mode."""
-    model = build_transformer_arm(config, seed, arm, tokenizer, training).model
-    state = torch.load(directory / WEIGHTS, map_location=config.device, weights_only=True)
-    load_trainable_state(model, state)
-    return model.eval()
+class TransformerModels:
+    """The small transformer's arms of one seed, as the runner of every comparison builds and
+    rebuilds them (:class:`~numtok.experiments.runner.Models`); a task sets ``config``,
+    ``tokenizer`` and ``training`` and adds how an arm is scored on a split."""
+
+    config: TrainingConfig
+    tokenizer: PromptAnswerTokenizer
+    training: TrainingSet
+
+    def build(self, job: Job) -> Arm:
+        """:func:`build_transformer_arm` for ``job``."""
+        return build_transformer_arm(self.config, job.seed, job.arm, self.tokenizer, self.training)
+
+    def load(self, job: Job, directory: Path) -> nn.Module:
+        """``job``'s model with the weights training left in ``directory`` (its ``model.pt``),
+        in eval mode."""
+        model = self.build(job).model
+        state = torch.load(directory / WEIGHTS, map_location=self.config.device, weights_only=True)
+        load_trainable_state(model, state)
+        return model.eval()

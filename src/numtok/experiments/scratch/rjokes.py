@@ -19,12 +19,11 @@ from torch import nn
 from numtok.experiments.loop import Progress
 from numtok.experiments.parallel import Executor
 from numtok.experiments.report import Design
-from numtok.experiments.runner import Arm, Job, Phases
+from numtok.experiments.runner import Job, Phases
 from numtok.experiments.scratch.arm import (
     ScoredTrainingSet,
     ScoreRegressor,
-    build_transformer_arm,
-    load_transformer_arm,
+    TransformerModels,
 )
 from numtok.experiments.scratch.config import RJokesConfig
 from numtok.experiments.scratch.engine import RunDescription, jobs_of, run_scratch, step_costs
@@ -92,24 +91,19 @@ def scored_jokes(config: RJokesConfig, data: RJokesData) -> dict[str, list[Joke]
     return {split: evaluation_subset(jokes, config.eval_jokes) for split, jokes in splits.items()}
 
 
-class RJokesTask:
+class RJokesTask(TransformerModels):
     """The rJokes comparison as the runner's :class:`~numtok.experiments.runner.Models`: the word
     vocabulary and scored training jokes of ``data`` (built once per process), and the jokes of
     :func:`scored_jokes`, read out greedily and by the distribution's mean and median (token
     arms) or by the head."""
 
+    config: RJokesConfig
+    training: ScoredTrainingSet
+
     def __init__(self, config: RJokesConfig, data: RJokesData) -> None:
         self.config = config
         self.jokes = scored_jokes(config, data)
         self.tokenizer, self.training = prepare_training(config, data)
-
-    def build(self, job: Job) -> Arm:
-        return build_transformer_arm(self.config, job.seed, job.arm, self.tokenizer, self.training)
-
-    def load(self, job: Job, directory: Path) -> nn.Module:
-        return load_transformer_arm(
-            self.config, job.seed, job.arm, self.tokenizer, self.training, directory
-        )
 
     def score(self, answerer: nn.Module, split: str, progress: Progress) -> dict[str, Any]:
         """``{"answers": {readout: [score or None per joke]}}``, and for token arms ``"mass"``
