@@ -713,8 +713,9 @@ def test_a_margin_tests_equivalence_under_the_same_gate(tmp_path: Path) -> None:
     of that metric; "equivalent" where the 90 % interval lies inside, "different" where outside,
     withheld by the gate like the difference; the report shows them in the primary table."""
     from numtok.experiments.crossed import equivalence
+    from numtok.experiments.design import Design
     from numtok.experiments.finetune.config import FinetuneConfig
-    from numtok.experiments.report import Design, analyse_and_write
+    from numtok.experiments.report import analyse_and_write
 
     answers, references, constants = _run()
     answers["test"]["near"] = {"greedy": answers["test"]["ce"]["greedy"] + 0.01}

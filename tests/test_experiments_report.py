@@ -14,8 +14,9 @@ pytest.importorskip("mathematics_dataset", reason="needs the demo extra: pip ins
 pytest.importorskip("matplotlib", reason="needs the demo extra: pip install numtok[demo]")
 
 from numtok.cli import main
+from numtok.experiments.design import Design
 from numtok.experiments.presets import PRESETS
-from numtok.experiments.report import Design, analyse_and_write
+from numtok.experiments.report import analyse_and_write
 from numtok.experiments.report_format import signed
 from numtok.experiments.scratch.arithmetic import run_experiment
 from numtok.experiments.tasks.mathematics import TASKS, generate, read_cache

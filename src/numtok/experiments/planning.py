@@ -5,14 +5,12 @@ reach a target effect (:mod:`numtok.experiments.crossed`)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from numtok._common.validation import check_number
 from numtok.experiments.crossed import VarianceComponents, items_needed, seeds_needed
+from numtok.experiments.design import Design
 from numtok.experiments.item_metrics import per_item_metric
-
-if TYPE_CHECKING:
-    from numtok.experiments.report import Design
 
 __all__ = ["planning"]
 

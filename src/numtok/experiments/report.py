@@ -2,7 +2,8 @@
 seed's answer to every item — and the analysis of them; ``null`` where a value is undefined),
 ``report.md`` and ``report.png`` in the run folder, written from the rows alone
 (:func:`analyse_and_write`), so that a run's report can be rebuilt from its rows by a later
-version (``numtok compare --reanalyse``). What the harness ran is the rows' :class:`Design`.
+version (``numtok compare --reanalyse``). What the harness ran is the rows'
+:class:`~numtok.experiments.design.Design`.
 
 ``report.md`` opens with what a reader needs first: the pre-registration (when there is one)
 and the primary endpoint, then the learnability gate — which arms, by which readout, beat the
@@ -24,7 +25,6 @@ import datetime
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from numtok.experiments.analysis import comparisons, learnability_gate, metric_table
+from numtok.experiments.design import Design
 from numtok.experiments.item_metrics import (
     HIGHER_IS_BETTER,
     ITEM_METRICS,
@@ -45,40 +46,11 @@ from numtok.experiments.report_format import json_safe, signed
 from numtok.readout.distribution import FAST_TOLERANCE
 
 __all__ = [
-    "Design",
     "analyse_and_write",
     "read_rows",
     "reanalyse",
     "registration_of",
 ]
-
-
-@dataclass(frozen=True)
-class Design:
-    """What a run compared, as its report states it: ``title``; ``trained`` (a sentence: the
-    model, the training budget, λ, the data); ``seeds``; ``arms`` (the primary endpoint's table:
-    each of them but CE minus CE); ``splits`` (the scored splits but validation, the primary one
-    first); the primary ``metric`` (one of :data:`~numtok.experiments.item_metrics.ITEM_METRICS`,
-    also the gate's) and ``readout``; ``max_value``, the largest answer the distribution
-    readouts enumerate (None: none); ``margin``, the equivalence margin of the primary
-    comparisons in units of the tested metric (None: no equivalence test)."""
-
-    title: str
-    trained: str
-    seeds: tuple[int, ...]
-    arms: tuple[str, ...]
-    splits: tuple[str, ...]
-    metric: str
-    readout: str
-    max_value: int | None
-    margin: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, stored: Mapping[str, Any]) -> Design:
-        return cls(**{**stored, **{key: tuple(stored[key]) for key in ("seeds", "arms", "splits")}})
 
 
 #: What one seed gets instead of an interval.

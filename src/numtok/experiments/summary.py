@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from numtok.experiments.design import Design
 from numtok.experiments.item_metrics import per_item_metric
-from numtok.experiments.report import Design
 from numtok.experiments.report_format import signed
 
 __all__ = ["summary_lines"]

@@ -369,8 +369,8 @@ def preflight_warnings(
     each primary comparison whose MDE at this run's design is above it, with the seeds and
     items that would reach it."""
     from numtok.experiments.crossed import t_quantile
+    from numtok.experiments.design import Design
     from numtok.experiments.planning import planning
-    from numtok.experiments.report import Design
 
     warnings = []
     if len(config.seeds) < 2:

@@ -1,7 +1,7 @@
 """A fine-tuning run's rows, as the one report writer reads them
 (:mod:`numtok.experiments.report`): every seed's answer to every item of every scored split,
 the λ chosen on validation with each λ's parsed share, the training answers' constants, and
-the run's :class:`~numtok.experiments.report.Design`."""
+the run's :class:`~numtok.experiments.design.Design`."""
 
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ from typing import Any
 
 import numpy as np
 
+from numtok.experiments.design import Design
 from numtok.experiments.finetune.config import FinetuneConfig
 from numtok.experiments.finetune.data import FinetuneData
 from numtok.experiments.item_metrics import answer_values
 from numtok.experiments.objectives import NUMBER_LOSS_ARMS
-from numtok.experiments.report import Design, analyse_and_write
+from numtok.experiments.report import analyse_and_write
 from numtok.experiments.report_format import json_safe
 from numtok.experiments.runner import Job, Phases, phase_rows
 

@@ -17,9 +17,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from numtok.experiments.design import Design
 from numtok.experiments.loop import Progress
 from numtok.experiments.parallel import Executor, Job, progress_bar, report_progress
-from numtok.experiments.report import Design
 from numtok.experiments.runner import Job as ArmJob
 from numtok.experiments.runner import Phases
 from numtok.experiments.scratch.arm import TransformerModels

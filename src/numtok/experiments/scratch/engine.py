@@ -28,10 +28,11 @@ from typing import Any, Protocol
 import torch
 
 import numtok
+from numtok.experiments.design import Design
 from numtok.experiments.loop import learning_rate_at
 from numtok.experiments.parallel import Executor, open_executor, progress_bar
 from numtok.experiments.parallel import Job as ExecutorJob
-from numtok.experiments.report import Design, analyse_and_write
+from numtok.experiments.report import analyse_and_write
 from numtok.experiments.report_format import hardware, json_safe
 from numtok.experiments.run_folder import arm_directory, prepare_run_dir
 from numtok.experiments.runner import Job, Models, Phases, phase_rows, remaining_work, run_phases

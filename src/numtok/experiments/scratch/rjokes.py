@@ -16,9 +16,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from numtok.experiments.design import Design
 from numtok.experiments.loop import Progress
 from numtok.experiments.parallel import Executor
-from numtok.experiments.report import Design
 from numtok.experiments.runner import Job, Phases
 from numtok.experiments.scratch.arm import (
     ScoredTrainingSet,
