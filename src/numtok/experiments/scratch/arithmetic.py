@@ -1,11 +1,11 @@
-"""The arithmetic comparison from scratch, as :func:`~numtok.experiments.scratch.engine.run_scratch`
-runs it: DeepMind's Mathematics questions generated for every seed and cached
-(:class:`ArithmeticRun`), then every (seed, arm) (:class:`ArithmeticTask`: the small transformer
-of :func:`~numtok.experiments.scratch.arm.build_transformer_arm` on character tokens, scored by
-greedy decoding), the step timing, and the report of every comparison (each seed draws its own
-questions: items nested in seeds, the paired-seed analysis). Rerunning the same settings into the
-same folder resumes: finished phases are read back, interrupted trainings continue from their
-checkpoints."""
+"""The arithmetic comparison from scratch, as
+:func:`~numtok.experiments.scratch.comparison.run_scratch` runs it: DeepMind's Mathematics questions
+generated for every seed and cached (:class:`ArithmeticRun`), then every (seed, arm)
+(:class:`ArithmeticTask`: the small transformer of
+:func:`~numtok.experiments.scratch.arm.build_transformer_arm` on character tokens, scored by greedy
+decoding), the step timing, and the report of every comparison (each seed draws its own questions:
+items nested in seeds, the paired-seed analysis). Rerunning the same settings into the same folder
+resumes: finished phases are read back, interrupted trainings continue from their checkpoints."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ from numtok.experiments.runner import Job as ArmJob
 from numtok.experiments.runner import Phases
 from numtok.experiments.scratch.arm import TransformerModels
 from numtok.experiments.scratch.batches import TrainingSet
+from numtok.experiments.scratch.comparison import RunDescription, run_scratch, step_costs
 from numtok.experiments.scratch.config import ExperimentConfig
-from numtok.experiments.scratch.engine import RunDescription, run_scratch, step_costs
 from numtok.experiments.scratch.model import Transformer
 from numtok.experiments.scratch.readouts import greedy_answers
 from numtok.experiments.scratch.tokenizer import CharTokenizer
@@ -216,7 +216,7 @@ def run_experiment(
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) the comparison described by ``config`` in ``run_dir``
-    (:func:`~numtok.experiments.scratch.engine.run_scratch`): writes ``results.json``,
+    (:func:`~numtok.experiments.scratch.comparison.run_scratch`): writes ``results.json``,
     ``report.md`` and ``report.png`` and returns the results. ``cache_dir``: where generated
     questions are kept (default :func:`~numtok.experiments.tasks.default_cache_dir`)."""
     load_mathematics_dataset()  # a missing dependency fails here, before any work

@@ -1,4 +1,4 @@
-"""The rJokes comparison from scratch, as :func:`~numtok.experiments.scratch.engine.run_scratch`
+"""The rJokes comparison from scratch, as :func:`~numtok.experiments.scratch.comparison.run_scratch`
 runs it (:class:`RJokesRun`): every (seed, arm) in worker processes (:class:`RJokesTask`: the small
 transformer of :func:`~numtok.experiments.scratch.arm.build_transformer_arm` on the word tokens of
 the training jokes, token arms on the score's digits and ``<eos>``, ``head`` on the standardised
@@ -25,8 +25,8 @@ from numtok.experiments.scratch.arm import (
     ScoreRegressor,
     TransformerModels,
 )
+from numtok.experiments.scratch.comparison import RunDescription, jobs_of, run_scratch, step_costs
 from numtok.experiments.scratch.config import RJokesConfig
-from numtok.experiments.scratch.engine import RunDescription, jobs_of, run_scratch, step_costs
 from numtok.experiments.scratch.model import Transformer
 from numtok.experiments.scratch.readouts import head_predictions, token_predictions
 from numtok.experiments.scratch.tokenizer import WordTokenizer
@@ -237,9 +237,9 @@ def run_rjokes(
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) the rJokes comparison described by ``config`` in ``run_dir``
-    (:func:`~numtok.experiments.scratch.engine.run_scratch`): writes ``results.json``, ``report.md``
-    and ``report.png`` and returns the results. ``data_dir``: the rJokes ``data/`` folder
-    (default: :func:`~numtok.experiments.tasks.rjokes.default_data_dir`)."""
+    (:func:`~numtok.experiments.scratch.comparison.run_scratch`): writes ``results.json``,
+    ``report.md`` and ``report.png`` and returns the results. ``data_dir``: the rJokes ``data/``
+    folder (default: :func:`~numtok.experiments.tasks.rjokes.default_data_dir`)."""
     directory = find_data_dir(data_dir)
     return run_scratch(
         RJokesRun(config, str(directory)), run_dir,
