@@ -23,7 +23,7 @@ from numtok.experiments.finetune.data import load_finetune_data
 from numtok.experiments.finetune.examples import encode, prompt_batch, training_batch
 from numtok.experiments.presets import PRESETS
 from numtok.experiments.report import reanalyse
-from numtok.experiments.run_folder import prepare_run_dir
+from numtok.experiments.runner.run_folder import prepare_run_dir
 from numtok.experiments.tasks.arithmetic import arithmetic_splits
 
 from _hf_tiny import build_tokenizer

@@ -21,7 +21,7 @@ from numtok import number_token_loss
 from numtok.cli import main
 from numtok.experiments.presets import PRESETS
 from numtok.experiments.report import reanalyse
-from numtok.experiments.runner import Job, score_test, train_and_validate
+from numtok.experiments.runner.phases import Job, score_test, train_and_validate
 from numtok.experiments.scratch.arm import ScoreRegressor, build_transformer_arm
 from numtok.experiments.scratch.config import RJokesConfig
 from numtok.experiments.scratch.readouts import CachedScorer, token_predictions

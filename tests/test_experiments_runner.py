@@ -14,10 +14,9 @@ import torch
 from torch import nn
 
 from numtok.experiments.config import RunConfig
-from numtok.experiments.loop import Progress, load_trainable_state, optimizer_step
-from numtok.experiments.parallel import open_executor
-from numtok.experiments.run_folder import WEIGHTS
-from numtok.experiments.runner import (
+from numtok.experiments.runner.loop import Progress, load_trainable_state, optimizer_step
+from numtok.experiments.runner.parallel import open_executor
+from numtok.experiments.runner.phases import (
     TEST,
     VALIDATION,
     Arm,
@@ -27,6 +26,7 @@ from numtok.experiments.runner import (
     remaining_work,
     run_phases,
 )
+from numtok.experiments.runner.run_folder import WEIGHTS
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,11 @@ import torch.nn.functional as F
 pytest.importorskip("mathematics_dataset", reason="needs the demo extra: pip install numtok[demo]")
 
 from numtok import number_token_loss
-from numtok.experiments.loop import learning_rate_at
 from numtok.experiments.objectives import GLS_SIGMA, NUMBER_LOSS_ARMS
 from numtok.experiments.presets import PRESETS
-from numtok.experiments.run_folder import arm_directory
-from numtok.experiments.runner import Job, train_and_validate
+from numtok.experiments.runner.loop import learning_rate_at
+from numtok.experiments.runner.phases import Job, train_and_validate
+from numtok.experiments.runner.run_folder import arm_directory
 from numtok.experiments.scratch.arithmetic import ArithmeticTask, run_experiment
 from numtok.experiments.scratch.arm import build_transformer_arm
 from numtok.experiments.scratch.batches import TrainingSet

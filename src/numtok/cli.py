@@ -678,7 +678,7 @@ def _run_from_scratch(
         if workers < 1:
             raise ValueError(f"--workers must be at least 1, got {workers}")
         run_dir = args.out or Path("runs") / f"{preset_name}-{config.fingerprint()}"
-        from numtok.experiments.run_folder import why_not_creatable
+        from numtok.experiments.runner.run_folder import why_not_creatable
 
         why = None if args.cache_dir is None else why_not_creatable(args.cache_dir)
         if why is not None:

@@ -15,7 +15,7 @@ from numtok.experiments.presets import (
     PRESETS,
     check_preset,
 )
-from numtok.experiments.run_folder import prepare_run_dir
+from numtok.experiments.runner.run_folder import prepare_run_dir
 from numtok.experiments.scratch.arithmetic import run_experiment
 from numtok.experiments.scratch.config import ExperimentConfig, RJokesConfig, TrainingConfig
 from numtok.experiments.scratch.rjokes import run_rjokes

@@ -231,7 +231,7 @@ def _checked_gguf(install: Installer, log: Log) -> Path:
 def _check_new_folder(directory: Path) -> None:
     """A ``ValueError`` naming ``directory`` when it exists and is not an empty folder, or
     cannot be made (before the slow rebuild, which writes it last)."""
-    from numtok.experiments.run_folder import why_not_creatable
+    from numtok.experiments.runner.run_folder import why_not_creatable
 
     if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
         raise ValueError(

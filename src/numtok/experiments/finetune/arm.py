@@ -1,6 +1,6 @@
 """One arm of a pretrained causal LM fine-tuned on one seed, as the runner of every comparison
-(:mod:`numtok.experiments.runner`) trains it: built (:func:`build_arm`) and rebuilt once trained
-(:func:`load_arm`).
+(:mod:`numtok.experiments.runner.phases`) trains it: built (:func:`build_arm`) and rebuilt once
+trained (:func:`load_arm`).
 
 Every arm of a seed starts from the same pretrained weights (with LoRA, the same adapters: their
 initialisation is drawn from the seed) and takes the same batches (a permutation of the training
@@ -11,7 +11,7 @@ is part of an answer, and :class:`numtok.experiments.objectives.Objective` (CE, 
 NTL-MSE, DEL, or Gaussian-label-smoothed CE) reads those logits. The ``head`` arm (rJokes) reads
 the hidden state of each prompt's last token into a linear layer and minimises the squared error to
 the standardised score. The training loop is every comparison's
-(:func:`numtok.experiments.runner.train`: AdamW, linear warm-up then cosine decay, gradient
+(:func:`numtok.experiments.runner.phases.train`: AdamW, linear warm-up then cosine decay, gradient
 clipping, logged loss averages, checkpoints an interrupted arm resumes from).
 """
 
@@ -28,10 +28,10 @@ from torch import nn
 from numtok.experiments.finetune.config import FinetuneConfig
 from numtok.experiments.finetune.examples import IGNORE_INDEX, Encoded, training_batch
 from numtok.experiments.finetune.prefix import decoder_states
-from numtok.experiments.loop import load_trainable_state, optimizer_step
 from numtok.experiments.objectives import Objective
-from numtok.experiments.run_folder import WEIGHTS
-from numtok.experiments.runner import Arm, Job
+from numtok.experiments.runner.loop import load_trainable_state, optimizer_step
+from numtok.experiments.runner.phases import Arm, Job
+from numtok.experiments.runner.run_folder import WEIGHTS
 from numtok.hf._head import causal_lm_of
 from numtok.numbers.vocab import NumberVocab
 

@@ -231,7 +231,7 @@ def _log_lines(quiet: bool) -> Callable[[str], None]:
 def _check_paths(args: argparse.Namespace) -> None:
     """The flags that name paths, checked before anything slow (importing the harness, loading
     or building the model): a ValueError naming the flag."""
-    from numtok.experiments.run_folder import why_not_creatable
+    from numtok.experiments.runner.run_folder import why_not_creatable
 
     if args.model is not None and args.model != "smollm2":
         model = Path(args.model)
@@ -312,7 +312,7 @@ def run_compare(
         run_finetune,
     )
     from numtok.experiments.finetune.preregistration import write_preregistration
-    from numtok.experiments.run_folder import prepare_run_dir
+    from numtok.experiments.runner.run_folder import prepare_run_dir
     from numtok.experiments.summary import summary_lines
 
     try:

@@ -1,5 +1,5 @@
 """A whole fine-tuning comparison (``numtok compare`` and the ``smollm2-*`` presets), run in this
-process by the runner of every comparison (:func:`numtok.experiments.runner.run_phases`):
+process by the runner of every comparison (:func:`numtok.experiments.runner.phases.run_phases`):
 
 1. **Validation.** Every (seed, arm, λ) is trained — every λ of the grid when λ is chosen — and
    scored on the validation split.
@@ -37,12 +37,12 @@ from numtok.experiments.finetune.models import model_digest, resolve_model
 from numtok.experiments.finetune.preregistration import check_preregistration, preregistration
 from numtok.experiments.finetune.rows import write_report
 from numtok.experiments.item_metrics import answer_values, item_metrics
-from numtok.experiments.loop import Progress
 from numtok.experiments.objectives import NUMBER_LOSS_ARMS
-from numtok.experiments.parallel import open_executor, progress_bar
-from numtok.experiments.run_folder import prepare_run_dir
-from numtok.experiments.runner import Arm, Job, Work, run_phases, train
-from numtok.experiments.runner import remaining_work as work_left
+from numtok.experiments.runner.loop import Progress
+from numtok.experiments.runner.parallel import open_executor, progress_bar
+from numtok.experiments.runner.phases import Arm, Job, Work, run_phases, train
+from numtok.experiments.runner.phases import remaining_work as work_left
+from numtok.experiments.runner.run_folder import prepare_run_dir
 from numtok.experiments.stats import constant_answers
 from numtok.numbers.vocab import NumberVocab
 

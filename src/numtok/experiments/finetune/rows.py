@@ -19,7 +19,7 @@ from numtok.experiments.item_metrics import answer_values
 from numtok.experiments.objectives import NUMBER_LOSS_ARMS
 from numtok.experiments.report import analyse_and_write
 from numtok.experiments.report_format import json_safe
-from numtok.experiments.runner import Job, Phases, phase_rows
+from numtok.experiments.runner.phases import Job, Phases, phase_rows
 
 __all__ = ["design_of", "upgrade_rows", "write_report"]
 

@@ -18,10 +18,10 @@ import torch
 from torch import nn
 
 from numtok.experiments.design import Design
-from numtok.experiments.loop import Progress
-from numtok.experiments.parallel import Executor, Job, progress_bar, report_progress
-from numtok.experiments.runner import Job as ArmJob
-from numtok.experiments.runner import Phases
+from numtok.experiments.runner.loop import Progress
+from numtok.experiments.runner.parallel import Executor, Job, progress_bar, report_progress
+from numtok.experiments.runner.phases import Job as ArmJob
+from numtok.experiments.runner.phases import Phases
 from numtok.experiments.scratch.arm import TransformerModels
 from numtok.experiments.scratch.batches import TrainingSet
 from numtok.experiments.scratch.comparison import RunDescription, run_scratch, step_costs
@@ -51,8 +51,8 @@ __all__ = ["ArithmeticRun", "ArithmeticTask", "run_experiment"]
 
 class ArithmeticTask(TransformerModels):
     """One seed of the arithmetic comparison as the runner's
-    :class:`~numtok.experiments.runner.Models`: the character tokenizer, the packed batches of
-    ``data.train`` (batch ``s`` of a seed a function of (seed, s)), and greedy answers to the
+    :class:`~numtok.experiments.runner.phases.Models`: the character tokenizer, the packed batches
+    of ``data.train`` (batch ``s`` of a seed a function of (seed, s)), and greedy answers to the
     questions of a split."""
 
     config: ExperimentConfig

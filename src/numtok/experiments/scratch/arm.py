@@ -6,7 +6,7 @@ Everything that varies from step to step is a function of (seed, step): the init
 from ``torch.manual_seed(seed)``, the batch of step ``s`` from
 :class:`~numtok.experiments.scratch.batches.TrainingSet`, and the learning rate from the step
 number. There is no dropout. So every arm of a seed starts from the same trunk weights and sees
-the same batches, and :func:`~numtok.experiments.loop.train_with_checkpoints` resumes an
+the same batches, and :func:`~numtok.experiments.runner.loop.train_with_checkpoints` resumes an
 interrupted arm exactly. The arms differ in the loss:
 
 * token arms (``ce``, ``was``, ``mse``, ``gls``, ...): the
@@ -29,10 +29,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from numtok.experiments.loop import load_trainable_state, optimizer_step
 from numtok.experiments.objectives import Objective
-from numtok.experiments.run_folder import WEIGHTS
-from numtok.experiments.runner import Arm, Job
+from numtok.experiments.runner.loop import load_trainable_state, optimizer_step
+from numtok.experiments.runner.phases import Arm, Job
+from numtok.experiments.runner.run_folder import WEIGHTS
 from numtok.experiments.scratch.batches import PackedBatch, TrainingSet
 from numtok.experiments.scratch.config import TrainingConfig
 from numtok.experiments.scratch.model import Transformer
@@ -158,7 +158,7 @@ def build_transformer_arm(
 
 class TransformerModels:
     """The small transformer's arms of one seed, as the runner of every comparison builds and
-    rebuilds them (:class:`~numtok.experiments.runner.Models`); a task sets ``config``,
+    rebuilds them (:class:`~numtok.experiments.runner.phases.Models`); a task sets ``config``,
     ``tokenizer`` and ``training`` and adds how an arm is scored on a split."""
 
     config: TrainingConfig

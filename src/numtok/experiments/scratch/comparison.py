@@ -1,10 +1,10 @@
 """A comparison trained from scratch, whatever its task, on the runner of every comparison
-(:func:`numtok.experiments.runner.run_phases`): :func:`run_scratch` runs every (seed, arm) in
+(:func:`numtok.experiments.runner.phases.run_phases`): :func:`run_scratch` runs every (seed, arm) in
 worker processes, trained and scored on validation, then on the test splits (one λ per arm:
 nothing to choose), with the arms' step timing beside them, and writes the report.
 
-A task supplies, for one seed, its :class:`~numtok.experiments.runner.Models` (the arm built for
-the seed, rebuilt once trained, scored on a split); for the whole run (:class:`ScratchRun`), its
+A task supplies, for one seed, its :class:`~numtok.experiments.runner.phases.Models` (the arm built
+for the seed, rebuilt once trained, scored on a split); for the whole run (:class:`ScratchRun`), its
 data, its jobs and what the report says of it (:class:`RunDescription`: the design, the data, the
 true answers), from which :func:`write_scratch_report` writes the stored answers' rows with the one
 report writer of every comparison (:mod:`numtok.experiments.report`). The arithmetic task is
@@ -29,13 +29,20 @@ import torch
 
 import numtok
 from numtok.experiments.design import Design
-from numtok.experiments.loop import learning_rate_at
-from numtok.experiments.parallel import Executor, open_executor, progress_bar
-from numtok.experiments.parallel import Job as ExecutorJob
 from numtok.experiments.report import analyse_and_write
 from numtok.experiments.report_format import hardware, json_safe
-from numtok.experiments.run_folder import arm_directory, prepare_run_dir
-from numtok.experiments.runner import Job, Models, Phases, phase_rows, remaining_work, run_phases
+from numtok.experiments.runner.loop import learning_rate_at
+from numtok.experiments.runner.parallel import Executor, open_executor, progress_bar
+from numtok.experiments.runner.parallel import Job as ExecutorJob
+from numtok.experiments.runner.phases import (
+    Job,
+    Models,
+    Phases,
+    phase_rows,
+    remaining_work,
+    run_phases,
+)
+from numtok.experiments.runner.run_folder import arm_directory, prepare_run_dir
 from numtok.experiments.scratch.config import TrainingConfig
 from numtok.experiments.scratch.model import Transformer
 from numtok.experiments.scratch.timing import interleaved_step_times
@@ -116,7 +123,7 @@ def jobs_of(config: TrainingConfig, arms: tuple[str, ...] | None = None) -> list
 
 class ScratchRun(Protocol):
     """A whole comparison trained from scratch, as :func:`run_scratch` runs it. It is sent to
-    the worker processes, which build each seed's :class:`~numtok.experiments.runner.Models`
+    the worker processes, which build each seed's :class:`~numtok.experiments.runner.phases.Models`
     from it: it holds settings and paths, not data."""
 
     @property
@@ -272,7 +279,7 @@ def write_scratch_report(
 ) -> dict[str, Any]:
     """The rows of a run trained from scratch — every seed's answer to every item of every
     split of ``description.references``, as the runner's ``phases`` stored them
-    (:func:`~numtok.experiments.runner.phase_rows`) — written with their analysis by
+    (:func:`~numtok.experiments.runner.phases.phase_rows`) — written with their analysis by
     :func:`~numtok.experiments.report.analyse_and_write`; ``header``: the run's
     (:func:`run_header`)."""
     design = description.design

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from numtok.experiments.loop import Progress
+from numtok.experiments.runner.loop import Progress
 from numtok.experiments.scratch.arm import ScoreRegressor
 from numtok.experiments.scratch.model import KeyValueCache, Transformer
 from numtok.experiments.scratch.tokenizer import PromptAnswerTokenizer

@@ -17,9 +17,9 @@ import torch
 from torch import nn
 
 from numtok.experiments.design import Design
-from numtok.experiments.loop import Progress
-from numtok.experiments.parallel import Executor
-from numtok.experiments.runner import Job, Phases
+from numtok.experiments.runner.loop import Progress
+from numtok.experiments.runner.parallel import Executor
+from numtok.experiments.runner.phases import Job, Phases
 from numtok.experiments.scratch.arm import (
     ScoredTrainingSet,
     ScoreRegressor,
@@ -92,9 +92,9 @@ def scored_jokes(config: RJokesConfig, data: RJokesData) -> dict[str, list[Joke]
 
 
 class RJokesTask(TransformerModels):
-    """The rJokes comparison as the runner's :class:`~numtok.experiments.runner.Models`: the word
-    vocabulary and scored training jokes of ``data`` (built once per process), and the jokes of
-    :func:`scored_jokes`, read out greedily and by the distribution's mean and median (token
+    """The rJokes comparison as the runner's :class:`~numtok.experiments.runner.phases.Models`: the
+    word vocabulary and scored training jokes of ``data`` (built once per process), and the jokes
+    of :func:`scored_jokes`, read out greedily and by the distribution's mean and median (token
     arms) or by the head."""
 
     config: RJokesConfig

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from numtok.experiments.loop import Step
+from numtok.experiments.runner.loop import Step
 
 __all__ = ["interleaved_step_times"]
 

@@ -2,7 +2,7 @@
 
 ``config.json`` holds the settings (a folder refuses a run with other settings);
 ``seed<N>/<arm>/`` holds one arm's ``checkpoint.pt`` while it trains, then ``model.pt`` and what
-each phase of the runner stored (:mod:`numtok.experiments.runner`: ``validation.json``,
+each phase of the runner stored (:mod:`numtok.experiments.runner.phases`: ``validation.json``,
 ``test.json``). Every file is written atomically, so a killed process leaves the old file or the
 new one, never half of one.
 """

@@ -2,9 +2,9 @@
 (a :class:`Job` is one seed's arm at one λ):
 
 1. **Validation.** Every job is trained with the loop every comparison shares
-   (:func:`~numtok.experiments.loop.train_with_checkpoints`: checkpoints, resume, logged losses,
-   step times) and scored on the validation split; ``validation.json`` stores the answers and
-   marks the job done. The trained weights stay in ``model.pt``.
+   (:func:`~numtok.experiments.runner.loop.train_with_checkpoints`: checkpoints, resume, logged
+   losses, step times) and scored on the validation split; ``validation.json`` stores the answers
+   and marks the job done. The trained weights stay in ``model.pt``.
 2. **Choice.** Each arm's λ is chosen from the validation answers alone (the caller's rule; one λ
    per arm: nothing to choose). The weights of the λ not chosen are deleted.
 3. **Test.** Each seed's arm at its chosen λ is rebuilt from its ``model.pt`` and scored once on
@@ -13,8 +13,8 @@
 What differs between comparisons is their :class:`Models`: how a job's arm is built (the model
 initialised from the seed, its optimiser, its training step), rebuilt once trained, and scored on
 a split. Jobs run in this process or in worker processes
-(:class:`~numtok.experiments.parallel.Executor`): a :class:`ModelSource` is sent to them and gives
-each seed's :class:`Models` there. Rerunning the same settings into the same folder resumes: a
+(:class:`~numtok.experiments.runner.parallel.Executor`): a :class:`ModelSource` is sent to them and
+gives each seed's :class:`Models` there. Rerunning the same settings into the same folder resumes: a
 finished phase's stored results are read back, an interrupted training continues from its last
 checkpoint, an interrupted scoring starts again.
 """
@@ -32,16 +32,16 @@ import torch
 from torch import nn
 
 from numtok.experiments.config import RunConfig
-from numtok.experiments.loop import (
+from numtok.experiments.runner.loop import (
     Progress,
     Step,
     TrainingLog,
     median_step_seconds,
     train_with_checkpoints,
 )
-from numtok.experiments.parallel import Executor, report_progress
-from numtok.experiments.parallel import Job as ExecutorJob
-from numtok.experiments.run_folder import CHECKPOINT, WEIGHTS, save_atomically
+from numtok.experiments.runner.parallel import Executor, report_progress
+from numtok.experiments.runner.parallel import Job as ExecutorJob
+from numtok.experiments.runner.run_folder import CHECKPOINT, WEIGHTS, save_atomically
 
 __all__ = [
     "TEST",

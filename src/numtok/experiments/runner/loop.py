@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from numtok.experiments.config import RunConfig
-from numtok.experiments.run_folder import CHECKPOINT, WEIGHTS, save_atomically
+from numtok.experiments.runner.run_folder import CHECKPOINT, WEIGHTS, save_atomically
 
 __all__ = [
     "Schedule",
