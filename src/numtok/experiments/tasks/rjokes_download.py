@@ -9,7 +9,6 @@ Service); they are downloaded to the user's cache, never into the project.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import urllib.error
@@ -17,6 +16,7 @@ import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 
+from numtok.experiments.provenance import file_sha256
 from numtok.experiments.tasks import default_cache_dir
 
 __all__ = ["CHECKSUMS", "SOURCE_URL", "DownloadError", "fetch_rjokes", "rjokes_cache_dir"]
@@ -43,14 +43,6 @@ class DownloadError(RuntimeError):
 def rjokes_cache_dir() -> Path:
     """``<cache>/rjokes``: where downloaded rJokes files are kept."""
     return default_cache_dir() / "rjokes"
-
-
-def _sha256(path: Path) -> str:
-    hasher = hashlib.sha256()
-    with path.open("rb") as file:
-        for chunk in iter(lambda: file.read(_CHUNK_BYTES), b""):
-            hasher.update(chunk)
-    return hasher.hexdigest()
 
 
 def _fetch(url: str, partial: Path, show_progress: bool) -> None:
@@ -91,7 +83,7 @@ def fetch_rjokes(
     target.mkdir(parents=True, exist_ok=True)
     for name, expected in checksums.items():
         path = target / name
-        if path.is_file() and _sha256(path) == expected:
+        if path.is_file() and file_sha256(path) == expected:
             continue
         url = source_url + name
         partial = path.with_name(name + ".partial")
@@ -101,7 +93,7 @@ def fetch_rjokes(
             partial.unlink(missing_ok=True)
             reason = getattr(error, "reason", error)
             raise DownloadError(f"could not download {url}: {reason}") from error
-        actual = _sha256(partial)
+        actual = file_sha256(partial)
         if actual != expected:
             partial.unlink()
             raise DownloadError(
