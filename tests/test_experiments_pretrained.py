@@ -205,6 +205,9 @@ def _fake_install(gguf_file: Path, calls: list[Path]) -> Any:
 
 
 def _run(capsys: pytest.CaptureFixture[str], *arguments: str) -> tuple[int, str, str]:
+    """``numtok model *arguments``: its exit status and what it printed (what the test printed
+    before, such as a library's first-import notice, is not the command's)."""
+    capsys.readouterr()
     try:
         status = main(["model", *arguments])
     except SystemExit as exit_:
