@@ -257,8 +257,8 @@ def run_phases(
     ``executor``, its progress on ``bar``: validation (``beside``'s jobs run with it), the
     choice (``choose(validation) -> {"chosen": {arm: λ}, ...}``), and the test splits (none:
     stop after the choice, the test splits unseen, kept weights and all)."""
-    validation = {job: _read(directories[job] / VALIDATION) for job in jobs}
-    missing = [job for job, stored in validation.items() if stored is None]
+    stored = {job: _read(directories[job] / VALIDATION) for job in jobs}
+    missing = [job for job, found in stored.items() if found is None]
 
     def validated(index: int, stored: Any) -> None:
         if index < len(missing):
@@ -270,9 +270,9 @@ def run_phases(
         bar,
         validated,
     )
-    validation |= dict(zip(missing, outputs, strict=False))
-    done = {job: stored for job, stored in validation.items() if stored is not None}
-    choice = choose(done)
+    ran = dict(zip(missing, outputs, strict=False))
+    validation = {job: found if found is not None else ran[job] for job, found in stored.items()}
+    choice = choose(validation)
     test: dict[tuple[int, str], dict[str, Any]] = {}
     if test_splits:
         chosen = [job for job in jobs if job.weight == choice["chosen"][job.arm]]
@@ -280,7 +280,7 @@ def run_phases(
             if job not in chosen:
                 (directories[job] / WEIGHTS).unlink(missing_ok=True)
         stored_tests = {job: _read(directories[job] / TEST) for job in chosen}
-        untested = [job for job, stored in stored_tests.items() if stored is None]
+        untested = [job for job, found in stored_tests.items() if found is None]
 
         def tested(index: int, stored: Any) -> None:
             log(f"seed {untested[index].seed} {untested[index].arm}: test splits scored")
@@ -291,11 +291,12 @@ def run_phases(
             bar,
             tested,
         )  # fmt: skip
-        stored_tests |= dict(zip(untested, scored, strict=True))
+        tested_now = dict(zip(untested, scored, strict=True))
         for job in chosen:
             (directories[job] / WEIGHTS).unlink(missing_ok=True)
-            test[(job.seed, job.arm)] = stored_tests[job]  # type: ignore[assignment]
-    return Phases(done, choice, test, outputs[len(missing) :])
+            found = stored_tests[job]
+            test[(job.seed, job.arm)] = found if found is not None else tested_now[job]
+    return Phases(validation, choice, test, outputs[len(missing) :])
 
 
 def phase_rows(phases: Phases, seeds: Sequence[int], splits: Sequence[str]) -> dict[str, Any]:
