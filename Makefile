@@ -9,26 +9,32 @@ VENV := .venv
 PY := $(VENV)/bin/python
 TORCH := torch==2.13.0
 STAMP := $(VENV)/.installed
-# `make demo` needs only the demo extra: a fresh clone runs it without installing the test tools.
+# `make demo` needs only the harness (compare/, the package numtok-compare) with its demo extra: a
+# fresh clone runs it without installing the test tools.
 DEMO_STAMP := $(VENV)/.demo-installed
 DOCS_STAMP := $(VENV)/.docs-installed
 
 .PHONY: test test-slow test-versions test-versions-floor test-versions-newest lint docs demo bench wheel gpu-wheels clean
 
+# $(1): numtok's extras, $(2): the packages beside it (the harness with its extras). Both editable
+# and in one pip call, so that the harness's dependency on numtok is this checkout's numtok.
 # DS_BUILD_OPS=0: the dev extra's DeepSpeed installs as pure Python, no op compiled.
 define install
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(TORCH)
-	DS_BUILD_OPS=0 $(PY) -m pip install --quiet -e '.[$(1)]'
+	DS_BUILD_OPS=0 $(PY) -m pip install --quiet -e '.[$(1)]' $(2)
 endef
 
-$(STAMP): pyproject.toml Makefile
-	$(call install,dev)
+# The harness with every extra (a variable: a comma inside $(call ...) would split its arguments).
+HARNESS_ALL := -e './compare[demo,pretrained,tabular]'
+
+$(STAMP): pyproject.toml compare/pyproject.toml Makefile
+	$(call install,dev,$(HARNESS_ALL))
 	touch $(STAMP) $(DEMO_STAMP)
 
-$(DEMO_STAMP): pyproject.toml Makefile
-	$(call install,demo)
+$(DEMO_STAMP): pyproject.toml compare/pyproject.toml Makefile
+	$(call install,hf,-e './compare[demo]')
 	touch $(DEMO_STAMP)
 
 $(DOCS_STAMP): pyproject.toml Makefile

@@ -47,7 +47,7 @@ def test_demo_and_compare_name_an_out_that_cannot_be_made(
 def test_demo_names_a_cache_dir_that_cannot_be_made(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import numtok.experiments.commands as harness
+    import numtok_compare.commands as harness
 
     def too_late(*_: Any, **__: Any) -> Any:
         pytest.fail("the run started before --cache-dir was checked")
@@ -66,7 +66,7 @@ def test_demo_names_a_cache_dir_that_cannot_be_made(
 def test_model_names_a_folder_that_cannot_be_made_before_any_work(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import numtok.experiments.pretrained as pretrained
+    import numtok_compare.pretrained as pretrained
 
     def too_late(*_: Any, **__: Any) -> Any:
         pytest.fail("the model was installed or rebuilt before its folder was checked")

@@ -19,21 +19,21 @@ import numpy as np
 import pytest
 
 import numtok
-from numtok.experiments.analysis import comparisons, learnability_gate, metric_table
-from numtok.experiments.finetune.preregistration import (
+from numtok.readout.distribution import FAST_TOLERANCE
+from numtok_compare.analysis import comparisons, learnability_gate, metric_table
+from numtok_compare.finetune.preregistration import (
     check_preregistration,
     write_preregistration,
 )
-from numtok.experiments.item_metrics import (
+from numtok_compare.item_metrics import (
     HIGHER_IS_BETTER,
     MEAN_METRICS,
     item_metric,
     item_scores,
 )
-from numtok.experiments.provenance import git_provenance
-from numtok.experiments.report import _difference_cells, _gate_lines
-from numtok.experiments.tasks.jsonl import DataError, read_records, read_user_data
-from numtok.readout.distribution import FAST_TOLERANCE
+from numtok_compare.provenance import git_provenance
+from numtok_compare.report import _difference_cells, _gate_lines
+from numtok_compare.tasks.jsonl import DataError, read_records, read_user_data
 
 from conftest import without_root_override
 
@@ -197,7 +197,7 @@ def test_compare_runs_reports_and_resumes_from_the_command_line(
     median = results["unparsed_answer"]
     assert f"scores an unparsed answer as the training median ({median:.4g})" in report
     assert report.count("parsed, arm / baseline") == 1 + len(results["answers"])  # every table
-    import numtok.experiments.finetune.comparison as runner
+    import numtok_compare.finetune.comparison as runner
 
     monkeypatch.setattr(runner, "build_arm", lambda *a, **k: pytest.fail("trained again"))
     assert main(arguments) == 0
@@ -228,7 +228,7 @@ def test_compare_chooses_lambda_on_validation(
     assert not list(out.rglob("test.json")) and len(list(out.rglob("model.pt"))) == 6
     assert "**Not measured: the test splits were not scored**" in (out / "report.md").read_text()
     assert list(_strict_json(out / "results.json")["answers"]) == ["validation"]
-    import numtok.experiments.finetune.comparison as runner
+    import numtok_compare.finetune.comparison as runner
 
     train = runner.build_arm
     retrained: list[Any] = []
@@ -301,8 +301,8 @@ def test_compare_refuses_bad_paths_in_one_line_before_loading_the_model(
 ) -> None:  # fmt: skip
     """Each path flag's error is one line naming the flag, and it comes before the model is
     loaded or built (which took 6-21 s, 85 s where SmolLM2 was built first)."""
-    import numtok.experiments.finetune.comparison as runner
-    import numtok.experiments.pretrained as pretrained
+    import numtok_compare.finetune.comparison as runner
+    import numtok_compare.pretrained as pretrained
     from numtok.cli import main
 
     def too_late(*_: Any, **__: Any) -> Any:
@@ -445,9 +445,9 @@ def test_the_gate_stays_at_its_level_over_many_null_candidates(runs: int) -> Non
 
 
 def test_one_seed_gives_no_interval_and_says_so() -> None:
-    from numtok.experiments.finetune.config import FinetuneConfig
-    from numtok.experiments.finetune.rows import design_of
-    from numtok.experiments.summary import summary_lines
+    from numtok_compare.finetune.config import FinetuneConfig
+    from numtok_compare.finetune.rows import design_of
+    from numtok_compare.summary import summary_lines
 
     answers, references, constants = _run(seeds=1)
     gate = learnability_gate(answers["validation"], constants, references["validation"], 1, "mae",
@@ -623,8 +623,8 @@ def test_a_margin_or_target_effect_that_is_not_positive_is_named_by_its_flag(
 def test_lambda_is_chosen_with_unparsed_answers_scored_as_the_report_scores_them() -> None:
     """An arm that answers less cannot win λ's choice: its unparsed answers count as the training
     median in the validation metric, as in the report."""
-    from numtok.experiments.finetune.comparison import _metric_of
-    from numtok.experiments.item_metrics import answer_values
+    from numtok_compare.finetune.comparison import _metric_of
+    from numtok_compare.item_metrics import answer_values
 
     references = answer_values([3.0, 5.0])
     silent = {"answers": {"greedy": [None, 5.0]}}
@@ -658,8 +658,8 @@ def test_reanalyse_rebuilds_the_committed_pre_registered_run_with_this_analysis(
     assert "bootstrap_replicates" not in results  # the old analysis is not carried over
     assert results["answers"] == json.loads(rows.read_text())["answers"]
     # Run again into that folder with a target effect, the command warns before training.
-    from numtok.experiments.finetune.command import preflight_warnings
-    from numtok.experiments.finetune.config import FinetuneConfig
+    from numtok_compare.finetune.command import preflight_warnings
+    from numtok_compare.finetune.config import FinetuneConfig
 
     seeds = FinetuneConfig(seeds=tuple(results["design"]["seeds"]))
     (warning,) = preflight_warnings(seeds, tmp_path / "again", 0.02)
@@ -669,8 +669,8 @@ def test_reanalyse_rebuilds_the_committed_pre_registered_run_with_this_analysis(
 
 
 def test_one_or_two_seeds_are_warned_of_before_training(tmp_path: Path) -> None:
-    from numtok.experiments.finetune.command import preflight_warnings
-    from numtok.experiments.finetune.config import FinetuneConfig
+    from numtok_compare.finetune.command import preflight_warnings
+    from numtok_compare.finetune.config import FinetuneConfig
 
     (warning,) = preflight_warnings(FinetuneConfig(seeds=(3,)), tmp_path, None)
     assert warning.startswith("one seed (3): the seed × item analysis needs at least two seeds")
@@ -712,10 +712,10 @@ def test_a_margin_tests_equivalence_under_the_same_gate(tmp_path: Path) -> None:
     """--margin: two one-sided tests within ±m of the run's tested metric, for every comparison
     of that metric; "equivalent" where the 90 % interval lies inside, "different" where outside,
     withheld by the gate like the difference; the report shows them in the primary table."""
-    from numtok.experiments.crossed import equivalence
-    from numtok.experiments.design import Design
-    from numtok.experiments.finetune.config import FinetuneConfig
-    from numtok.experiments.report import analyse_and_write
+    from numtok_compare.crossed import equivalence
+    from numtok_compare.design import Design
+    from numtok_compare.finetune.config import FinetuneConfig
+    from numtok_compare.report import analyse_and_write
 
     answers, references, constants = _run()
     answers["test"]["near"] = {"greedy": answers["test"]["ce"]["greedy"] + 0.01}
@@ -770,7 +770,7 @@ def test_the_committed_rjokes_reports_are_their_rows_reanalysed(tmp_path: Path, 
     rjokes-losses preset) and docs/number-losses-arithmetic-report.md (add_or_sub-losses) are
     what --reanalyse writes from their rows (paths replaced by DATA and runs/...), byte for
     byte."""
-    from numtok.experiments.report import reanalyse
+    from numtok_compare.report import reanalyse
 
     reanalyse(DOCS / f"{name}-rows.json", tmp_path)
     assert (tmp_path / "report.md").read_text() == (DOCS / f"{name}-report.md").read_text()
@@ -781,7 +781,7 @@ def test_the_committed_diamonds_test_is_its_rows_reanalysed(tmp_path: Path) -> N
     docs/smollm2-diamonds-test-rows.json below the report's title, byte for byte: the
     registration found and matched; its two endpoints, (b) NTL-WAS − CE not shown and (a)
     NTL-WAS − head undecided at ±50, both in the primary section."""
-    from numtok.experiments.report import reanalyse
+    from numtok_compare.report import reanalyse
 
     reanalyse(DOCS / "smollm2-diamonds-test-rows.json", tmp_path)
     title, body = (tmp_path / "report.md").read_text().split("\n", 1)
@@ -801,7 +801,7 @@ def test_a_target_effect_plans_the_seeds_and_items_that_reach_it(
     design and the fewest seeds (at this many items) and items (at this many seeds) that reach
     the target; checked against the crossed analysis of the same per-item scores."""
     from numtok.cli import main
-    from numtok.experiments.crossed import crossed_difference
+    from numtok_compare.crossed import crossed_difference
 
     rows = DOCS / "compare-arithmetic-fresh-rows.json"
     flags = ["--out", str(tmp_path / "plan"), "--target-effect", "0.02"]

@@ -1,4 +1,4 @@
-"""The crossed seed × item analysis (numtok.experiments.crossed): hand-computed values, properties,
+"""The crossed seed × item analysis (numtok_compare.crossed): hand-computed values, properties,
 bad input, and a simulation study of its coverage (fast cells here, the full grid marked slow).
 
 Monte Carlo tolerance: a cell of R replications has coverage standard error
@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from numtok.experiments.bootstrap import draw_resamples, seed_item_difference
-from numtok.experiments.crossed import (
+from numtok_compare.bootstrap import draw_resamples, seed_item_difference
+from numtok_compare.crossed import (
     MeanSquares,
     VarianceComponents,
     crossed_difference,
@@ -29,7 +29,7 @@ from numtok.experiments.crossed import (
     t_cdf,
     t_quantile,
 )
-from numtok.experiments.crossed_coverage import (
+from numtok_compare.crossed_coverage import (
     BOOTSTRAP_REPLICATES,
     Cell,
     bootstrap_intervals,
@@ -133,7 +133,7 @@ def test_the_variance_estimate_is_unbiased() -> None:
 
 
 def _simulated(cell: Cell, replications: int, rng: np.random.Generator) -> np.ndarray:
-    from numtok.experiments.crossed_coverage import simulate
+    from numtok_compare.crossed_coverage import simulate
 
     return simulate(cell, replications, rng)
 
@@ -320,7 +320,7 @@ def test_the_interval_covers_in_the_riskiest_small_cells(cell: Cell) -> None:
 
 @pytest.mark.slow
 def test_the_committed_coverage_table_is_reproduced_and_calibrated() -> None:
-    """The full grid, as ``python -m numtok.experiments.crossed_coverage`` writes it (several
+    """The full grid, as ``python -m numtok_compare.crossed_coverage`` writes it (several
     minutes): every cell calibrated, the rows equal to docs/crossed-coverage-rows.json."""
     committed = {
         (r["seeds"], r["items"], r["seed_share"], r["interaction_share"]): r

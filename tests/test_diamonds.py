@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from numtok.experiments.finetune.data import load_finetune_data
-from numtok.experiments.tasks.diamonds import diamond_splits
+from numtok_compare.finetune.data import load_finetune_data
+from numtok_compare.tasks.diamonds import diamond_splits
 
 from _hf_tiny import build_tokenizer
 
@@ -47,7 +47,7 @@ def test_bad_requests_say_what_is_wrong() -> None:
 
 
 def test_the_fine_tuning_data_encodes_the_prices(tiny_llama_dir: Path) -> None:
-    from numtok.experiments.finetune.config import FinetuneConfig
+    from numtok_compare.finetune.config import FinetuneConfig
 
     config = FinetuneConfig(
         task="diamonds-hundreds", model=str(tiny_llama_dir), train_examples=SIZES["train"],

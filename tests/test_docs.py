@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numtok
 import numtok.hf
+import numtok.readout
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -45,6 +46,8 @@ def test_every_public_name_has_a_reference_entry() -> None:
 def test_reference_entries_are_public_names() -> None:
     public = {id(getattr(numtok, n)) for n in numtok.__all__}
     public |= {id(getattr(numtok.hf, n)) for n in numtok.hf.__all__}
+    public |= {id(getattr(numtok.readout, n)) for n in numtok.readout.__all__}
+    public.add(id(numtok.readout))  # the namespace's own page: its docstring lists its names
     private = [path for path, obj in _reference_objects().items() if id(obj) not in public]
     assert not private, f"docs/reference.md documents names outside __all__: {private}"
 

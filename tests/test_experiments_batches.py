@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from numtok.experiments.scratch.batches import TrainingSet, pack
-from numtok.experiments.scratch.model import ModelConfig, Transformer
-from numtok.experiments.scratch.tokenizer import CharTokenizer
+from numtok_compare.scratch.batches import TrainingSet, pack
+from numtok_compare.scratch.model import ModelConfig, Transformer
+from numtok_compare.scratch.tokenizer import CharTokenizer
 
 QUESTIONS = [
     ("What is -150 take away -13?", "-137"),

@@ -1,4 +1,4 @@
-"""The rule that chooses λ on validation (numtok.experiments.finetune.choose): the best mean over
+"""The rule that chooses λ on validation (numtok_compare.finetune.choose): the best mean over
 seeds, by the metric's direction, ties to the smaller λ, and a λ undefined on a seed ranked
 last."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from numtok.experiments.finetune.choose import arm_weights_flag, choose_weights
+from numtok_compare.finetune.choose import arm_weights_flag, choose_weights
 
 SWEEP = {
     "was": {0.3: [0.30, 0.20, 0.25], 1.0: [0.10, 0.30, 0.20], 3.0: [0.5, 0.5, 0.5]},

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("mathematics_dataset", reason="needs the demo extra: pip install numtok[demo]")
+pytest.importorskip("mathematics_dataset", reason="needs the harness: pip install ./compare[demo]")
 
-from numtok.experiments.scratch.config import ExperimentConfig
-from numtok.experiments.tasks.mathematics import (
+from numtok_compare.scratch.config import ExperimentConfig
+from numtok_compare.tasks.mathematics import (
     TASKS,
     _draw,
     cache_path,
@@ -22,7 +22,7 @@ from numtok.experiments.tasks.mathematics import (
     generate,
     load_data,
 )
-from numtok.experiments.tasks.mathematics_compat import load_mathematics_dataset
+from numtok_compare.tasks.mathematics_compat import load_mathematics_dataset
 
 Problem = collections.namedtuple("Problem", ["question", "answer"])
 

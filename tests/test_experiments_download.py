@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from numtok.cli import main
-from numtok.experiments import commands
-from numtok.experiments.tasks import rjokes_download as download
-from numtok.experiments.tasks.rjokes_download import DownloadError, fetch_rjokes
+from numtok_compare import commands
+from numtok_compare.tasks import rjokes_download as download
+from numtok_compare.tasks.rjokes_download import DownloadError, fetch_rjokes
 
 from test_experiments_rjokes import write_jokes
 

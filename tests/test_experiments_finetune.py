@@ -1,4 +1,4 @@
-"""The fine-tuning presets' harness (numtok.experiments.finetune) on a tiny random Llama saved as
+"""The fine-tuning presets' harness (numtok_compare.finetune) on a tiny random Llama saved as
 a model folder (no download): the arithmetic splits, the examples and their batches, the answer
 positions the loss reads, a whole run of each task (every arm, the report, the regression head),
 resuming, and the command line."""
@@ -16,15 +16,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from numtok.experiments.finetune.arm import answer_logits, load_model, prompt_states
-from numtok.experiments.finetune.comparison import run_finetune
-from numtok.experiments.finetune.config import FinetuneConfig
-from numtok.experiments.finetune.data import load_finetune_data
-from numtok.experiments.finetune.examples import encode, prompt_batch, training_batch
-from numtok.experiments.presets import PRESETS
-from numtok.experiments.report import reanalyse
-from numtok.experiments.runner.run_folder import prepare_run_dir
-from numtok.experiments.tasks.arithmetic import arithmetic_splits
+from numtok_compare.finetune.arm import answer_logits, load_model, prompt_states
+from numtok_compare.finetune.comparison import run_finetune
+from numtok_compare.finetune.config import FinetuneConfig
+from numtok_compare.finetune.data import load_finetune_data
+from numtok_compare.finetune.examples import encode, prompt_batch, training_batch
+from numtok_compare.presets import PRESETS
+from numtok_compare.report import reanalyse
+from numtok_compare.runner.run_folder import prepare_run_dir
+from numtok_compare.tasks.arithmetic import arithmetic_splits
 
 from _hf_tiny import build_tokenizer
 
@@ -177,7 +177,7 @@ def test_a_whole_arithmetic_run_reports_and_resumes(
         run_dir / "results.json"
     ).read_text()
 
-    import numtok.experiments.finetune.comparison as runner
+    import numtok_compare.finetune.comparison as runner
 
     def refuse(*_: Any, **__: Any) -> None:
         raise AssertionError("a finished arm was trained or scored again")
@@ -199,7 +199,7 @@ def test_an_interrupted_run_resumes_where_it_stopped(
     the result equals an uninterrupted run's."""
     config = small(tiny_llama_dir, arms=("ce", "was"), seeds=(0,), test_splits=("test",))
     straight = run_finetune(config, tmp_path / "straight", log=lambda _: None)
-    import numtok.experiments.finetune.comparison as runner
+    import numtok_compare.finetune.comparison as runner
 
     calls: list[str] = []
     original = runner.score_split
@@ -237,7 +237,7 @@ def test_an_arm_killed_while_training_continues_from_its_checkpoint(
         **({"max_value": 99, "readout": "expected"} if arm == "head" else {}),
     )  # fmt: skip
     straight = run_finetune(config, tmp_path / "straight", log=lambda _: None)
-    import numtok.experiments.finetune.arm as train
+    import numtok_compare.finetune.arm as train
 
     batches: list[int] = []
     original = train.training_batch
@@ -376,7 +376,7 @@ def test_command_line(
 def test_a_long_preset_differs_from_its_short_one_in_the_budget_only(name: str) -> None:
     from dataclasses import fields
 
-    from numtok.experiments.presets import check_preset
+    from numtok_compare.presets import check_preset
 
     short, long = check_preset(name).config, check_preset(f"{name}-long").config
     assert isinstance(short, FinetuneConfig) and isinstance(long, FinetuneConfig)

@@ -1,5 +1,5 @@
 """The fine-tuning harness runs the tokens a batch's prompts share once
-(numtok.experiments.finetune.prefix): on a tiny random Llama in float64 its answer logits, their
+(numtok_compare.finetune.prefix): on a tiny random Llama in float64 its answer logits, their
 gradients (full fine-tuning and LoRA), the head's prompt states and the greedy answers are those
 of running every row whole."""
 
@@ -15,13 +15,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import numtok.readout.decoding
-from numtok.experiments.finetune.arm import Trained, answer_logits, load_model, prompt_states
-from numtok.experiments.finetune.config import FinetuneConfig
-from numtok.experiments.finetune.evaluate import generate_answers, score_split
-from numtok.experiments.finetune.examples import IGNORE_INDEX, encode, prompt_batch, training_batch
-from numtok.experiments.finetune.prefix import decoder_states, shared_prefix_length
 from numtok.readout.decoding import predict_numbers
 from numtok.readout.distribution import FAST_TOLERANCE
+from numtok_compare.finetune.arm import Trained, answer_logits, load_model, prompt_states
+from numtok_compare.finetune.config import FinetuneConfig
+from numtok_compare.finetune.evaluate import generate_answers, score_split
+from numtok_compare.finetune.examples import IGNORE_INDEX, encode, prompt_batch, training_batch
+from numtok_compare.finetune.prefix import decoder_states, shared_prefix_length
 
 from _hf_tiny import build_tokenizer
 

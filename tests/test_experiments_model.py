@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from numtok.experiments.scratch.model import KeyValueCache, ModelConfig, Transformer, rotate
-from numtok.experiments.scratch.readouts import greedy_answers
-from numtok.experiments.scratch.tokenizer import CharTokenizer
+from numtok_compare.scratch.model import KeyValueCache, ModelConfig, Transformer, rotate
+from numtok_compare.scratch.readouts import greedy_answers
+from numtok_compare.scratch.tokenizer import CharTokenizer
 
 
 @pytest.fixture(scope="module")

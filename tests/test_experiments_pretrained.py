@@ -1,4 +1,4 @@
-"""``numtok model smollm2`` and ``numtok.experiments.pretrained``, offline and without pip: a tiny
+"""``numtok model smollm2`` and ``numtok_compare.pretrained``, offline and without pip: a tiny
 random Llama with a byte-level BPE tokenizer trained here is written as a real GGUF file (with the
 gguf package's writer, q/k permuted as llama.cpp's converter does, one tensor quantized to Q4_1),
 rebuilt as a float32 folder whose logits equal the GGUF-loaded model's; the install step is
@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from numtok.cli import main
-from numtok.experiments import pretrained
-from numtok.experiments.provenance import file_sha256
+from numtok_compare import pretrained
+from numtok_compare.provenance import file_sha256
 
 gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
@@ -293,8 +293,8 @@ def test_a_failed_install_and_a_missing_gguf_are_one_line(
     status, _, err = _run(capsys, "smollm2")
     assert status == 2
     assert err.strip() == (
-        "numtok: error: rebuilding SmolLM2 from its GGUF file needs gguf, which numtok's "
-        "'pretrained' extra installs: pip install \".[pretrained]\" in a checkout of numtok"
+        "numtok: error: rebuilding SmolLM2 from its GGUF file needs gguf, which numtok-compare's "
+        "'pretrained' extra installs: pip install \"./compare[pretrained]\" in a checkout of numtok"
     )
 
 
@@ -331,6 +331,6 @@ def test_missing_transformers_names_the_extra(
     status, _, err = _run(capsys, "smollm2")
     assert status == 2
     assert err == (
-        "numtok: error: numtok model needs accelerate, which numtok's 'pretrained' extra "
-        'installs: pip install ".[pretrained]" in a checkout of numtok\n'
+        "numtok: error: numtok model needs accelerate, which numtok-compare's 'pretrained' "
+        'extra installs: pip install "./compare[pretrained]" in a checkout of numtok\n'
     )

@@ -10,17 +10,17 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("mathematics_dataset", reason="needs the demo extra: pip install numtok[demo]")
-pytest.importorskip("matplotlib", reason="needs the demo extra: pip install numtok[demo]")
+pytest.importorskip("mathematics_dataset", reason="needs the harness: pip install ./compare[demo]")
+pytest.importorskip("matplotlib", reason="needs the harness: pip install ./compare[demo]")
 
 from numtok.cli import main
-from numtok.experiments.design import Design
-from numtok.experiments.presets import PRESETS
-from numtok.experiments.report import analyse_and_write
-from numtok.experiments.report_format import signed
-from numtok.experiments.scratch.arithmetic import run_experiment
-from numtok.experiments.tasks.mathematics import TASKS, generate, read_cache
 from numtok.numbers.text import last_number
+from numtok_compare.design import Design
+from numtok_compare.presets import PRESETS
+from numtok_compare.report import analyse_and_write
+from numtok_compare.report_format import signed
+from numtok_compare.scratch.arithmetic import run_experiment
+from numtok_compare.tasks.mathematics import TASKS, generate, read_cache
 
 SMOKE = PRESETS["smoke"].config
 

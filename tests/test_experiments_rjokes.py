@@ -15,31 +15,31 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-pytest.importorskip("matplotlib", reason="needs the demo extra: pip install numtok[demo]")
+pytest.importorskip("matplotlib", reason="needs the harness: pip install ./compare[demo]")
 
 from numtok import number_token_loss
 from numtok.cli import main
-from numtok.experiments.presets import PRESETS
-from numtok.experiments.report import reanalyse
-from numtok.experiments.runner.phases import Job, score_test, train_and_validate
-from numtok.experiments.scratch.arm import ScoreRegressor, build_transformer_arm
-from numtok.experiments.scratch.config import RJokesConfig
-from numtok.experiments.scratch.readouts import CachedScorer, token_predictions
-from numtok.experiments.scratch.rjokes import (
+from numtok.readout.distribution import number_distribution
+from numtok_compare.presets import PRESETS
+from numtok_compare.report import reanalyse
+from numtok_compare.runner.phases import Job, score_test, train_and_validate
+from numtok_compare.scratch.arm import ScoreRegressor, build_transformer_arm
+from numtok_compare.scratch.config import RJokesConfig
+from numtok_compare.scratch.readouts import CachedScorer, token_predictions
+from numtok_compare.scratch.rjokes import (
     RJokesTask,
     build_tokenizer,
     prepare_training,
     run_rjokes,
 )
-from numtok.experiments.scratch.tokenizer import WordTokenizer
-from numtok.experiments.tasks.rjokes import (
+from numtok_compare.scratch.tokenizer import WordTokenizer
+from numtok_compare.tasks.rjokes import (
     RJokesData,
     evaluation_subset,
     find_data_dir,
     load_rjokes,
     read_jokes,
 )
-from numtok.readout.distribution import number_distribution
 
 SMOKE: RJokesConfig = PRESETS["rjokes-smoke"].config  # type: ignore[assignment]
 WORDS = [
@@ -188,7 +188,7 @@ def test_arms_share_the_trunk_and_compute_their_losses(data: RJokesData) -> None
 
 
 def test_the_head_arm_refuses_a_training_set_without_targets(data: RJokesData) -> None:
-    from numtok.experiments.scratch.batches import TrainingSet
+    from numtok_compare.scratch.batches import TrainingSet
 
     tokenizer = build_tokenizer(SMOKE, data)
     plain = TrainingSet([(text, str(score)) for text, score in data.train], tokenizer)
@@ -368,8 +368,8 @@ def test_demo_runs_rjokes_when_its_data_is_found_else_arithmetic(
 
 def test_validation_only_scores_the_validation_split() -> None:
     """demo and compare spell it one way: --validation-only sets evaluate_on."""
-    import numtok.experiments.commands as harness
-    from numtok.cli import _build_config, _parser
+    import numtok_compare.commands as harness
+    from numtok_compare.cli import _build_config, _parser
 
     def config(*flags: str, preset: str = "rjokes-smoke") -> Any:
         return _build_config(_parser().parse_args(["demo", *flags]), preset, harness)

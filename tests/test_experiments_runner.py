@@ -13,10 +13,10 @@ import pytest
 import torch
 from torch import nn
 
-from numtok.experiments.config import RunConfig
-from numtok.experiments.runner.loop import Progress, load_trainable_state, optimizer_step
-from numtok.experiments.runner.parallel import open_executor
-from numtok.experiments.runner.phases import (
+from numtok_compare.config import RunConfig
+from numtok_compare.runner.loop import Progress, load_trainable_state, optimizer_step
+from numtok_compare.runner.parallel import open_executor
+from numtok_compare.runner.phases import (
     TEST,
     VALIDATION,
     Arm,
@@ -26,7 +26,7 @@ from numtok.experiments.runner.phases import (
     remaining_work,
     run_phases,
 )
-from numtok.experiments.runner.run_folder import WEIGHTS
+from numtok_compare.runner.run_folder import WEIGHTS
 
 
 @dataclass(frozen=True)

@@ -17,21 +17,21 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-pytest.importorskip("mathematics_dataset", reason="needs the demo extra: pip install numtok[demo]")
+pytest.importorskip("mathematics_dataset", reason="needs the harness: pip install ./compare[demo]")
 
 from numtok import number_token_loss
-from numtok.experiments.objectives import GLS_SIGMA, NUMBER_LOSS_ARMS
-from numtok.experiments.presets import PRESETS
-from numtok.experiments.runner.loop import learning_rate_at
-from numtok.experiments.runner.phases import Job, train_and_validate
-from numtok.experiments.runner.run_folder import arm_directory
-from numtok.experiments.scratch.arithmetic import ArithmeticTask, run_experiment
-from numtok.experiments.scratch.arm import build_transformer_arm
-from numtok.experiments.scratch.batches import TrainingSet
-from numtok.experiments.scratch.config import ExperimentConfig
-from numtok.experiments.scratch.tokenizer import CharTokenizer
-from numtok.experiments.tasks.mathematics import MathData, load_data
 from numtok.losses.smoothing import gaussian_label_smoothing_ce
+from numtok_compare.objectives import GLS_SIGMA, NUMBER_LOSS_ARMS
+from numtok_compare.presets import PRESETS
+from numtok_compare.runner.loop import learning_rate_at
+from numtok_compare.runner.phases import Job, train_and_validate
+from numtok_compare.runner.run_folder import arm_directory
+from numtok_compare.scratch.arithmetic import ArithmeticTask, run_experiment
+from numtok_compare.scratch.arm import build_transformer_arm
+from numtok_compare.scratch.batches import TrainingSet
+from numtok_compare.scratch.config import ExperimentConfig
+from numtok_compare.scratch.tokenizer import CharTokenizer
+from numtok_compare.tasks.mathematics import MathData, load_data
 
 SMOKE = PRESETS["smoke"].config
 
@@ -232,7 +232,7 @@ def test_single_arms_take_their_own_weight() -> None:
 def test_the_arm_weights_flag_reads_pairs() -> None:
     import argparse
 
-    from numtok.cli import _arm_weights
+    from numtok_compare.cli import _arm_weights
 
     assert _arm_weights("was=3, del=0.5") == (("was", 3.0), ("del", 0.5))
     for bad in ("was", "was=x", "was:3"):

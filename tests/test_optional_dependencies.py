@@ -137,6 +137,38 @@ def test_the_command_names_the_extra_to_install() -> None:
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1] == (
         "numtok: error: numtok demo / numtok compare --preset needs numpy, matplotlib, tqdm, "
-        "mathematics_dataset and absl, which numtok's 'demo' extra installs: "
-        'pip install ".[demo]" in a checkout of numtok'
+        "mathematics_dataset and absl, which numtok-compare's 'demo' extra installs: "
+        'pip install "./compare[demo]" in a checkout of numtok'
     )
+
+
+def test_without_the_harness_its_commands_say_in_one_line_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """numtok alone (no numtok-compare, so no entry point of the group numtok.commands): the
+    harness's commands exit with status 2 and one line naming the install command; the help
+    still lists them."""
+    import numtok.cli as cli
+
+    monkeypatch.setattr(cli, "entry_points", lambda **_: ())
+    for command in ("compare", "demo", "repro", "list", "model"):
+        assert cli.main([command, "--preset", "demo"]) == 2
+        assert capsys.readouterr().err == (
+            f"numtok: error: numtok {command} is a command of the experiment harness, which is "
+            'not installed: pip install "./compare[demo]" in a checkout of numtok (the '
+            "experiment harness, numtok-compare, beside the library)\n"
+        )
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    assert "{vocab,compare,demo,repro,list,model}" in capsys.readouterr().out
+
+
+def test_the_harness_installs_its_commands_as_entry_points() -> None:
+    from importlib.metadata import entry_points
+
+    from numtok.cli import COMMANDS_GROUP, HARNESS_COMMANDS
+    from numtok_compare.cli import COMMANDS, main
+
+    installed = {entry.name: entry.load() for entry in entry_points(group=COMMANDS_GROUP)}
+    assert installed == dict.fromkeys(HARNESS_COMMANDS, main)
+    assert set(COMMANDS) == set(HARNESS_COMMANDS)

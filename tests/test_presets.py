@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from numtok.cli import main
-from numtok.experiments.finetune.config import FinetuneConfig
-from numtok.experiments.presets import PRESETS
-from numtok.experiments.scratch.config import RJokesConfig
+from numtok_compare.finetune.config import FinetuneConfig
+from numtok_compare.presets import PRESETS
+from numtok_compare.scratch.config import RJokesConfig
 
 
 @pytest.fixture

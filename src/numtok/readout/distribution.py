@@ -76,6 +76,8 @@ class NumberDistribution(NamedTuple):
 
 
 def check_max_digits(max_digits: object) -> int:
+    """``max_digits`` (the longest numbers :func:`number_distribution` enumerates) checked: an int
+    from 1 to :data:`MAX_DIGITS`, not a bool; a ``TypeError`` or ``ValueError`` naming it."""
     if isinstance(max_digits, bool) or not isinstance(max_digits, int):
         raise TypeError(f"max_digits must be an int, got {max_digits!r}")
     if not 1 <= max_digits <= MAX_DIGITS:

@@ -1,0 +1,39 @@
+"""What a comparison compared, as its report states it (:class:`Design`): every harness describes
+its run with one, the report writer (:mod:`numtok_compare.report`) and the planning of a next
+run (:mod:`numtok_compare.planning`) read it from the rows."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = ["Design"]
+
+
+@dataclass(frozen=True)
+class Design:
+    """What a run compared, as its report states it: ``title``; ``trained`` (a sentence: the
+    model, the training budget, λ, the data); ``seeds``; ``arms`` (the primary endpoint's table:
+    each of them but CE minus CE); ``splits`` (the scored splits but validation, the primary one
+    first); the primary ``metric`` (one of :data:`~numtok_compare.item_metrics.ITEM_METRICS`,
+    also the gate's) and ``readout``; ``max_value``, the largest answer the distribution
+    readouts enumerate (None: none); ``margin``, the equivalence margin of the primary
+    comparisons in units of the tested metric (None: no equivalence test)."""
+
+    title: str
+    trained: str
+    seeds: tuple[int, ...]
+    arms: tuple[str, ...]
+    splits: tuple[str, ...]
+    metric: str
+    readout: str
+    max_value: int | None
+    margin: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, stored: Mapping[str, Any]) -> Design:
+        return cls(**{**stored, **{key: tuple(stored[key]) for key in ("seeds", "arms", "splits")}})

@@ -1,0 +1,453 @@
+"""``numtok compare``: does a number loss help on *your* task? Fine-tune your model on your JSON
+Lines (or a built-in preset) with CE and each number loss, paired seeds, λ chosen on
+validation, the learnability gate per comparison, the test split scored once, and a report with
+one interval per difference, the crossed seed × item analysis
+(:mod:`numtok_compare.finetune.comparison`).
+
+Every check runs before any training: the settings, the data (one line per error: file, line,
+field), the model, a run folder that holds other settings, and a pre-registration the run does
+not match.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:  # the command line builds its parser without the harness's dependencies
+    from numtok_compare.finetune.config import FinetuneConfig
+
+__all__ = [
+    "COMPARE_DEFAULTS",
+    "add_compare_arguments",
+    "compare_config",
+    "distribution_bound",
+    "preflight_warnings",
+    "run_compare",
+    "run_reanalyse",
+]
+
+#: ``numtok compare --data``'s settings where no flag is given: the SmolLM2 arithmetic preset's
+#: budget (LoRA rank 16 on q and v, 60 steps of 16 examples, learning rate 1e-3), CE against
+#: CE + 0.3·NTL-WAS and the model before fine-tuning, 3 seeds.
+COMPARE_DEFAULTS: dict[str, Any] = {
+    "task": "jsonl",
+    "arms": ("base", "ce", "was"),
+    "adaptation": "lora",
+    "steps": 60,
+    "batch_size": 16,
+    "learning_rate": 1e-3,
+    "warmup_steps": 6,
+}
+#: The largest answer the distribution readouts enumerate by default (``--max-value auto``):
+#: beyond it a readout scores more than ~1,100 continuations per example.
+AUTO_MAX_VALUE = 999
+
+_SETTINGS = {
+    "model": "--model", "arms": "--arms", "seeds": "--seeds", "ntl_weight": "--ntl-weight",
+    "arm_weights": "--arm-weights", "weight_grid": "--choose-on-validation", "steps": "--steps",
+    "batch_size": "--batch-size", "learning_rate": "--learning-rate",
+    "head_learning_rate": "--head-learning-rate", "adaptation": "--adaptation",
+    "lora_rank": "--lora-rank", "metric": "--metric", "readout": "--readout", "margin": "--margin",
+    "device": "--device", "threads": "--threads", "max_new_tokens": "--max-new-tokens",
+    "readout_tolerance": "--readout-tolerance",
+}  # fmt: skip
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected λ values separated by commas (0.3,1,3), got {text!r}"
+        ) from None
+
+
+def add_compare_arguments(
+    parser: argparse.ArgumentParser,
+    seeds: Any,
+    arms: Any,
+    arm_weights: Any,
+    *,
+    source_required: bool = True,
+) -> None:
+    """The flags of ``numtok compare`` (``seeds``, ``arms``, ``arm_weights``: the command line's
+    parsers of those values; ``source_required``: one of ``--data`` and ``--preset`` must be
+    given)."""
+    source = parser.add_mutually_exclusive_group(required=source_required)
+    source.add_argument(
+        "--data", type=Path,
+        help="your task: a .jsonl file (one {\"prompt\": ..., \"answer\": number, \"split\": "
+        "train|validation|test} per line; split optional) or a folder of them",
+    )  # fmt: skip
+    source.add_argument("--preset", help="a built-in comparison instead (numtok list)")
+    source.add_argument(
+        "--reanalyse", type=Path, metavar="RUN",
+        help="rebuild a finished fine-tuning run's report from its rows with this version's "
+        "analysis: its run folder or results file (writes into --out, default the run folder)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--model", help="a local causal LM folder (default smollm2: SmolLM2-135M-Instruct, built "
+        "by numtok model smollm2 on first use)"
+    )  # fmt: skip
+    parser.add_argument(
+        "--arms", type=arms,
+        help="comma-separated, ce required: base (before fine-tuning), ce, was, mse, number, "
+        "del, smmd, dist2, ntil (CE + λ·that loss), gls (Gaussian label smoothing), head (a "
+        "regression head); default base,ce,was",
+    )  # fmt: skip
+    parser.add_argument("--seeds", type=seeds, help="number of seeds (3) or a list (3,4,5)")
+    weights = parser.add_mutually_exclusive_group()
+    weights.add_argument("--ntl-weight", type=float, help="λ of every number loss (default 0.3)")
+    weights.add_argument("--arm-weights", type=arm_weights, help="λ per arm, e.g. was=3,del=1")
+    weights.add_argument(
+        "--choose-on-validation", type=_floats, metavar="GRID",
+        help="train every number loss at each λ of GRID (e.g. 0.3,1,3) and keep, per arm, the "
+        "λ with the best mean validation --metric over the seeds (ties: the smaller)",
+    )  # fmt: skip
+    parser.add_argument("--steps", type=int, help="training steps per arm (default 60 with --data)")
+    parser.add_argument("--batch-size", type=int, help="examples per step (default 16)")
+    parser.add_argument("--learning-rate", type=float, help="default 1e-3 (LoRA)")
+    parser.add_argument("--head-learning-rate", type=float, help="the head arm's own rate")
+    parser.add_argument("--adaptation", choices=("lora", "full"), help="default lora")
+    parser.add_argument("--lora-rank", type=int, help="default 16")
+    parser.add_argument(
+        "--metric", help="the endpoint: λ's choice, the gate and the primary endpoint "
+        "(exact_accuracy, mae, rmse, log_mae [default], within_1_percent)"
+    )  # fmt: skip
+    parser.add_argument(
+        "--readout", help="greedy (default), expected, median, mode (need --max-value), head"
+    )
+    parser.add_argument(
+        "--target-effect", type=float,
+        help="plan for an effect of this size in --metric (MSE for rmse): the report gives the "
+        "seeds and items whose MDE reaches it, from the run's variance components (with "
+        "--validation-only, before the test split is scored; with --reanalyse, afterwards)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--margin", type=float,
+        help="also test equivalence within ±M of --metric (MSE for rmse) for the primary "
+        "comparisons, two one-sided tests at 5 %% (pre-registrable)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-value", default="auto",
+        help="the expected/median readouts enumerate the numbers 0..N: an int, 'none', or "
+        f"'auto' (default: the largest training answer when every training answer is an "
+        f"integer from 0 to {AUTO_MAX_VALUE}, else none)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--readout-tolerance", type=float,
+        help="the probability the expected/median/mode readouts may leave unexplored per example, "
+        "a share of its number mass (default 0.001; 0: exact; larger: faster, the mean within "
+        "about that share of the range 0..max-value)",
+    )  # fmt: skip
+    parser.add_argument("--max-new-tokens", type=int, help="tokens generated per answer (8)")
+    parser.add_argument("--device", help="cpu (default), cuda, cuda:N or mps")
+    parser.add_argument("--threads", type=int, help="torch threads (default 2)")
+    parser.add_argument("--data-dir", type=Path, help="--preset *rjokes*: the rJokes folder")
+    parser.add_argument(
+        "--out", type=Path, help="run folder (default runs/<preset or compare>-<settings hash>)"
+    )
+    parser.add_argument(
+        "--preregister", type=Path, metavar="FILE",
+        help="pre-registration: if FILE does not exist, write the hypothesis, primary endpoint, "
+        "arms, λ, seeds and splits there and stop (commit it, then run the same command again); "
+        "if it exists, run only if this run is the one it names",
+    )  # fmt: skip
+    parser.add_argument("--hypothesis", help="with --preregister: what the run tests")
+    parser.add_argument(
+        "--primary", help="with --preregister: the arm of the primary endpoint (ARM − CE)"
+    )
+    parser.add_argument(
+        "--validation-only", action="store_true",
+        help="train and score the validation split only, for choosing settings (steps, learning "
+        "rate, λ) without seeing the test split; the same command without it then scores the "
+        "test splits from the same folder",
+    )  # fmt: skip
+    parser.add_argument("--no-progress", action="store_true", help="no progress lines")
+
+
+def distribution_bound(data: Path) -> tuple[int | None, int]:
+    """``(max_value, max_digits)`` of ``--max-value auto``: the largest training answer when
+    every training answer is an integer from 0 to :data:`AUTO_MAX_VALUE`, else no
+    distribution readouts."""
+    from numtok_compare.tasks.jsonl import read_user_data
+
+    train = read_user_data(data).splits["train"]
+    values = [record.value for record in train]
+    if all(v.is_integer() and 0 <= v <= AUTO_MAX_VALUE for v in values) and all(
+        "." not in record.answer for record in train
+    ):
+        largest = int(max(values))
+        return largest, len(str(largest))
+    return None, 2
+
+
+def _max_value(text: str, data: Path | None) -> dict[str, Any]:
+    if text == "auto":
+        if data is None:
+            return {}
+        value, digits = distribution_bound(data)
+        return {"max_value": value, "max_digits": digits}
+    if text == "none":
+        return {"max_value": None}
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"--max-value must be an int, 'auto' or 'none', got {text!r}") from None
+    return {"max_value": value, "max_digits": max(1, len(str(value)))}
+
+
+def compare_config(args: argparse.Namespace, base: FinetuneConfig | None) -> FinetuneConfig:
+    """The settings of ``numtok compare``: a preset's (``base``) or :data:`COMPARE_DEFAULTS`
+    with ``--data``, and every flag given."""
+    from numtok_compare.finetune.config import FinetuneConfig
+
+    known = {f.name for f in fields(FinetuneConfig)}
+    settings: dict[str, Any] = {}
+    if base is None:
+        settings = {**COMPARE_DEFAULTS, "data": str(args.data), "model": "smollm2"}
+    for name, flag in _SETTINGS.items():
+        value = getattr(args, flag.removeprefix("--").replace("-", "_"))
+        if value is not None and name in known:
+            settings[name] = value
+    settings.update(_max_value(args.max_value, args.data))
+    config = FinetuneConfig(**settings) if base is None else base.with_overrides(**settings)
+    return config.with_sizes(train_examples=args.train_examples, eval_examples=args.eval_examples)
+
+
+def _log_lines(quiet: bool) -> Callable[[str], None]:
+    if quiet:
+        return lambda _line: None
+    return lambda line: print(line, flush=True)
+
+
+def _check_paths(args: argparse.Namespace) -> None:
+    """The flags that name paths, checked before anything slow (importing the harness, loading
+    or building the model): a ValueError naming the flag."""
+    from numtok_compare.runner.run_folder import why_not_creatable
+
+    if args.model is not None and args.model != "smollm2":
+        model = Path(args.model)
+        if not model.exists():
+            raise ValueError(
+                f"--model {model}: the folder does not exist (give a local folder of a saved "
+                "causal LM, or leave --model out for SmolLM2-135M-Instruct)"
+            )
+        if not model.is_dir():
+            raise ValueError(f"--model {model} is a file, not a model folder (save_pretrained's)")
+    if args.out is not None:
+        why = why_not_creatable(args.out)
+        if why is not None:
+            raise ValueError(f"--out {args.out} cannot be the run folder: {why}")
+    if args.preregister is not None:
+        if args.preregister.is_dir():
+            raise ValueError(f"--preregister {args.preregister} is a folder, not a file")
+        if args.preregister.exists():
+            _check_preregistration_file(args.preregister)
+        else:
+            why = why_not_creatable(args.preregister.parent)
+            if why is not None:
+                raise ValueError(f"--preregister {args.preregister} cannot be written: {why}")
+
+
+def _check_preregistration_file(path: Path) -> None:
+    """An existing ``--preregister`` file: readable, and a JSON object (as
+    :func:`~numtok_compare.finetune.preregistration.write_preregistration` writes it)."""
+    try:
+        stored = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise ValueError(
+            f"--preregister {path}: cannot read the file ({error.strerror or error})"
+        ) from None
+    except ValueError as error:  # not JSON, or not UTF-8
+        raise ValueError(
+            f"--preregister {path} is not a pre-registration that numtok compare wrote (not "
+            f"JSON: {error}); give a new file to write one"
+        ) from None
+    if not isinstance(stored, dict):
+        raise ValueError(
+            f"--preregister {path} is not a pre-registration that numtok compare wrote (a JSON "
+            f"{type(stored).__name__}, not an object); give a new file to write one"
+        )
+
+
+def run_compare(
+    args: argparse.Namespace, base: FinetuneConfig | None, fail: Callable[[str], NoReturn]
+) -> int:
+    """``numtok compare``: ``fail(message)`` exits with status 2 and one error line. The flags
+    and the data are checked first, in seconds; the data against the model's tokenizer and
+    context (a prompt too long) once the model is found or built."""
+    from numtok_compare.tasks.jsonl import DataError, read_user_data
+
+    try:
+        _check_positive_flags(args)
+        _check_paths(args)
+        if args.data is not None:
+            read_user_data(args.data)  # the data's own errors before the model is loaded
+        config = compare_config(args, base)
+    except (ValueError, TypeError, DataError) as error:
+        fail(str(error))
+    registering = args.preregister is not None and not args.preregister.exists()
+    if (args.hypothesis or args.primary) and not registering:
+        fail("--hypothesis and --primary write a new pre-registration: give --preregister FILE "
+             "with a file that does not exist yet")  # fmt: skip
+    if args.dry_run:
+        print(f"{args.preset or 'compare'}: {config.plan()}")
+        print("a dry run: the settings and flags are checked; the model and the data are read "
+              "when the run starts, and nothing is trained or written")  # fmt: skip
+        return 0
+    from numtok_compare.finetune.comparison import (
+        check_registered,
+        estimate_minutes,
+        prepare,
+        preregistration_of,
+        remaining_work,
+        run_finetune,
+    )
+    from numtok_compare.finetune.preregistration import write_preregistration
+    from numtok_compare.runner.run_folder import prepare_run_dir
+    from numtok_compare.summary import summary_lines
+
+    try:
+        prepared = prepare(config, args.data_dir)
+        if registering:
+            if not (args.hypothesis and args.primary):
+                raise ValueError(
+                    "--preregister FILE (new) needs --hypothesis TEXT and --primary ARM"
+                )
+            record = preregistration_of(
+                config, prepared, hypothesis=args.hypothesis, primary_arm=args.primary
+            )
+            write_preregistration(args.preregister, record)
+            print(f"pre-registration written to {args.preregister}: commit it, then run the same "
+                  "command again (without --hypothesis and --primary) to train")  # fmt: skip
+            return 0
+        if args.preregister is not None:
+            check_registered(config, prepared, args.preregister)
+        run_dir = args.out or Path("runs") / f"compare-{config.fingerprint()}"
+        prepare_run_dir(config, run_dir)
+    except (ValueError, TypeError, ModuleNotFoundError, DataError) as error:
+        fail(str(error))
+    work = remaining_work(config, prepared, run_dir, validation_only=args.validation_only)
+    print(config.plan(), file=sys.stderr)
+    for warning in preflight_warnings(config, run_dir, args.target_effect):
+        print(f"warning: {warning}", file=sys.stderr)
+    if work.steps + work.items:
+        minutes, step_seconds, example_seconds = estimate_minutes(config, prepared, work)
+        print(
+            f"estimate: {minutes:.0f} min for the {work.steps:,} training steps and "
+            f"{work.items:,} scored examples left (a probe: {step_seconds:.2f} s a CE step, "
+            f"{example_seconds:.2f} s an example)",
+            file=sys.stderr,
+        )
+    # A progress bar, or (--no-progress, e.g. into a log file) a line every ten steps.
+    results = run_finetune(
+        config, run_dir, data_dir=args.data_dir, preregistered=args.preregister,
+        prepared=prepared, validation_only=args.validation_only,
+        show_progress=not args.no_progress, log=_log_lines(not args.no_progress),
+        target_effect=args.target_effect,
+    )  # fmt: skip
+    print("\n".join(summary_lines(results)))
+    print(f"{results['minutes']:.1f} min; report.md, results.json and report.png in {run_dir}")
+    return 0
+
+
+def preflight_warnings(
+    config: FinetuneConfig, run_dir: Path, target_effect: float | None
+) -> list[str]:
+    """What the run cannot show, said before it trains: one seed gives no interval (the
+    crossed analysis estimates the seed component from the seeds' spread), two give it one
+    degree of freedom; with
+    ``target_effect`` and an earlier report in ``run_dir`` (a ``--validation-only`` run, say),
+    each primary comparison whose MDE at this run's design is above it, with the seeds and
+    items that would reach it."""
+    from numtok_compare.crossed import t_quantile
+    from numtok_compare.design import Design
+    from numtok_compare.planning import planning
+
+    warnings = []
+    if len(config.seeds) < 2:
+        warnings.append(
+            f"one seed ({config.seeds[0]}): the seed × item analysis needs at least two seeds "
+            "for an interval, so this run gives no verdict on any comparison (--seeds 0,1,2)"
+        )
+    elif len(config.seeds) == 2:
+        warnings.append(
+            "two seeds: the seed × item analysis estimates the seed component from one degree "
+            "of freedom, so wherever the seeds differ the interval is very wide (t at 95 % is "
+            f"{float(t_quantile(0.975, 1)):.1f} on one degree of freedom) and the gate and the "
+            "comparisons rarely give a verdict; four or more seeds are safer"
+        )
+    stored = run_dir / "results.json"
+    if target_effect is None or not stored.exists():
+        return warnings
+    results = json.loads(stored.read_text())
+    if not {"design", "comparisons", "references"} <= results.keys():
+        return warnings
+    items = {split: len(truth) for split, truth in results["references"].items()}
+    plan = planning(
+        Design.from_dict(results["design"]), results["comparisons"], items, target_effect
+    )
+    for entry in plan["arms"]:
+        if entry["arm"] not in plan["mde_above"]:
+            continue
+        seeds, count = entry["seeds_needed"], entry["items_needed"]
+        warnings.append(
+            f"{entry['arm']} − CE: the MDE of this design is {entry['mde']:.4f} {plan['metric']} "
+            f"(from {stored}'s {plan['split']} components), above --target-effect "
+            f"{target_effect:g}; it needs "
+            f"{'more seeds than any number' if seeds is None else f'{seeds} seeds'} at "
+            f"{entry['items']:,} items, or "
+            f"{'more items than any number' if count is None else f'{count:,} items'} at "
+            f"{plan['seeds']} seeds"
+        )
+    return warnings
+
+
+def _check_positive_flags(args: argparse.Namespace) -> None:
+    """``--target-effect`` and ``--margin``, where given, are finite and positive: the error
+    names the flag, before any training."""
+    for flag in ("--target-effect", "--margin"):
+        value = getattr(args, flag.removeprefix("--").replace("-", "_"), None)
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{flag} must be a positive number, got {value:g}")
+
+
+def run_reanalyse(
+    args: argparse.Namespace, arguments: Sequence[str], fail: Callable[[str], NoReturn]
+) -> int:
+    """``numtok compare --reanalyse RUN [--out DIR] [--target-effect E]``: the report rebuilt
+    from RUN's rows; any other flag is an error (the rows hold the run's settings)."""
+    from numtok_compare.finetune.rows import upgrade_rows
+    from numtok_compare.report import reanalyse
+    from numtok_compare.summary import summary_lines
+
+    others = [a.split("=")[0] for a in arguments[1:] if a.startswith("--")]
+    others = [flag for flag in others if flag not in ("--reanalyse", "--out", "--target-effect")]
+    if others:
+        fail(f"{others[0]} does not apply to --reanalyse (the rows hold the run's settings; "
+             "only --out and --target-effect apply)")  # fmt: skip
+    source: Path = args.reanalyse
+    try:
+        _check_positive_flags(args)
+    except ValueError as error:
+        fail(str(error))
+    if not source.exists():
+        fail(f"--reanalyse {source}: no such run folder or file")
+    out = args.out or (source if source.is_dir() else None)
+    if out is None:
+        fail(f"--reanalyse {source} is a file: give --out DIR, the folder to write the report in")
+    try:
+        results = reanalyse(source, out, upgrade=upgrade_rows, target_effect=args.target_effect)
+    except ValueError as error:
+        fail(str(error))
+    print("\n".join(summary_lines(results)))
+    print(f"report.md, results.json and report.png in {out} (reanalysed from {source})")
+    return 0

@@ -1,0 +1,337 @@
+"""The one runner of every comparison, from scratch or fine-tuning, in three phases over its jobs
+(a :class:`Job` is one seed's arm at one λ):
+
+1. **Validation.** Every job is trained with the loop every comparison shares
+   (:func:`~numtok_compare.runner.loop.train_with_checkpoints`: checkpoints, resume, logged
+   losses, step times) and scored on the validation split; ``validation.json`` stores the answers
+   and marks the job done. The trained weights stay in ``model.pt``.
+2. **Choice.** Each arm's λ is chosen from the validation answers alone (the caller's rule; one λ
+   per arm: nothing to choose). The weights of the λ not chosen are deleted.
+3. **Test.** Each seed's arm at its chosen λ is rebuilt from its ``model.pt`` and scored once on
+   the test splits; ``test.json`` stores the answers, and ``model.pt`` is deleted.
+
+What differs between comparisons is their :class:`Models`: how a job's arm is built (the model
+initialised from the seed, its optimiser, its training step), rebuilt once trained, and scored on
+a split. Jobs run in this process or in worker processes
+(:class:`~numtok_compare.runner.parallel.Executor`): a :class:`ModelSource` is sent to them and
+gives each seed's :class:`Models` there. Rerunning the same settings into the same folder resumes: a
+finished phase's stored results are read back, an interrupted training continues from its last
+checkpoint, an interrupted scoring starts again.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple, Protocol
+
+import torch
+from torch import nn
+
+from numtok_compare.config import RunConfig
+from numtok_compare.runner.loop import (
+    Progress,
+    Step,
+    TrainingLog,
+    median_step_seconds,
+    train_with_checkpoints,
+)
+from numtok_compare.runner.parallel import Executor, report_progress
+from numtok_compare.runner.parallel import Job as ExecutorJob
+from numtok_compare.runner.run_folder import CHECKPOINT, WEIGHTS, save_atomically
+
+__all__ = [
+    "TEST",
+    "VALIDATION",
+    "Arm",
+    "Job",
+    "ModelSource",
+    "Models",
+    "Phases",
+    "Work",
+    "phase_rows",
+    "remaining_work",
+    "run_phases",
+    "score_test",
+    "train",
+    "train_and_validate",
+]
+
+VALIDATION, TEST = "validation.json", "test.json"
+
+
+class Job(NamedTuple):
+    """One seed's arm at λ = ``weight`` (a plain ``(seed, arm, weight)`` tuple as a key)."""
+
+    seed: int
+    arm: str
+    weight: float
+
+
+@dataclass
+class Arm:
+    """A job's arm ready to train: ``step(index, learning_rate) -> (loss, ce, ntl)`` runs one
+    optimiser step of ``model`` (the parameters training updates and stores) on the seed's batch
+    ``index``; ``has_ce``/``has_ntl`` say which terms it logs. ``answerer`` is what
+    :meth:`Models.score` reads once trained (the model, or the model with its head's scale).
+    An arm with no ``step`` does not train (the pretrained model, scored as it is)."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer | None
+    step: Step | None
+    has_ce: bool
+    has_ntl: bool
+    answerer: Any
+
+
+class Models(Protocol):
+    """What one comparison's models supply to the runner, for one seed's jobs."""
+
+    def build(self, job: Job) -> Arm:
+        """The job's arm on the config's device, its weights initialised from ``job.seed`` (the
+        same for every arm of a seed)."""
+        ...
+
+    def load(self, job: Job, directory: Path) -> Any:
+        """The answerer of the job's arm as training left it (rebuilt, and its ``model.pt``
+        from ``directory`` loaded; an arm that does not train: as built)."""
+        ...
+
+    def score(self, answerer: Any, split: str, progress: Progress) -> dict[str, Any]:
+        """``{"answers": {readout: [answer or None per item]}, ...}`` on ``split`` (anything else
+        the comparison keeps per item beside them); ``progress`` hears of scored items."""
+        ...
+
+
+class ModelSource(Protocol):
+    """What the runner sends to a worker process: settings and paths, not data."""
+
+    @property
+    def config(self) -> RunConfig: ...
+
+    def models(self, seed: int) -> Models:
+        """The models of ``seed``'s jobs (built in the process that runs them)."""
+        ...
+
+
+def train(arm: Arm, config: RunConfig, directory: Path, progress: Progress | None) -> TrainingLog:
+    """Train ``arm`` for ``config.steps`` steps in ``directory`` (resuming from its checkpoint;
+    ``model.pt`` at the end) and leave it in eval mode; an arm with no step: an empty log."""
+    if arm.step is None or arm.optimizer is None:
+        return TrainingLog([], [])
+    log = train_with_checkpoints(
+        arm.model, arm.optimizer, arm.step, config, directory,
+        has_ce=arm.has_ce, has_ntl=arm.has_ntl, progress=progress,
+    )  # fmt: skip
+    arm.model.eval()
+    return log
+
+
+def _set_threads(config: RunConfig) -> None:
+    if torch.device(config.device).type == "cpu":
+        torch.set_num_threads(config.threads)
+
+
+def train_and_validate(
+    models: Models, config: RunConfig, job: Job, directory: Path, progress: Progress
+) -> dict[str, Any]:
+    """Phase 1 for one job: train it in ``directory`` (resuming from its checkpoint) and score it
+    on validation; store (and return) ``validation.json``, then drop the checkpoint.
+    ``progress`` hears of every training step and scored item."""
+    directory.mkdir(parents=True, exist_ok=True)
+    began = time.perf_counter()
+    arm = models.build(job)
+    log = train(arm, config, directory, progress)
+    trained_minutes = (time.perf_counter() - began) / 60
+    began = time.perf_counter()
+    scored = models.score(arm.answerer, "validation", progress)
+    stored = {
+        "seed": job.seed, "arm": job.arm, "weight": job.weight, **scored,
+        "history": log.history, "seconds_per_step": median_step_seconds(log),
+        "train_minutes": trained_minutes, "score_minutes": (time.perf_counter() - began) / 60,
+    }  # fmt: skip
+    save_atomically(stored, directory / VALIDATION)
+    (directory / CHECKPOINT).unlink(missing_ok=True)
+    return stored
+
+
+def score_test(
+    models: Models, job: Job, directory: Path, splits: Sequence[str], progress: Progress
+) -> dict[str, Any]:
+    """Phase 3 for one job: rebuild it as training left it in ``directory`` and score it on the
+    test ``splits``; store (and return) ``test.json``."""
+    began = time.perf_counter()
+    answerer = models.load(job, directory)
+    stored = {
+        "seed": job.seed, "arm": job.arm, "weight": job.weight,
+        "splits": {split: models.score(answerer, split, progress) for split in splits},
+        "score_minutes": (time.perf_counter() - began) / 60,
+    }  # fmt: skip
+    save_atomically(stored, directory / TEST)
+    return stored
+
+
+def _validation_job(source: ModelSource, job: Job, directory: str) -> dict[str, Any]:
+    _set_threads(source.config)
+    models = source.models(job.seed)
+    return train_and_validate(models, source.config, job, Path(directory), report_progress)
+
+
+def _test_job(
+    source: ModelSource, job: Job, directory: str, splits: Sequence[str]
+) -> dict[str, Any]:
+    _set_threads(source.config)
+    return score_test(source.models(job.seed), job, Path(directory), splits, report_progress)
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+@dataclass
+class Phases:
+    """What :func:`run_phases` did: ``validation[job]`` and ``test[(seed, arm)]`` (the stored
+    results), ``choice`` (``{"chosen": {arm: λ}, ...}``, the choice rule's), ``beside`` (the
+    outputs of the jobs run beside the validation phase)."""
+
+    validation: dict[Job, dict[str, Any]]
+    choice: dict[str, Any]
+    test: dict[tuple[int, str], dict[str, Any]]
+    beside: list[Any]
+
+    def scorings(self) -> list[dict[str, Any]]:
+        """Every stored scoring of one split: each job's on validation, then each test split's."""
+        tested = (scored for stored in self.test.values() for scored in stored["splits"].values())
+        return [*self.validation.values(), *tested]
+
+
+@dataclass(frozen=True)
+class Work:
+    """What a run still has to do: training steps and scored items (a finished phase's stored
+    results are not done again)."""
+
+    steps: int
+    items: int
+
+
+def remaining_work(
+    jobs: Sequence[Job],
+    directories: Mapping[Job, Path],
+    *,
+    steps: Callable[[Job], int],
+    items: Mapping[str, int],
+    test_splits: Sequence[str],
+) -> Work:
+    """Every training step (``steps(job)``) and scored item (``items[split]``) of ``jobs`` not
+    yet stored; a job's test splits are counted at its first λ (the one chosen is not known
+    yet)."""
+    trained = scored = 0
+    first: dict[tuple[int, str], Job] = {}
+    for job in jobs:
+        first.setdefault((job.seed, job.arm), job)
+        if not (directories[job] / VALIDATION).exists():
+            trained += steps(job)
+            scored += items.get("validation", 0)
+    for job in first.values():
+        if not (directories[job] / TEST).exists():
+            scored += sum(items.get(split, 0) for split in test_splits)
+    return Work(trained, scored)
+
+
+def run_phases(
+    source: ModelSource,
+    jobs: Sequence[Job],
+    directories: Mapping[Job, Path],
+    *,
+    choose: Callable[[Mapping[Job, dict[str, Any]]], dict[str, Any]],
+    test_splits: Sequence[str],
+    executor: Executor,
+    bar: Any,
+    log: Callable[[str], None],
+    beside: Sequence[ExecutorJob] = (),
+) -> Phases:
+    """Run (or resume) the three phases of ``jobs`` (each in ``directories[job]``) with
+    ``executor``, its progress on ``bar``: validation (``beside``'s jobs run with it), the
+    choice (``choose(validation) -> {"chosen": {arm: λ}, ...}``), and the test splits (none:
+    stop after the choice, the test splits unseen, kept weights and all)."""
+    stored = {job: _read(directories[job] / VALIDATION) for job in jobs}
+    missing = [job for job, found in stored.items() if found is None]
+
+    def validated(index: int, stored: Any) -> None:
+        if index < len(missing):
+            job = missing[index]
+            log(f"seed {job.seed} {job.arm} λ={job.weight:g}: trained and validation scored")
+
+    outputs = executor.run(
+        [(_validation_job, (source, job, str(directories[job]))) for job in missing] + list(beside),
+        bar,
+        validated,
+    )
+    ran = dict(zip(missing, outputs, strict=False))
+    validation = {job: found if found is not None else ran[job] for job, found in stored.items()}
+    choice = choose(validation)
+    test: dict[tuple[int, str], dict[str, Any]] = {}
+    if test_splits:
+        chosen = [job for job in jobs if job.weight == choice["chosen"][job.arm]]
+        for job in jobs:
+            if job not in chosen:
+                (directories[job] / WEIGHTS).unlink(missing_ok=True)
+        stored_tests = {job: _read(directories[job] / TEST) for job in chosen}
+        untested = [job for job, found in stored_tests.items() if found is None]
+
+        def tested(index: int, stored: Any) -> None:
+            log(f"seed {untested[index].seed} {untested[index].arm}: test splits scored")
+
+        scored = executor.run(
+            [(_test_job, (source, job, str(directories[job]), tuple(test_splits)))
+             for job in untested],
+            bar,
+            tested,
+        )  # fmt: skip
+        tested_now = dict(zip(untested, scored, strict=True))
+        for job in chosen:
+            (directories[job] / WEIGHTS).unlink(missing_ok=True)
+            found = stored_tests[job]
+            test[(job.seed, job.arm)] = found if found is not None else tested_now[job]
+    return Phases(validation, choice, test, outputs[len(missing) :])
+
+
+def phase_rows(phases: Phases, seeds: Sequence[int], splits: Sequence[str]) -> dict[str, Any]:
+    """What every comparison's rows hold of its phases (:mod:`numtok_compare.report` reads
+    them): ``answers[split][arm][readout]``, one list of answers per seed that ran the arm at its
+    chosen λ, in ``seeds`` order (a seed-free arm such as ``base``: one), for each of
+    ``splits``; the ``choice``; one ``runs`` entry per trained job (its λ, logged losses, step
+    time and minutes); each tested job's ``test_minutes``; and the ``minutes`` of it all."""
+    chosen = phases.choice["chosen"]
+    tested = {job: phases.test.get((job.seed, job.arm), {"splits": {}})["splits"]
+              for job in phases.validation if job.weight == chosen[job.arm]}  # fmt: skip
+    by_arm: dict[str, list[Job]] = {}
+    for job in sorted(tested, key=lambda job: list(seeds).index(job.seed)):
+        by_arm.setdefault(job.arm, []).append(job)
+
+    def scored(job: Job, split: str) -> dict[str, Any]:
+        return phases.validation[job] if split == "validation" else tested[job][split]
+
+    answers = {
+        split: {arm: {readout: [scored(job, split)["answers"][readout] for job in jobs]
+                      for readout in scored(jobs[0], split)["answers"]}
+                for arm, jobs in by_arm.items()}
+        for split in splits
+    }  # fmt: skip
+    validation, test = phases.validation.values(), phases.test.values()
+    return {
+        "choice": phases.choice,
+        "answers": answers,
+        "runs": [
+            {"seed": r["seed"], "arm": r["arm"], "weight": r["weight"], "history": r["history"],
+             "seconds_per_step": r["seconds_per_step"], "train_minutes": r["train_minutes"],
+             "validation_minutes": r["score_minutes"]}
+            for r in validation
+        ],
+        "test_minutes": {f"seed{r['seed']}/{r['arm']}": r["score_minutes"] for r in test},
+        "minutes": sum(r["train_minutes"] + r["score_minutes"] for r in validation)
+        + sum(r["score_minutes"] for r in test),
+    }  # fmt: skip

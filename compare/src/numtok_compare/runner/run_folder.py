@@ -1,0 +1,94 @@
+"""The layout of a run folder, shared by every task.
+
+``config.json`` holds the settings (a folder refuses a run with other settings);
+``seed<N>/<arm>/`` holds one arm's ``checkpoint.pt`` while it trains, then ``model.pt`` and what
+each phase of the runner stored (:mod:`numtok_compare.runner.phases`: ``validation.json``,
+``test.json``). Every file is written atomically, so a killed process leaves the old file or the
+new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+__all__ = [
+    "CHECKPOINT",
+    "WEIGHTS",
+    "arm_directory",
+    "prepare_run_dir",
+    "save_atomically",
+    "why_not_creatable",
+]
+
+CONFIG, CHECKPOINT, WEIGHTS = "config.json", "checkpoint.pt", "model.pt"
+
+
+class Settings(Protocol):
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+def why_not_creatable(path: Path) -> str | None:
+    """Why the folder ``path`` cannot be made (it is a file; its nearest existing ancestor is a
+    file, or a folder this process may not write into), or None when it is a folder already or
+    can be made. Checked before any slow work, so that a bad ``--out`` fails in seconds."""
+    path = Path(path)
+    if path.is_dir():
+        return None
+    if path.exists():
+        return "it is a file, not a folder"
+    ancestor = path.absolute().parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        return f"{ancestor} is a file, not a folder"
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        return f"no permission to write in {ancestor}"
+    return None
+
+
+def prepare_run_dir(config: Settings, run_dir: Path) -> None:
+    """Create ``run_dir`` and record the settings; a folder that holds a run with other settings
+    is a ValueError (resuming it with these settings would mix two experiments), and so is a
+    ``run_dir`` that cannot be made (:func:`why_not_creatable`)."""
+    why = why_not_creatable(run_dir)
+    try:
+        if why is None:
+            run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        why = error.strerror or str(error)
+    if why is not None:
+        raise ValueError(f"the run folder {run_dir} cannot be made: {why}; choose another --out")
+    path = run_dir / CONFIG
+    settings = config.to_dict()
+    if not path.exists():
+        path.write_text(json.dumps(settings, indent=1))
+        return
+    stored = json.loads(path.read_text())
+    if stored != settings:
+        changed = sorted(
+            k for k in stored.keys() | settings.keys() if stored.get(k) != settings.get(k)
+        )
+        raise ValueError(
+            f"the run folder {run_dir} holds a run with other settings (differing: "
+            f"{', '.join(changed)}); choose another --out, or delete the folder to start over"
+        )
+
+
+def arm_directory(run_dir: Path, seed: int, arm: str) -> Path:
+    return Path(run_dir) / f"seed{seed}" / arm
+
+
+def save_atomically(obj: Any, path: Path) -> None:
+    """Write to a temporary file, then rename (JSON for ``.json`` paths, ``torch.save``
+    otherwise)."""
+    temporary = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    if path.suffix == ".json":
+        temporary.write_text(json.dumps(obj, indent=1))
+    else:
+        torch.save(obj, temporary)
+    os.replace(temporary, path)

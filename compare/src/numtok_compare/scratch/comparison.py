@@ -1,0 +1,297 @@
+"""A comparison trained from scratch, whatever its task, on the runner of every comparison
+(:func:`numtok_compare.runner.phases.run_phases`): :func:`run_scratch` runs every (seed, arm) in
+worker processes, trained and scored on validation, then on the test splits (one λ per arm:
+nothing to choose), with the arms' step timing beside them, and writes the report.
+
+A task supplies, for one seed, its :class:`~numtok_compare.runner.phases.Models` (the arm built
+for the seed, rebuilt once trained, scored on a split); for the whole run (:class:`ScratchRun`), its
+data, its jobs and what the report says of it (:class:`RunDescription`: the design, the data, the
+true answers), from which :func:`write_scratch_report` writes the stored answers' rows with the one
+report writer of every comparison (:mod:`numtok_compare.report`). The arithmetic task is
+:class:`numtok_compare.scratch.arithmetic.ArithmeticTask` and
+:class:`numtok_compare.scratch.arithmetic.ArithmeticRun`; rJokes
+:class:`numtok_compare.scratch.rjokes.RJokesTask` and
+:class:`numtok_compare.scratch.rjokes.RJokesRun`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+import numtok
+from numtok_compare.design import Design
+from numtok_compare.report import analyse_and_write
+from numtok_compare.report_format import hardware, json_safe
+from numtok_compare.runner.loop import learning_rate_at
+from numtok_compare.runner.parallel import Executor, open_executor, progress_bar
+from numtok_compare.runner.parallel import Job as ExecutorJob
+from numtok_compare.runner.phases import (
+    Job,
+    Models,
+    Phases,
+    phase_rows,
+    remaining_work,
+    run_phases,
+)
+from numtok_compare.runner.run_folder import arm_directory, prepare_run_dir
+from numtok_compare.scratch.config import TrainingConfig
+from numtok_compare.scratch.model import Transformer
+from numtok_compare.scratch.timing import interleaved_step_times
+from numtok_compare.stats import constant_answers
+
+__all__ = [
+    "RunDescription",
+    "ScratchRun",
+    "jobs_of",
+    "run_header",
+    "run_scratch",
+    "step_costs",
+    "step_times",
+    "write_scratch_report",
+]
+
+_TIMING = "timing.json"
+
+
+def step_times(models: Models, config: TrainingConfig, *, rounds: int) -> dict[str, Any]:
+    """:func:`~numtok_compare.scratch.timing.interleaved_step_times` for every arm, on the first
+    seed's initial weights and batches (``models``: that seed's)."""
+    if torch.device(config.device).type == "cpu":
+        torch.set_num_threads(config.threads)
+    seed = config.seeds[0]
+    steps = {}
+    for arm in config.arms:
+        step = models.build(Job(seed, arm, config.weight_of(arm))).step
+        assert step is not None  # every arm trained from scratch trains
+        steps[arm] = step
+    return interleaved_step_times(
+        steps,
+        learning_rate=lambda index: learning_rate_at(index, config),
+        batch_size=config.batch_size,
+        device=config.device,
+        threads=config.threads,
+        rounds=rounds,
+    )
+
+
+def run_header(
+    config: TrainingConfig,
+    vocabulary_size: int,
+    *,
+    command: str | None,
+    wall_seconds: float,
+    workers: int,
+) -> dict[str, Any]:
+    """The fields every results.json begins with: numtok's version, the date (UTC), the command,
+    the hardware, the run's wall time and worker count, the settings and the model's size."""
+    return {
+        "numtok_version": numtok.__version__,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": command,
+        "hardware": hardware(config.device, config.threads),
+        "wall_seconds": wall_seconds,
+        "workers": workers,
+        "config": config.to_dict(),
+        "model_parameters": Transformer(config.model_config(vocabulary_size)).num_parameters(),
+    }
+
+
+def step_costs(timing: dict[str, Any]) -> str:
+    """Each arm's training step against CE's (the medians of :func:`step_times`), in the
+    report's words: ``"was 1.01× CE's, mse 0.98× CE's"``, or ``"CE alone"``."""
+    arms = timing["arms"]
+    costs = [f"{arm} {entry['ratio_to_ce']:.2f}× CE's" for arm, entry in arms.items()
+             if arm != "ce" and "ce" in arms]  # fmt: skip
+    return ", ".join(costs) or "CE alone"
+
+
+def jobs_of(config: TrainingConfig, arms: tuple[str, ...] | None = None) -> list[Job]:
+    """Every seed's arm at its λ, arm by arm in the order of ``arms`` (default: the config's),
+    each arm's seeds together."""
+    return [Job(seed, arm, config.weight_of(arm)) for arm in arms or config.arms
+            for seed in config.seeds]  # fmt: skip
+
+
+class ScratchRun(Protocol):
+    """A whole comparison trained from scratch, as :func:`run_scratch` runs it. It is sent to
+    the worker processes, which build each seed's :class:`~numtok_compare.runner.phases.Models`
+    from it: it holds settings and paths, not data."""
+
+    @property
+    def config(self) -> TrainingConfig: ...
+
+    @property
+    def timing_rounds(self) -> int:
+        """Interleaved rounds of the step timing."""
+        ...
+
+    @property
+    def timing_beside_arms(self) -> bool:
+        """True: the step timing runs as one more job beside the arms' (a worker would idle
+        otherwise); False: alone in this process once every arm has finished."""
+        ...
+
+    def describe(self) -> str:
+        """What the run compares, for its first status line."""
+        ...
+
+    def prepare(self, executor: Executor, show_progress: bool) -> None:
+        """Make the data every job reads (for example, generate and cache it)."""
+        ...
+
+    def jobs(self) -> list[Job]:
+        """Every (seed, arm, λ), in the order the workers take them."""
+        ...
+
+    def scored_items(self) -> dict[str, int]:
+        """How many items scoring one arm on each split reports to the progress bar."""
+        ...
+
+    def models(self, seed: int) -> Models:
+        """The models a worker trains and scores ``seed``'s arms with."""
+        ...
+
+    def vocabulary_size(self) -> int:
+        """The size of the model's vocabulary (the report counts its parameters)."""
+        ...
+
+    def description(
+        self, phases: Phases, timing: dict[str, Any], parameters: int
+    ) -> RunDescription:
+        """What the report says of the finished run: ``phases``, every arm's stored results;
+        ``parameters``, the model's."""
+        ...
+
+
+@dataclass
+class RunDescription:
+    """What a task says of its run for the report: ``design`` (what was trained, in the report's
+    words, and what it compares), ``data`` (what the report records of the data),
+    ``training_answers`` (whose mean, median and mode are the constant answers every arm must
+    beat) and ``references`` (each scored split's true answers: one list when every seed answers
+    the same items, one list per seed when each seed drew its own)."""
+
+    design: Design
+    data: dict[str, Any]
+    training_answers: list[float]
+    references: dict[str, Any]
+
+
+def _timing_job(run: ScratchRun, run_dir: str) -> dict[str, Any]:
+    """:func:`step_times` on the first seed's models, stored in the run folder so that a resumed
+    run does not measure again."""
+    path = Path(run_dir) / _TIMING
+    if path.exists():
+        stored: dict[str, Any] = json.loads(path.read_text())
+        return stored
+    models = run.models(run.config.seeds[0])
+    timing = step_times(models, run.config, rounds=run.timing_rounds)
+    path.write_text(json.dumps(timing, indent=1))
+    return timing
+
+
+def _refuse_older_layout(run_dir: Path) -> None:
+    """A folder whose arms an older numtok stored (``result.json`` beside the answers, before
+    the runner's phases) is not resumed: its arms would all be trained again."""
+    older = next(run_dir.glob("seed*/*/result.json"), None)
+    if older is not None:
+        raise ValueError(
+            f"the run folder {run_dir} was written by an older numtok ({older}): run into a new "
+            "--out"
+        )
+
+
+def run_scratch(
+    run: ScratchRun,
+    run_dir: Path,
+    *,
+    workers: int = 1,
+    show_progress: bool = True,
+    command: str | None = None,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Run (or resume) ``run`` in ``run_dir``: its data, every (seed, arm) in ``workers``
+    processes (each with ``config.threads`` threads; results do not depend on it), the step
+    timing, the report. Finished phases are read back, interrupted trainings continue from their
+    checkpoints. ``command``: the command line, recorded in the report; ``log``: where status
+    lines go (default: stderr)."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be a positive int, got {workers!r}")
+    started = time.perf_counter()
+    say = log or (lambda text: print(text, file=sys.stderr))
+    config = run.config
+    run_dir = Path(run_dir)
+    prepare_run_dir(config, run_dir)
+    _refuse_older_layout(run_dir)
+    say(
+        f"numtok: {run.describe()}, arms {', '.join(config.arms)}, seeds {list(config.seeds)}, "
+        f"{config.steps} steps; run folder {run_dir}"
+    )
+    jobs = run.jobs()
+    directories = {job: arm_directory(run_dir, job.seed, job.arm) for job in jobs}
+    items = run.scored_items()
+    test_splits = [split for split in items if split != "validation"]
+    beside: list[ExecutorJob] = [(_timing_job, (run, str(run_dir)))]
+    with open_executor(workers) as executor:
+        run.prepare(executor, show_progress)
+        work = remaining_work(
+            jobs, directories, steps=lambda _: config.steps, items=items, test_splits=test_splits
+        )
+        with progress_bar(
+            show_progress, work.steps + work.items, "training steps + scored items", "it"
+        ) as bar:
+            phases = run_phases(
+                run, jobs, directories,
+                choose=lambda _: {"chosen": {arm: config.weight_of(arm) for arm in config.arms},
+                                  "means": {}},
+                test_splits=test_splits, executor=executor, bar=bar, log=lambda _: None,
+                beside=beside if run.timing_beside_arms else (),
+            )  # fmt: skip
+    if run.timing_beside_arms:
+        (timing,) = phases.beside
+    else:
+        if not (run_dir / _TIMING).exists():
+            say("numtok: timing one training step per arm (interleaved rounds)...")
+        timing = _timing_job(run, str(run_dir))
+    header = run_header(
+        config, run.vocabulary_size(), command=command,
+        wall_seconds=time.perf_counter() - started, workers=workers,
+    )  # fmt: skip
+    description = run.description(phases, timing, header["model_parameters"])
+    return write_scratch_report(run_dir, phases, timing, header, description)
+
+
+def write_scratch_report(
+    run_dir: Path,
+    phases: Phases,
+    timing: dict[str, Any],
+    header: dict[str, Any],
+    description: RunDescription,
+) -> dict[str, Any]:
+    """The rows of a run trained from scratch — every seed's answer to every item of every
+    split of ``description.references``, as the runner's ``phases`` stored them
+    (:func:`~numtok_compare.runner.phases.phase_rows`) — written with their analysis by
+    :func:`~numtok_compare.report.analyse_and_write`; ``header``: the run's
+    (:func:`run_header`)."""
+    design = description.design
+    rows = {
+        **header,
+        "design": design.to_dict(),
+        "data": description.data,
+        "preregistration": None,
+        "started": header["date"],
+        "training_constants": constant_answers(description.training_answers),
+        "references": description.references,
+        **phase_rows(phases, design.seeds, list(description.references)),
+        "timing": timing,
+    }
+    return analyse_and_write(run_dir, json_safe(rows), preregistered=None)

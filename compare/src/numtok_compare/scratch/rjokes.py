@@ -1,0 +1,247 @@
+"""The rJokes comparison from scratch, as :func:`~numtok_compare.scratch.comparison.run_scratch`
+runs it (:class:`RJokesRun`): every (seed, arm) in worker processes (:class:`RJokesTask`: the small
+transformer of :func:`~numtok_compare.scratch.arm.build_transformer_arm` on the word tokens of
+the training jokes, token arms on the score's digits and ``<eos>``, ``head`` on the standardised
+score; scored greedily and by the distribution's mean and median, or by the head), the step timing
+beside them, and the report. Rerunning the same settings into the same folder resumes: finished
+phases are read back, interrupted trainings continue from their checkpoints."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from numtok_compare.design import Design
+from numtok_compare.runner.loop import Progress
+from numtok_compare.runner.parallel import Executor
+from numtok_compare.runner.phases import Job, Phases
+from numtok_compare.scratch.arm import (
+    ScoredTrainingSet,
+    ScoreRegressor,
+    TransformerModels,
+)
+from numtok_compare.scratch.comparison import RunDescription, jobs_of, run_scratch, step_costs
+from numtok_compare.scratch.config import RJokesConfig
+from numtok_compare.scratch.model import Transformer
+from numtok_compare.scratch.readouts import head_predictions, token_predictions
+from numtok_compare.scratch.tokenizer import WordTokenizer
+from numtok_compare.tasks.rjokes import (
+    Joke,
+    RJokesData,
+    evaluation_subset,
+    find_data_dir,
+    load_rjokes,
+)
+
+__all__ = [
+    "PUBLISHED",
+    "RJokesRun",
+    "RJokesTask",
+    "build_tokenizer",
+    "prepare_training",
+    "run_rjokes",
+    "scored_jokes",
+]
+
+#: Greedy answers longer than this are cut (a score has at most two digits, then ``<eos>``).
+GREEDY_TOKENS = 6
+
+
+def build_tokenizer(config: RJokesConfig, data: RJokesData) -> WordTokenizer:
+    """The word vocabulary of the training jokes (validation and test jokes are not read)."""
+    return WordTokenizer.from_texts(
+        (text for text, _ in data.train),
+        max_words=config.vocabulary_words,
+        max_prompt_tokens=config.max_prompt_tokens,
+    )
+
+
+# Tokenizer and encoded training jokes per (data, vocabulary settings): a worker process that
+# trains several arms builds them once (a few seconds each time otherwise).
+_PREPARED: dict[tuple[str, int, int, int], tuple[WordTokenizer, ScoredTrainingSet]] = {}
+
+
+def prepare_training(
+    config: RJokesConfig, data: RJokesData
+) -> tuple[WordTokenizer, ScoredTrainingSet]:
+    """:func:`build_tokenizer` and the :class:`ScoredTrainingSet` of ``data.train``, built once
+    per process for equal data and vocabulary settings."""
+    key = (data.digest, len(data.train), config.vocabulary_words, config.max_prompt_tokens)
+    if key not in _PREPARED:
+        tokenizer = build_tokenizer(config, data)
+        examples = [(text, str(score)) for text, score in data.train]
+        training = ScoredTrainingSet(examples, [score for _, score in data.train], tokenizer)
+        _PREPARED.clear()
+        _PREPARED[key] = tokenizer, training
+    return _PREPARED[key]
+
+
+def scored_jokes(config: RJokesConfig, data: RJokesData) -> dict[str, list[Joke]]:
+    """The jokes an arm is scored on, ``eval_jokes`` of each split (a fixed subset): validation
+    (which the report's learnability gate reads), and the test split unless ``evaluate_on`` is
+    ``validation`` (choosing settings)."""
+    splits = {"validation": data.validation}
+    if config.evaluate_on == "test":
+        splits["test"] = data.test
+    return {split: evaluation_subset(jokes, config.eval_jokes) for split, jokes in splits.items()}
+
+
+class RJokesTask(TransformerModels):
+    """The rJokes comparison as the runner's :class:`~numtok_compare.runner.phases.Models`: the
+    word vocabulary and scored training jokes of ``data`` (built once per process), and the jokes
+    of :func:`scored_jokes`, read out greedily and by the distribution's mean and median (token
+    arms) or by the head."""
+
+    config: RJokesConfig
+    training: ScoredTrainingSet
+
+    def __init__(self, config: RJokesConfig, data: RJokesData) -> None:
+        self.config = config
+        self.jokes = scored_jokes(config, data)
+        self.tokenizer, self.training = prepare_training(config, data)
+
+    def score(self, answerer: nn.Module, split: str, progress: Progress) -> dict[str, Any]:
+        """``{"answers": {readout: [score or None per joke]}}``, and for token arms ``"mass"``
+        (the probability the distribution readouts cover) and ``"pruned"`` (what pruning left
+        out of the distribution) per joke, on ``split``'s scored jokes; ``progress`` hears of
+        every scored joke."""
+        config, device = self.config, torch.device(self.config.device)
+        texts = [text for text, _ in self.jokes[split]]
+        if isinstance(answerer, ScoreRegressor):
+            answers = head_predictions(
+                answerer, self.tokenizer, texts, batch_size=config.eval_batch_size,
+                mean=self.training.score_mean, std=self.training.score_std, device=device,
+                progress=progress,
+            )  # fmt: skip
+            return {"answers": answers}
+        assert isinstance(answerer, Transformer)
+        answers, mass, pruned = token_predictions(
+            answerer, self.tokenizer, texts, batch_size=config.eval_batch_size,
+            max_new_tokens=GREEDY_TOKENS, max_digits=config.max_digits,
+            min_probability=config.min_probability, device=device, progress=progress,
+        )  # fmt: skip
+        return {"answers": answers, "mass": mass, "pruned": pruned}
+
+
+#: The dataset paper's regression baselines, trained on the full 550k-joke train split (not
+#: available offline): rJokesData ``analysis/regression_results_base.csv``.
+PUBLISHED = (
+    "BERT-base Pearson 0.44–0.47, RMSE 1.63–1.88; RoBERTa-base Pearson 0.45–0.47, RMSE 1.64–1.88 "
+    "(Weller and Seppi 2020, trained on the full 550k-joke train split)"
+)
+
+
+@dataclass(frozen=True)
+class RJokesRun:
+    """The rJokes comparison of ``config`` on the files in ``data_dir``."""
+
+    config: RJokesConfig
+    data_dir: str
+    timing_rounds: int = 20
+    #: Timed as one more job: interleaved, so its ratios hold beside another worker, and it
+    #: fills the end of the run instead of leaving a core idle.
+    timing_beside_arms: bool = True
+
+    def _data(self) -> RJokesData:
+        return load_rjokes(self.data_dir, validation_jokes=self.config.validation_jokes)
+
+    def describe(self) -> str:
+        return f"rJokes, evaluated on {self.config.evaluate_on}"
+
+    def prepare(self, executor: Executor, show_progress: bool) -> None:
+        return None  # the files are there (find_data_dir); each worker reads them
+
+    def jobs(self) -> list[Job]:
+        # Longest jobs first: the head arms (no vocabulary-sized output, no readout) last.
+        return jobs_of(self.config, tuple(sorted(self.config.arms, key=lambda arm: arm == "head")))
+
+    def scored_items(self) -> dict[str, int]:
+        return {
+            split: len(jokes) for split, jokes in scored_jokes(self.config, self._data()).items()
+        }
+
+    def models(self, seed: int) -> RJokesTask:
+        return RJokesTask(self.config, self._data())
+
+    def vocabulary_size(self) -> int:
+        return len(build_tokenizer(self.config, self._data()))
+
+    def description(
+        self, phases: Phases, timing: dict[str, Any], parameters: int
+    ) -> RunDescription:
+        """Every seed's prediction for every scored joke: one list of true scores per split."""
+        config, data = self.config, self._data()
+        jokes = scored_jokes(config, data)
+        pruned = max((p for scored in phases.scorings() for p in scored.get("pruned", [])),
+                     default=None)  # fmt: skip
+        return RunDescription(
+            design=_design(config, data, pruned, timing),
+            data={"files": data.files, "digest": data.digest,
+                  "sizes": {"train": len(data.train), "validation": len(data.validation),
+                            "test": len(data.test)},
+                  "scored": {split: len(scored) for split, scored in jokes.items()}},
+            training_answers=[score for _, score in data.train],
+            references={split: [score for _, score in scored] for split, scored in jokes.items()},
+        )  # fmt: skip
+
+
+def _design(
+    config: RJokesConfig, data: RJokesData, pruned: float | None, timing: dict[str, Any]
+) -> Design:
+    """What an rJokes comparison trained, in the report's words (``pruned``: the most any joke's
+    distribution left out, None when no arm read one)."""
+    pruning = (
+        f"prefixes below {config.min_probability:g} not extended (at most "
+        f"{pruned or 0.0:.2g} of a joke's probability left out)"
+        if config.min_probability > 0
+        else "every prefix enumerated"
+    )
+    trained = (
+        f"a decoder-only transformer from scratch ({config.n_layers} layers, d={config.d_model}, "
+        f"word tokens: the {config.vocabulary_words:,} most frequent training words and the ten "
+        f"digits, a joke cut to {config.max_prompt_tokens} tokens), {config.steps} steps × "
+        f"{config.batch_size} jokes, AdamW learning rate {config.learning_rate:g}; "
+        f"{config.weights_text()}; the head: squared error on the standardised score. Data: "
+        f"rJokes ({', '.join(data.files)}, sha256 {data.digest}), {len(data.train):,} training "
+        f"jokes, {config.eval_jokes or 'all'} scored per split. Readouts: greedy decoding, the "
+        f"mean (`expected`) and median of the distribution over numbers of up to "
+        f"{config.max_digits} digits ({pruning}). A training step (interleaved timing, median): "
+        + step_costs(timing)
+        + f". Published for scale: {PUBLISHED}."
+    )
+    return Design(
+        title=f"rJokes from scratch: {', '.join(config.arms)}",
+        trained=trained,
+        seeds=config.seeds,
+        arms=config.arms,
+        splits=("test",),
+        metric="rmse",
+        readout="expected",
+        max_value=None,
+    )
+
+
+def run_rjokes(
+    config: RJokesConfig,
+    run_dir: Path,
+    *,
+    data_dir: Path | str | None = None,
+    workers: int = 1,
+    show_progress: bool = True,
+    command: str | None = None,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Run (or resume) the rJokes comparison described by ``config`` in ``run_dir``
+    (:func:`~numtok_compare.scratch.comparison.run_scratch`): writes ``results.json``,
+    ``report.md`` and ``report.png`` and returns the results. ``data_dir``: the rJokes ``data/``
+    folder (default: :func:`~numtok_compare.tasks.rjokes.default_data_dir`)."""
+    directory = find_data_dir(data_dir)
+    return run_scratch(
+        RJokesRun(config, str(directory)), run_dir,
+        workers=workers, show_progress=show_progress, command=command, log=log,
+    )  # fmt: skip
