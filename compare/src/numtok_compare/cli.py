@@ -34,10 +34,7 @@ from typing import Any, NoReturn
 
 from numtok_compare.extras import require_extra
 
-__all__ = ["COMMANDS", "main"]
-
-#: The ``numtok`` commands this package runs.
-COMMANDS = ("compare", "demo", "list", "model", "repro")
+__all__ = ["main"]
 
 # Settings that have a flag, one spelling for every preset: config field -> flag. A flag whose
 # setting the chosen preset's config lacks is an error that names both.
@@ -440,8 +437,8 @@ def _list(harness: ModuleType) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The ``numtok`` command's experiment commands (:data:`COMMANDS`), given the command line
-    after ``numtok``; returns the exit status."""
+    """The ``numtok`` command's experiment commands (those of this module's parser), given the
+    command line after ``numtok``; returns the exit status."""
     arguments = list(sys.argv[1:] if argv is None else argv)
     parser = _parser()
     args = parser.parse_args(arguments)
