@@ -14,9 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-from numtok_compare.finetune.arm import answer_logits, load_model, prompt_states
 from numtok_compare.finetune.comparison import run_finetune
 from numtok_compare.finetune.config import FinetuneConfig
 from numtok_compare.finetune.data import load_finetune_data
@@ -85,27 +83,6 @@ def test_examples_train_on_the_answer_only() -> None:
     prompts = prompt_batch([e.prompt for e in examples], pad_id=0)
     assert prompts["input_ids"][1, -len(examples[1].prompt) :].tolist() == list(examples[1].prompt)
     assert prompts["attention_mask"][1, 0] == 0
-
-
-def test_the_loss_reads_the_answer_positions(tiny_llama_dir: Path) -> None:
-    """The output layer at the positions whose next label is an answer token gives the
-    cross-entropy of the full logits with the prompt's labels ignored."""
-    tokenizer = build_tokenizer()
-    model = load_model(tiny_llama_dir, small(tiny_llama_dir), seed=0)
-    examples = [
-        encode(tokenizer, q.question, q.answer) for q in arithmetic_splits({"test": 3})["test"]
-    ]
-    batch = training_batch(examples, pad_id=0)
-    logits, labels = answer_logits(model, batch)
-    full = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    expected = F.cross_entropy(
-        full[:, :-1].reshape(-1, full.shape[-1]), batch["labels"][:, 1:].reshape(-1)
-    )
-    torch.testing.assert_close(F.cross_entropy(logits, labels), expected)
-    states = prompt_states(model, batch)
-    hidden = model.model(input_ids=batch["input_ids"]).last_hidden_state
-    for row, example in enumerate(examples):
-        torch.testing.assert_close(states[row], hidden[row, len(example.prompt) - 1])
 
 
 def test_generated_data_has_a_content_digest(tiny_llama_dir: Path) -> None:
@@ -228,38 +205,50 @@ def test_an_interrupted_run_resumes_where_it_stopped(
 def test_an_arm_killed_while_training_continues_from_its_checkpoint(
     tiny_llama_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, arm: str
 ) -> None:
-    """Fine-tuning trains through the loop every comparison shares: killed after its checkpoint
-    at step 2 of 4, an arm (LoRA adapters, or a head with a learning rate of its own) continues
-    from step 2, and its answers and logged losses equal an uninterrupted run's."""
+    """Fine-tuning trains with the transformers Trainer: killed after its checkpoint at step 2
+    of 4, an arm (LoRA adapters, or a head with a learning rate of its own) continues from step 2
+    on the batches it had not seen, and its answers and logged losses equal an uninterrupted
+    run's."""
     config = small(
         tiny_llama_dir, arms=("ce", arm), seeds=(0,), test_splits=("test",), steps=4,
         checkpoint_every=2, log_every=1, adaptation="lora", lora_rank=2,
-        **({"max_value": 99, "readout": "expected"} if arm == "head" else {}),
+        **({"max_value": 99, "readout": "expected", "head_learning_rate": 3e-2}
+           if arm == "head" else {}),
     )  # fmt: skip
-    straight = run_finetune(config, tmp_path / "straight", log=lambda _: None)
     import numtok_compare.finetune.arm as train
 
-    batches: list[int] = []
+    batches: list[list[float]] = []
     original = train.training_batch
 
-    def stop_at_the_fourth_step(*args: Any) -> Any:
-        batches.append(1)
-        if len(batches) == 4 + 4:  # ce's four steps, then the arm's fourth
-            raise KeyboardInterrupt
-        return original(*args)
+    def recorded(examples: Any, pad_id: int) -> Any:
+        batches.append([e.value for e in examples])
+        return original(examples, pad_id)
 
-    monkeypatch.setattr(train, "training_batch", stop_at_the_fourth_step)
+    monkeypatch.setattr(train, "training_batch", recorded)
+    straight = run_finetune(config, tmp_path / "straight", log=lambda _: None)
+    straight_batches = list(batches)
+    checkpoint = tmp_path / "resumed" / "seed0" / arm / "checkpoints" / "checkpoint-2"
+
+    def stop_after_the_checkpoint(examples: Any, pad_id: int) -> Any:
+        if checkpoint.exists():
+            raise KeyboardInterrupt
+        return recorded(examples, pad_id)
+
+    batches.clear()
+    monkeypatch.setattr(train, "training_batch", stop_after_the_checkpoint)
     with pytest.raises(KeyboardInterrupt):
         run_finetune(config, tmp_path / "resumed", log=lambda _: None)
-    assert (tmp_path / "resumed" / "seed0" / arm / "checkpoint.pt").exists()
     batches.clear()
+    monkeypatch.setattr(train, "training_batch", recorded)
     resumed = run_finetune(config, tmp_path / "resumed", log=lambda _: None)
-    assert len(batches) == 2  # steps 2 and 3 of the arm, nothing of ce
+    # Steps 3 and 4 of the arm (and the data loader's one batch of look-ahead), nothing of ce's,
+    # as the uninterrupted run made them.
+    assert batches == straight_batches[-3:]
     assert resumed["answers"] == straight["answers"]
     histories = [{(r["seed"], r["arm"]): r["history"] for r in run["runs"]}
                  for run in (straight, resumed)]  # fmt: skip
     assert histories[0] == histories[1] and len(histories[0][(0, arm)]) == 4
-    assert not list((tmp_path / "resumed").rglob("checkpoint.pt"))
+    assert not list((tmp_path / "resumed").rglob("checkpoint-*"))
 
 
 def test_rjokes_with_the_regression_head_and_the_readouts(
@@ -370,6 +359,61 @@ def test_command_line(
     with pytest.raises(SystemExit):
         main([*arguments[:5], "--workers", "3"])
     assert "--workers does not apply" in capsys.readouterr().err
+
+
+def test_the_users_training_arguments_reach_every_arms_trainer(
+    tiny_llama_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """--training-args FILE: its TrainingArguments fields reach the Trainer (2 micro-batches a
+    step, a cosine schedule to a floor after a warm-up), its max_steps and warmup_steps set the
+    comparison's settings (a flag would override them), the run folder records them, and a
+    rerun with other training settings is refused."""
+    from numtok.cli import main
+    from numtok_compare.runner import trainer
+
+    settings = tmp_path / "training.yaml"
+    settings.write_text(
+        "gradient_accumulation_steps: 2\nlr_scheduler_type: cosine_with_min_lr\n"
+        "lr_scheduler_kwargs: {min_lr_rate: 0.1}\nwarmup_steps: 1\nmax_steps: 3\n"
+    )
+    used: list[Any] = []
+    original = trainer.training_arguments
+    monkeypatch.setattr(
+        trainer, "training_arguments", lambda *a: used.append(original(*a)) or used[-1]
+    )
+    out = tmp_path / "run"
+    arguments = ["compare", "--preset", "smollm2-arithmetic", "--model", str(tiny_llama_dir),
+                 "--seeds", "2", "--arms", "ce,was", "--threads", "1", "--batch-size", "2",
+                 "--out", str(out), "--no-progress", "--training-args", str(settings)]  # fmt: skip
+    assert main([*arguments, "--validation-only"]) == 0
+    assert {(a.gradient_accumulation_steps, a.lr_scheduler_type,
+             a.lr_scheduler_kwargs["min_lr_rate"], a.warmup_steps, a.max_steps,
+             a.per_device_train_batch_size)
+            for a in used} == {(2, "cosine_with_min_lr", 0.1, 1, 3, 2)}  # fmt: skip
+    stored = json.loads((out / "config.json").read_text())
+    assert stored["training_args"] == {
+        "gradient_accumulation_steps": 2, "lr_scheduler_type": "cosine_with_min_lr",
+        "lr_scheduler_kwargs": {"min_lr_rate": 0.1},
+    }  # fmt: skip
+    assert stored["steps"] == 3 and stored["warmup_steps"] == 1
+    results = json.loads((out / "results.json").read_text())
+    assert all(run["history"][-1]["step"] == 3 for run in results["runs"])
+    capsys.readouterr()
+    settings.write_text("gradient_accumulation_steps: 1\nwarmup_steps: 1\n")
+    with pytest.raises(SystemExit):
+        main([*arguments, "--steps", "3", "--validation-only"])
+    assert "holds a run with other settings (differing: training_args)" in capsys.readouterr().err
+    for text, message in [
+        ("seed: 3\n", "seed: each arm takes its seed from --seeds"),
+        ("not_a_field: 1\n", "not used by the HfArgumentParser: ['not_a_field']"),
+        ("- 1\n", "must hold a mapping of TrainingArguments fields, got list"),
+        ("a: [\n", "not YAML"),
+    ]:
+        settings.write_text(text)
+        with pytest.raises(SystemExit):
+            main(arguments)
+        assert message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("name", ["smollm2-arithmetic", "smollm2-rjokes"])

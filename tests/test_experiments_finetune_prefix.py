@@ -1,7 +1,6 @@
-"""The fine-tuning harness runs the tokens a batch's prompts share once
-(numtok_compare.finetune.prefix): on a tiny random Llama in float64 its answer logits, their
-gradients (full fine-tuning and LoRA), the head's prompt states and the greedy answers are those
-of running every row whole."""
+"""The fine-tuning harness scores a batch's prompts with the tokens they share run once
+(numtok_compare.finetune.prefix): on a tiny random Llama in float64 the greedy answers are those of
+running every prompt whole; the head arm reads each prompt's last hidden state."""
 
 from __future__ import annotations
 
@@ -10,18 +9,18 @@ from typing import Any
 
 import pytest
 import torch
-import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
 
 import numtok.readout.decoding
 from numtok.readout.decoding import predict_numbers
 from numtok.readout.distribution import FAST_TOLERANCE
-from numtok_compare.finetune.arm import Trained, answer_logits, load_model, prompt_states
+from numtok_compare.finetune.arm import Trained, load_model
 from numtok_compare.finetune.config import FinetuneConfig
 from numtok_compare.finetune.evaluate import generate_answers, score_split
-from numtok_compare.finetune.examples import IGNORE_INDEX, encode, prompt_batch, training_batch
-from numtok_compare.finetune.prefix import decoder_states, shared_prefix_length
+from numtok_compare.finetune.examples import encode, prompt_batch, training_batch
+from numtok_compare.finetune.prefix import shared_prefix_length
+from numtok_compare.regression_head import RegressionHead
 
 from _hf_tiny import build_tokenizer
 
@@ -42,15 +41,6 @@ def float64_model(tiny_llama_dir: Path, adaptation: str) -> Any:
         if "lora_B" in name:  # zero at initialisation: A's gradients would be zero too
             parameter.data.normal_(std=0.3)
     return model
-
-
-def whole_rows_logits(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The reference: every row through the whole causal LM, logits where the next label is an
-    answer token."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    where = batch["labels"][:, 1:] != IGNORE_INDEX
-    answer_positions: torch.Tensor = logits[:, :-1][where]
-    return answer_positions
 
 
 @given(st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=6), min_size=1, max_size=5))
@@ -78,45 +68,27 @@ def batch_of(questions: list[tuple[str, str]]) -> dict[str, torch.Tensor]:
     return training_batch(examples, tokenizer.pad_token_id)
 
 
-@pytest.mark.parametrize("adaptation", ["full", "lora"])
 @pytest.mark.parametrize("questions", [SHARED, UNSHARED], ids=["shared", "unshared"])
-def test_answer_logits_and_gradients_are_those_of_whole_rows(
-    tiny_llama_dir: Path, adaptation: str, questions: list[tuple[str, str]]
-) -> None:
-    model = float64_model(tiny_llama_dir, adaptation)
-    batch = batch_of(questions)
-    _, shared = decoder_states(model.model.model if adaptation == "lora" else model.model,
-                               batch["input_ids"], batch["attention_mask"])  # fmt: skip
-    assert shared == (8 if questions is SHARED else 0)
-    trainable = [p for p in model.parameters() if p.requires_grad]
-
-    def gradients(logits: torch.Tensor, labels: torch.Tensor) -> list[torch.Tensor]:
-        return list(torch.autograd.grad(F.cross_entropy(logits, labels), trainable))
-
-    logits, labels = answer_logits(model, batch)
-    reference = whole_rows_logits(model, batch)
-    next_labels = batch["labels"][:, 1:]
-    assert labels.tolist() == next_labels[next_labels != IGNORE_INDEX].tolist()
-    torch.testing.assert_close(logits, reference, rtol=1e-10, atol=1e-10)
-    # LlamaRMSNorm normalises in float32 even in a float64 model, so the gradients agree to
-    # float32's rounding (~2e-8 of the largest entry here); the prefix's keys and values cut off
-    # from the graph would be off by ~1.
-    for got, want in zip(gradients(logits, labels), gradients(reference, labels), strict=True):
-        largest = float(want.abs().max())
-        assert largest > 0
-        torch.testing.assert_close(got, want, rtol=0, atol=1e-6 * largest)
-
-
-@pytest.mark.parametrize("questions", [SHARED, UNSHARED], ids=["shared", "unshared"])
-def test_the_heads_prompt_states_are_those_of_whole_rows(
+def test_the_head_reads_each_prompts_last_hidden_state(
     tiny_llama_dir: Path, questions: list[tuple[str, str]]
 ) -> None:
+    """ŷ_b = w·h_b + c at row b's last prompt token (right-padded rows of different lengths);
+    the loss is the mean squared error to the targets, and a new head predicts 0 (the mean)."""
     model = float64_model(tiny_llama_dir, "full")
     batch = batch_of(questions)
+    head = RegressionHead(model.model, model.config.hidden_size).double()
+    assert head.predict(**batch).abs().max() == 0
+    torch.manual_seed(2)
+    head.head.weight.data.normal_()
+    head.head.bias.data.fill_(0.5)
     hidden = model.model(input_ids=batch["input_ids"]).last_hidden_state  # right padding
     prompt_lengths = [len(build_tokenizer()(f"{q}\n")["input_ids"]) for q, _ in questions]
-    expected = hidden[torch.arange(len(questions)), torch.tensor(prompt_lengths) - 1]
-    torch.testing.assert_close(prompt_states(model, batch), expected, rtol=1e-10, atol=1e-10)
+    states = hidden[torch.arange(len(questions)), torch.tensor(prompt_lengths) - 1]
+    expected = states @ head.head.weight[0] + 0.5
+    torch.testing.assert_close(head.predict(**batch), expected, rtol=1e-10, atol=1e-10)
+    targets = torch.arange(len(questions), dtype=torch.float64)
+    output = head(**batch, targets=targets)
+    torch.testing.assert_close(output["loss"], ((expected - targets) ** 2).mean())
 
 
 @pytest.mark.parametrize("questions", [SHARED, UNSHARED], ids=["shared", "unshared"])

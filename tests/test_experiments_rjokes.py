@@ -304,7 +304,7 @@ def test_progress_counts_steps_and_scored_jokes(data: RJokesData, tmp_path: Path
     for arm in ("was", "head"):
         job, directory = Job(0, arm, config.weight_of(arm)), tmp_path / arm
         validated: list[int] = []
-        train_and_validate(task, config, job, directory, validated.append)
+        train_and_validate(task, job, directory, validated.append)
         assert sum(validated) == 12 + config.eval_jokes
         tested: list[int] = []
         score_test(task, job, directory, ["test"], tested.append)

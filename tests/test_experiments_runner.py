@@ -14,7 +14,6 @@ import torch
 from torch import nn
 
 from numtok_compare.config import RunConfig
-from numtok_compare.runner.loop import Progress, load_trainable_state, optimizer_step
 from numtok_compare.runner.parallel import open_executor
 from numtok_compare.runner.phases import (
     TEST,
@@ -22,11 +21,19 @@ from numtok_compare.runner.phases import (
     Arm,
     Job,
     Phases,
+    UntrainedArm,
     phase_rows,
     remaining_work,
     run_phases,
 )
-from numtok_compare.runner.run_folder import WEIGHTS
+from numtok_compare.runner.run_folder import (
+    CHECKPOINTS,
+    WEIGHTS,
+    load_trainable_state,
+    save_atomically,
+    trainable_state,
+)
+from numtok_compare.runner.training_log import Progress, TrainingLog
 
 
 @dataclass(frozen=True)
@@ -42,6 +49,31 @@ GRID = (0.5, 2.0)
 SPLITS = {"validation": 3, "test": 2}
 
 
+@dataclass
+class ToyArm:
+    """Plain SGD steps of the one weight towards ``target``; it leaves a checkpoint folder as
+    the Trainer would, which the runner deletes once validation is stored."""
+
+    answerer: nn.Linear
+    target: float
+
+    def fit(self, directory: Path, progress: Progress | None) -> TrainingLog:
+        optimizer = torch.optim.SGD(self.answerer.parameters(), lr=CONFIG.learning_rate)
+        (directory / CHECKPOINTS / "checkpoint-2").mkdir(parents=True)
+        history = []
+        for step in range(CONFIG.steps):
+            loss = (self.answerer.weight.sum() - self.target) ** 2
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            value = float(loss.detach())
+            history.append({"step": step + 1, "loss": value, "ce": value, "ntl": None})
+            if progress is not None:
+                progress(1)
+        save_atomically(trainable_state(self.answerer), directory / WEIGHTS)
+        return TrainingLog(history, [0.0] * CONFIG.steps)
+
+
 class ToyModels:
     """A one-weight model per job: it starts at the seed, steps towards λ (CE: towards 0), and
     answers its weight plus the item's index. ``base`` does not train. Every call is counted."""
@@ -55,20 +87,12 @@ class ToyModels:
         with torch.no_grad():
             model.weight.fill_(float(job.seed))
         if job.arm == "base":
-            return Arm(model, None, None, False, False, answerer=model)
-        optimizer = torch.optim.SGD(model.parameters(), lr=CONFIG.learning_rate)
-        target = 0.0 if job.arm == "ce" else job.weight
-
-        def step(index: int, learning_rate: float) -> Any:
-            loss = (model.weight.sum() - target) ** 2
-            optimizer_step(model, optimizer, loss, CONFIG, learning_rate)
-            return loss, loss, None
-
-        return Arm(model, optimizer, step, has_ce=True, has_ntl=False, answerer=model)
+            return UntrainedArm(model)
+        return ToyArm(model, 0.0 if job.arm == "ce" else job.weight)
 
     def load(self, job: Job, directory: Path) -> nn.Module:
         self.calls.append(f"load {job.seed} {job.arm}")
-        model = self.build(job).model
+        model: nn.Linear = self.build(job).answerer
         if job.arm != "base":
             load_trainable_state(model, torch.load(directory / WEIGHTS, weights_only=True))
         return model
@@ -152,7 +176,7 @@ def test_the_phases_train_validate_choose_and_test_once(tmp_path: Path) -> None:
     for job, directory in directories.items():
         assert (directory / VALIDATION).exists()
         assert (directory / TEST).exists() == (job.arm != "was" or job.weight == chosen)
-        assert not (directory / WEIGHTS).exists() and not (directory / "checkpoint.pt").exists()
+        assert not (directory / WEIGHTS).exists() and not (directory / CHECKPOINTS).exists()
     # The test phase scores the weights training left, rebuilt from model.pt.
     for (seed, arm), tested in phases.test.items():
         validated = phases.validation[Job(seed, arm, tested["weight"])]

@@ -122,7 +122,7 @@ def test_interrupted_arm_resumes_to_identical_results(tmp_path: Path, data: Math
     config = SMOKE.with_overrides(steps=35, checkpoint_every=10, log_every=5)
     task = ArithmeticTask(config, data)
     job = Job(0, "was", config.weight_of("was"))
-    reference = train_and_validate(task, config, job, tmp_path / "straight", lambda _: None)
+    reference = train_and_validate(task, job, tmp_path / "straight", lambda _: None)
 
     done = 0
 
@@ -134,11 +134,11 @@ def test_interrupted_arm_resumes_to_identical_results(tmp_path: Path, data: Math
 
     directory = tmp_path / "resumed"
     with pytest.raises(_InterruptError):
-        train_and_validate(task, config, job, directory, interrupt_after_23_steps)
+        train_and_validate(task, job, directory, interrupt_after_23_steps)
     assert (directory / "checkpoint.pt").exists() and not (directory / "validation.json").exists()
 
     resumed_steps: list[int] = []
-    resumed = train_and_validate(task, config, job, directory, resumed_steps.append)
+    resumed = train_and_validate(task, job, directory, resumed_steps.append)
     assert resumed_steps[0] == 20  # restarted from the checkpoint at step 20, not from 0
     assert _comparable(resumed) == _comparable(reference)
     assert json.loads((directory / "validation.json").read_text()) == json.loads(

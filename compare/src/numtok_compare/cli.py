@@ -72,7 +72,9 @@ _SIZE_FLAGS = {
 # The flags of a comparison trained from scratch that fine-tuning has no use for, and those of
 # numtok compare's fine-tuning runs that name no setting.
 _FROM_SCRATCH_ONLY = ("task", "workers", "cache_dir")
-_FINE_TUNING_ONLY = ("preregister", "hypothesis", "primary", "margin", "target_effect")
+_FINE_TUNING_ONLY = (
+    "preregister", "hypothesis", "primary", "margin", "target_effect", "training_args",
+)  # fmt: skip
 RJOKES = "rjokes"
 
 

@@ -25,7 +25,7 @@ from torch import nn
 
 from numtok import GaussianLabelSmoothingLoss, NTILLoss, NumberTokenLoss, NumberVocab
 
-__all__ = ["ARMS", "ARM_LABELS", "GLS_SIGMA", "NUMBER_LOSS_ARMS", "Objective"]
+__all__ = ["ARMS", "ARM_LABELS", "ATTACHED_ARMS", "GLS_SIGMA", "NUMBER_LOSS_ARMS", "Objective"]
 
 #: The arms and how tables name them.
 ARM_LABELS = {
@@ -42,6 +42,9 @@ ARM_LABELS = {
 ARMS = tuple(ARM_LABELS)
 #: The arms whose loss is CE + λ·(a number loss), with that loss's kind.
 NUMBER_LOSS_ARMS = ("was", "mse", "number", "del", "smmd", "dist2", "ntil")
+#: The number-loss arms whose loss :class:`numtok.hf.NTLossForTrainer` computes (its kinds): under
+#: the ``transformers.Trainer`` they are added by its ``attach``, the line users write.
+ATTACHED_ARMS = ("was", "mse", "del", "smmd", "dist2")
 #: Width of the Gaussian target of the ``gls`` arm, in digits.
 GLS_SIGMA = 1.0
 

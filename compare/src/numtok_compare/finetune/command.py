@@ -115,6 +115,13 @@ def add_compare_arguments(
     parser.add_argument("--batch-size", type=int, help="examples per step (default 16)")
     parser.add_argument("--learning-rate", type=float, help="default 1e-3 (LoRA)")
     parser.add_argument("--head-learning-rate", type=float, help="the head arm's own rate")
+    parser.add_argument(
+        "--training-args", type=Path, metavar="FILE",
+        help="a JSON or YAML mapping of transformers TrainingArguments fields every arm's "
+        "Trainer takes (lr_scheduler_type, warmup_ratio, gradient_accumulation_steps, bf16, "
+        "deepspeed, fsdp, report_to, ...); --steps, --batch-size and --learning-rate override "
+        "its max_steps, per_device_train_batch_size and learning_rate",
+    )  # fmt: skip
     parser.add_argument("--adaptation", choices=("lora", "full"), help="default lora")
     parser.add_argument("--lora-rank", type=int, help="default 16")
     parser.add_argument(
@@ -206,13 +213,18 @@ def _max_value(text: str, data: Path | None) -> dict[str, Any]:
 
 def compare_config(args: argparse.Namespace, base: FinetuneConfig | None) -> FinetuneConfig:
     """The settings of ``numtok compare``: a preset's (``base``) or :data:`COMPARE_DEFAULTS`
-    with ``--data``, and every flag given."""
+    with ``--data``, then ``--training-args``' file, then every other flag given."""
     from numtok_compare.finetune.config import FinetuneConfig
 
     known = {f.name for f in fields(FinetuneConfig)}
     settings: dict[str, Any] = {}
     if base is None:
         settings = {**COMPARE_DEFAULTS, "data": str(args.data), "model": "smollm2"}
+    if args.training_args is not None:
+        from numtok_compare.finetune.training_args import read_training_args
+
+        from_file, passed = read_training_args(args.training_args)
+        settings |= {**from_file, "training_args": passed}
     for name, flag in _SETTINGS.items():
         value = getattr(args, flag.removeprefix("--").replace("-", "_"))
         if value is not None and name in known:
@@ -313,6 +325,7 @@ def run_compare(
     )
     from numtok_compare.finetune.preregistration import write_preregistration
     from numtok_compare.runner.run_folder import prepare_run_dir
+    from numtok_compare.runner.trainer import is_main_process
     from numtok_compare.summary import summary_lines
 
     try:
@@ -351,11 +364,13 @@ def run_compare(
     results = run_finetune(
         config, run_dir, data_dir=args.data_dir, preregistered=args.preregister,
         prepared=prepared, validation_only=args.validation_only,
-        show_progress=not args.no_progress, log=_log_lines(not args.no_progress),
+        show_progress=not args.no_progress and is_main_process(),
+        log=_log_lines(not args.no_progress or not is_main_process()),
         target_effect=args.target_effect,
     )  # fmt: skip
-    print("\n".join(summary_lines(results)))
-    print(f"{results['minutes']:.1f} min; report.md, results.json and report.png in {run_dir}")
+    if is_main_process():  # under torchrun, one process reports the run all of them trained
+        print("\n".join(summary_lines(results)))
+        print(f"{results['minutes']:.1f} min; report.md, results.json and report.png in {run_dir}")
     return 0
 
 

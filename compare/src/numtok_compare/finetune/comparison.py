@@ -39,11 +39,11 @@ from numtok_compare.finetune.preregistration import check_preregistration, prere
 from numtok_compare.finetune.rows import write_report
 from numtok_compare.item_metrics import answer_values, item_metrics
 from numtok_compare.objectives import NUMBER_LOSS_ARMS
-from numtok_compare.runner.loop import Progress
 from numtok_compare.runner.parallel import open_executor, progress_bar
-from numtok_compare.runner.phases import Arm, Job, Work, run_phases, train
+from numtok_compare.runner.phases import Arm, Job, Work, run_phases
 from numtok_compare.runner.phases import remaining_work as work_left
-from numtok_compare.runner.run_folder import prepare_run_dir
+from numtok_compare.runner.run_folder import prepare_run_dir, save_atomically
+from numtok_compare.runner.training_log import Progress
 from numtok_compare.stats import constant_answers
 
 __all__ = [
@@ -134,7 +134,7 @@ def _check_model(run_dir: Path, prepared: Prepared) -> float:
     recorded = {"folder": str(prepared.model_dir), "digest": prepared.digest,
                 "data_digest": prepared.data.digest, "created": created}  # fmt: skip
     if not path.exists():
-        path.write_text(json.dumps(recorded, indent=1))
+        save_atomically(recorded, path)
         return created
     stored = json.loads(path.read_text())
     if stored["digest"] != prepared.digest:
@@ -224,7 +224,7 @@ def estimate_minutes(
         probe = config.with_overrides(steps=_PROBE_STEPS, warmup_steps=1, checkpoint_every=1000)
         arm = FinetuneModels(probe, prepared).build(Job(config.seeds[0], "ce", 0.0))
         with tempfile.TemporaryDirectory() as folder:
-            log = train(arm, probe, Path(folder), None)
+            log = arm.fit(Path(folder), None)
         trained = arm.answerer
         step_seconds = float(np.median(log.step_seconds[1:]))
     else:  # scoring left alone: the pretrained model scores as fast as a trained one

@@ -27,7 +27,7 @@ import torch
 
 from numtok import last_number, predict_numbers
 from numtok.readout import cache_argument
-from numtok_compare.finetune.arm import Trained, prompt_states
+from numtok_compare.finetune.arm import Trained
 from numtok_compare.finetune.config import FinetuneConfig
 from numtok_compare.finetune.examples import Encoded, prompt_batch, training_batch
 from numtok_compare.finetune.models import causal_lm_of
@@ -80,8 +80,8 @@ def _head_predictions(
     values: list[float] = []
     for start in range(0, len(examples), batch_size):
         batch = training_batch(examples[start : start + batch_size], pad_id)
-        states = prompt_states(trained.model, {k: v.to(device) for k, v in batch.items()})
-        values += (trained.head(states).squeeze(-1).double() * std + mean).tolist()
+        predicted = trained.head.predict(**{k: v.to(device) for k, v in batch.items()})
+        values += (predicted.double() * std + mean).tolist()
     return _storable(values)
 
 

@@ -17,26 +17,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import numpy as np
 import torch
 from torch import nn
 
 from numtok_compare.config import RunConfig
-from numtok_compare.runner.run_folder import CHECKPOINT, WEIGHTS, save_atomically
+from numtok_compare.runner.run_folder import (
+    CHECKPOINT,
+    WEIGHTS,
+    load_trainable_state,
+    save_atomically,
+    trainable_state,
+)
+from numtok_compare.runner.training_log import Progress, TrainingLog
 
 __all__ = [
     "Schedule",
-    "TrainingLog",
     "learning_rate_at",
-    "load_trainable_state",
-    "median_step_seconds",
     "optimizer_step",
     "train_with_checkpoints",
-    "trainable_state",
 ]
 
-#: ``progress(steps_done_since_last_call)``.
-Progress = Callable[[int], None]
 #: ``step(step_index, learning_rate) -> (loss, ce, ntl)``, after the update; ``ce`` (the token
 #: cross-entropy) and ``ntl`` are None for arms that do not compute them.
 Step = Callable[[int, float], tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]]
@@ -54,10 +54,6 @@ class Schedule(Protocol):
     def steps(self) -> int: ...
     @property
     def grad_clip(self) -> float: ...
-
-
-# Step times of the first steps include one-off allocations; the median skips them.
-_TIMING_WARMUP_STEPS = 5
 
 
 def learning_rate_at(step: int, config: Schedule) -> float:
@@ -118,45 +114,6 @@ class _Interval:
             "ce": float(self.ce) / self.steps if has_ce else None,
             "ntl": float(self.ntl) / self.steps if has_ntl else None,
         }
-
-
-@dataclass(frozen=True)
-class TrainingLog:
-    """``history``: one ``{"step", "loss", "ce", "ntl"}`` entry per ``log_every`` steps (averages
-    over the interval); ``step_seconds``: the wall time of every step."""
-
-    history: list[dict[str, Any]]
-    step_seconds: list[float]
-
-
-def median_step_seconds(log: TrainingLog) -> float:
-    """The median step time, skipping the first steps' one-off allocations (0 for a log of no
-    steps: an arm that does not train)."""
-    timed = log.step_seconds[_TIMING_WARMUP_STEPS:] or log.step_seconds
-    return float(np.median(timed)) if timed else 0.0
-
-
-def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The parameters training changes (those that require a gradient), by name: all of a model
-    trained from scratch; a LoRA run's adapters and head, not the frozen weights it reloads."""
-    return {
-        name: parameter.detach()
-        for name, parameter in model.named_parameters()
-        if parameter.requires_grad
-    }
-
-
-def load_trainable_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """Copy :func:`trainable_state`'s tensors back into ``model``; a ValueError when they do not
-    name exactly the parameters of ``model`` that require a gradient."""
-    names = set(trainable_state(model))
-    if set(state) != names:
-        differing = sorted(set(state) ^ names)
-        raise ValueError(
-            f"the stored weights do not match the model's trainable parameters (differing: "
-            f"{differing[:3]}{' ...' if len(differing) > 3 else ''})"
-        )
-    model.load_state_dict(state, strict=False)
 
 
 def train_with_checkpoints(

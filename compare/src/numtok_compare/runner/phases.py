@@ -1,9 +1,10 @@
 """The one runner of every comparison, from scratch or fine-tuning, in three phases over its jobs
 (a :class:`Job` is one seed's arm at one λ):
 
-1. **Validation.** Every job is trained with the loop every comparison shares
-   (:func:`~numtok_compare.runner.loop.train_with_checkpoints`: checkpoints, resume, logged
-   losses, step times) and scored on the validation split; ``validation.json`` stores the answers
+1. **Validation.** Every job's :class:`Arm` is trained (its ``fit``: the
+   ``transformers.Trainer`` of :mod:`~numtok_compare.runner.trainer`, or the from-scratch loop of
+   :mod:`~numtok_compare.runner.loop`; checkpoints, resume, logged losses, step times) and
+   scored on the validation split; ``validation.json`` stores the answers
    and marks the job done. The trained weights stay in ``model.pt``.
 2. **Choice.** Each arm's λ is chosen from the validation answers alone (the caller's rule; one λ
    per arm: nothing to choose). The weights of the λ not chosen are deleted.
@@ -11,12 +12,11 @@
    the test splits; ``test.json`` stores the answers, and ``model.pt`` is deleted.
 
 What differs between comparisons is their :class:`Models`: how a job's arm is built (the model
-initialised from the seed, its optimiser, its training step), rebuilt once trained, and scored on
-a split. Jobs run in this process or in worker processes
-(:class:`~numtok_compare.runner.parallel.Executor`): a :class:`ModelSource` is sent to them and
-gives each seed's :class:`Models` there. Rerunning the same settings into the same folder resumes: a
-finished phase's stored results are read back, an interrupted training continues from its last
-checkpoint, an interrupted scoring starts again.
+initialised from the seed, and how it trains), rebuilt once trained, and scored on a split. Jobs
+run in this process or in worker processes (:class:`~numtok_compare.runner.parallel.Executor`): a
+:class:`ModelSource` is sent to them and gives each seed's :class:`Models` there. Rerunning the
+same settings into the same folder resumes: a finished phase's stored results are read back, an
+interrupted training continues from its last checkpoint, an interrupted scoring starts again.
 """
 
 from __future__ import annotations
@@ -29,19 +29,12 @@ from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 import torch
-from torch import nn
 
 from numtok_compare.config import RunConfig
-from numtok_compare.runner.loop import (
-    Progress,
-    Step,
-    TrainingLog,
-    median_step_seconds,
-    train_with_checkpoints,
-)
 from numtok_compare.runner.parallel import Executor, report_progress
 from numtok_compare.runner.parallel import Job as ExecutorJob
-from numtok_compare.runner.run_folder import CHECKPOINT, WEIGHTS, save_atomically
+from numtok_compare.runner.run_folder import WEIGHTS, drop_checkpoints, save_atomically
+from numtok_compare.runner.training_log import Progress, TrainingLog, median_step_seconds
 
 __all__ = [
     "TEST",
@@ -51,12 +44,12 @@ __all__ = [
     "ModelSource",
     "Models",
     "Phases",
+    "UntrainedArm",
     "Work",
     "phase_rows",
     "remaining_work",
     "run_phases",
     "score_test",
-    "train",
     "train_and_validate",
 ]
 
@@ -71,20 +64,26 @@ class Job(NamedTuple):
     weight: float
 
 
-@dataclass
-class Arm:
-    """A job's arm ready to train: ``step(index, learning_rate) -> (loss, ce, ntl)`` runs one
-    optimiser step of ``model`` (the parameters training updates and stores) on the seed's batch
-    ``index``; ``has_ce``/``has_ntl`` say which terms it logs. ``answerer`` is what
-    :meth:`Models.score` reads once trained (the model, or the model with its head's scale).
-    An arm with no ``step`` does not train (the pretrained model, scored as it is)."""
+class Arm(Protocol):
+    """A job's arm ready to train: ``fit(directory, progress)`` trains it in ``directory``
+    (resuming from a checkpoint there; ``model.pt`` at the end), tells ``progress`` of its steps
+    and leaves it in eval mode; ``answerer`` is what :meth:`Models.score` reads once trained
+    (the model, or the model with its head's scale)."""
 
-    model: nn.Module
-    optimizer: torch.optim.Optimizer | None
-    step: Step | None
-    has_ce: bool
-    has_ntl: bool
+    @property
+    def answerer(self) -> Any: ...
+
+    def fit(self, directory: Path, progress: Progress | None) -> TrainingLog: ...
+
+
+@dataclass
+class UntrainedArm:
+    """An arm that does not train (the pretrained model, scored as it is)."""
+
     answerer: Any
+
+    def fit(self, directory: Path, progress: Progress | None) -> TrainingLog:
+        return TrainingLog([], [])
 
 
 class Models(Protocol):
@@ -117,26 +116,13 @@ class ModelSource(Protocol):
         ...
 
 
-def train(arm: Arm, config: RunConfig, directory: Path, progress: Progress | None) -> TrainingLog:
-    """Train ``arm`` for ``config.steps`` steps in ``directory`` (resuming from its checkpoint;
-    ``model.pt`` at the end) and leave it in eval mode; an arm with no step: an empty log."""
-    if arm.step is None or arm.optimizer is None:
-        return TrainingLog([], [])
-    log = train_with_checkpoints(
-        arm.model, arm.optimizer, arm.step, config, directory,
-        has_ce=arm.has_ce, has_ntl=arm.has_ntl, progress=progress,
-    )  # fmt: skip
-    arm.model.eval()
-    return log
-
-
 def _set_threads(config: RunConfig) -> None:
     if torch.device(config.device).type == "cpu":
         torch.set_num_threads(config.threads)
 
 
 def train_and_validate(
-    models: Models, config: RunConfig, job: Job, directory: Path, progress: Progress
+    models: Models, job: Job, directory: Path, progress: Progress
 ) -> dict[str, Any]:
     """Phase 1 for one job: train it in ``directory`` (resuming from its checkpoint) and score it
     on validation; store (and return) ``validation.json``, then drop the checkpoint.
@@ -144,7 +130,7 @@ def train_and_validate(
     directory.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
     arm = models.build(job)
-    log = train(arm, config, directory, progress)
+    log = arm.fit(directory, progress)
     trained_minutes = (time.perf_counter() - began) / 60
     began = time.perf_counter()
     scored = models.score(arm.answerer, "validation", progress)
@@ -154,7 +140,7 @@ def train_and_validate(
         "train_minutes": trained_minutes, "score_minutes": (time.perf_counter() - began) / 60,
     }  # fmt: skip
     save_atomically(stored, directory / VALIDATION)
-    (directory / CHECKPOINT).unlink(missing_ok=True)
+    drop_checkpoints(directory)
     return stored
 
 
@@ -177,7 +163,7 @@ def score_test(
 def _validation_job(source: ModelSource, job: Job, directory: str) -> dict[str, Any]:
     _set_threads(source.config)
     models = source.models(job.seed)
-    return train_and_validate(models, source.config, job, Path(directory), report_progress)
+    return train_and_validate(models, job, Path(directory), report_progress)
 
 
 def _test_job(

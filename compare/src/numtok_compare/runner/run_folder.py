@@ -1,31 +1,40 @@
 """The layout of a run folder, shared by every task.
 
 ``config.json`` holds the settings (a folder refuses a run with other settings);
-``seed<N>/<arm>/`` holds one arm's ``checkpoint.pt`` while it trains, then ``model.pt`` and what
-each phase of the runner stored (:mod:`numtok_compare.runner.phases`: ``validation.json``,
-``test.json``). Every file is written atomically, so a killed process leaves the old file or the
-new one, never half of one.
+``seed<N>/<arm>/`` holds one arm's checkpoints while it trains (``checkpoints/``, the
+``transformers.Trainer``'s, or ``checkpoint.pt``, the from-scratch loop's), then ``model.pt`` (the
+parameters training changed, :func:`trainable_state`) and what each phase of the runner stored
+(:mod:`numtok_compare.runner.phases`: ``validation.json``, ``test.json``). Every file is written
+atomically, so a killed process leaves the old file or the new one, never half of one.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+from torch import nn
 
 __all__ = [
     "CHECKPOINT",
+    "CHECKPOINTS",
     "WEIGHTS",
     "arm_directory",
+    "drop_checkpoints",
+    "load_trainable_state",
     "prepare_run_dir",
     "save_atomically",
+    "trainable_state",
     "why_not_creatable",
 ]
 
-CONFIG, CHECKPOINT, WEIGHTS = "config.json", "checkpoint.pt", "model.pt"
+CONFIG, CHECKPOINT, CHECKPOINTS, WEIGHTS = (
+    "config.json", "checkpoint.pt", "checkpoints", "model.pt"
+)  # fmt: skip
 
 
 class Settings(Protocol):
@@ -66,7 +75,7 @@ def prepare_run_dir(config: Settings, run_dir: Path) -> None:
     path = run_dir / CONFIG
     settings = config.to_dict()
     if not path.exists():
-        path.write_text(json.dumps(settings, indent=1))
+        save_atomically(settings, path)
         return
     stored = json.loads(path.read_text())
     if stored != settings:
@@ -92,3 +101,32 @@ def save_atomically(obj: Any, path: Path) -> None:
     else:
         torch.save(obj, temporary)
     os.replace(temporary, path)
+
+
+def drop_checkpoints(directory: Path) -> None:
+    """Delete an arm's checkpoints (once its results are stored, nothing resumes from them)."""
+    (directory / CHECKPOINT).unlink(missing_ok=True)
+    shutil.rmtree(directory / CHECKPOINTS, ignore_errors=True)
+
+
+def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The parameters training changes (those that require a gradient), by name: all of a model
+    trained from scratch; a LoRA run's adapters and head, not the frozen weights it reloads."""
+    return {
+        name: parameter.detach()
+        for name, parameter in model.named_parameters()
+        if parameter.requires_grad
+    }
+
+
+def load_trainable_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Copy :func:`trainable_state`'s tensors back into ``model``; a ValueError when they do not
+    name exactly the parameters of ``model`` that require a gradient."""
+    names = set(trainable_state(model))
+    if set(state) != names:
+        differing = sorted(set(state) ^ names)
+        raise ValueError(
+            f"the stored weights do not match the model's trainable parameters (differing: "
+            f"{differing[:3]}{' ...' if len(differing) > 3 else ''})"
+        )
+    model.load_state_dict(state, strict=False)

@@ -19,10 +19,10 @@ from torch import nn
 
 from numtok import last_number
 from numtok_compare.design import Design
-from numtok_compare.runner.loop import Progress
 from numtok_compare.runner.parallel import Executor, Job, progress_bar, report_progress
 from numtok_compare.runner.phases import Job as ArmJob
 from numtok_compare.runner.phases import Phases
+from numtok_compare.runner.training_log import Progress
 from numtok_compare.scratch.arm import TransformerModels
 from numtok_compare.scratch.batches import TrainingSet
 from numtok_compare.scratch.comparison import RunDescription, run_scratch, step_costs

@@ -22,6 +22,7 @@ interrupted arm exactly. The arms differ in the loss:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +31,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from numtok_compare.objectives import Objective
-from numtok_compare.runner.loop import load_trainable_state, optimizer_step
-from numtok_compare.runner.phases import Arm, Job
-from numtok_compare.runner.run_folder import WEIGHTS
+from numtok_compare.runner.loop import Step, optimizer_step, train_with_checkpoints
+from numtok_compare.runner.phases import Job
+from numtok_compare.runner.run_folder import WEIGHTS, load_trainable_state
+from numtok_compare.runner.training_log import Progress, TrainingLog
 from numtok_compare.scratch.batches import PackedBatch, TrainingSet
 from numtok_compare.scratch.config import TrainingConfig
 from numtok_compare.scratch.model import Transformer
@@ -41,6 +43,7 @@ from numtok_compare.scratch.tokenizer import PromptAnswerTokenizer
 __all__ = [
     "ScoreRegressor",
     "ScoredTrainingSet",
+    "TransformerArm",
     "TransformerModels",
     "build_transformer_arm",
 ]
@@ -111,10 +114,38 @@ def _token_loss(
     return loss, ce, number_loss
 
 
+@dataclass
+class TransformerArm:
+    """One job's small transformer ready to train: ``step(index, learning_rate) -> (loss, CE or
+    None, the unweighted number loss or None)`` runs one update of ``model`` by ``optimizer`` on
+    the seed's batch ``index``; ``has_ce``/``has_ntl`` say which terms the log keeps."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    step: Step
+    config: TrainingConfig
+    has_ce: bool
+    has_ntl: bool
+
+    @property
+    def answerer(self) -> nn.Module:
+        return self.model
+
+    def fit(self, directory: Path, progress: Progress | None) -> TrainingLog:
+        """:func:`~numtok_compare.runner.loop.train_with_checkpoints` in ``directory``, then
+        eval mode."""
+        log = train_with_checkpoints(
+            self.model, self.optimizer, self.step, self.config, directory,
+            has_ce=self.has_ce, has_ntl=self.has_ntl, progress=progress,
+        )  # fmt: skip
+        self.model.eval()
+        return log
+
+
 def build_transformer_arm(
     config: TrainingConfig, seed: int, arm: str, tokenizer: PromptAnswerTokenizer,
     training: TrainingSet,
-) -> Arm:  # fmt: skip
+) -> TransformerArm:  # fmt: skip
     """The arm ready to train on ``config.device``: its model (the trunk initialised from
     ``seed``, the same for every arm), AdamW, and ``step(index, learning_rate) -> (loss, CE or
     None, the unweighted number loss or None)``, one optimiser step on the seed's batch
@@ -151,8 +182,8 @@ def build_transformer_arm(
         return loss, ce, number_loss
 
     has_ntl = objective is not None and objective.ntl is not None
-    return Arm(
-        model, optimizer, step, has_ce=objective is not None, has_ntl=has_ntl, answerer=model
+    return TransformerArm(
+        model, optimizer, step, config, has_ce=objective is not None, has_ntl=has_ntl
     )
 
 
@@ -165,7 +196,7 @@ class TransformerModels:
     tokenizer: PromptAnswerTokenizer
     training: TrainingSet
 
-    def build(self, job: Job) -> Arm:
+    def build(self, job: Job) -> TransformerArm:
         """:func:`build_transformer_arm` for ``job``."""
         return build_transformer_arm(self.config, job.seed, job.arm, self.tokenizer, self.training)
 

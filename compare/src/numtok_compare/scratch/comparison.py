@@ -43,6 +43,7 @@ from numtok_compare.runner.phases import (
     run_phases,
 )
 from numtok_compare.runner.run_folder import arm_directory, prepare_run_dir
+from numtok_compare.scratch.arm import TransformerArm
 from numtok_compare.scratch.config import TrainingConfig
 from numtok_compare.scratch.model import Transformer
 from numtok_compare.scratch.timing import interleaved_step_times
@@ -70,9 +71,9 @@ def step_times(models: Models, config: TrainingConfig, *, rounds: int) -> dict[s
     seed = config.seeds[0]
     steps = {}
     for arm in config.arms:
-        step = models.build(Job(seed, arm, config.weight_of(arm))).step
-        assert step is not None  # every arm trained from scratch trains
-        steps[arm] = step
+        built = models.build(Job(seed, arm, config.weight_of(arm)))
+        assert isinstance(built, TransformerArm)  # every arm trained from scratch
+        steps[arm] = built.step
     return interleaved_step_times(
         steps,
         learning_rate=lambda index: learning_rate_at(index, config),

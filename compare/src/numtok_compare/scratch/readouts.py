@@ -20,7 +20,7 @@ import torch
 
 from numtok import last_number, number_distribution
 from numtok.readout import greedy_tokens
-from numtok_compare.runner.loop import Progress
+from numtok_compare.runner.training_log import Progress
 from numtok_compare.scratch.arm import ScoreRegressor
 from numtok_compare.scratch.model import KeyValueCache, Transformer
 from numtok_compare.scratch.tokenizer import PromptAnswerTokenizer

@@ -17,9 +17,9 @@ import torch
 from torch import nn
 
 from numtok_compare.design import Design
-from numtok_compare.runner.loop import Progress
 from numtok_compare.runner.parallel import Executor
 from numtok_compare.runner.phases import Job, Phases
+from numtok_compare.runner.training_log import Progress
 from numtok_compare.scratch.arm import (
     ScoredTrainingSet,
     ScoreRegressor,
