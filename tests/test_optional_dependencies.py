@@ -143,6 +143,31 @@ def test_the_command_names_the_extra_to_install() -> None:
     )
 
 
+def test_compare_names_the_extra_of_its_plot_before_it_trains(tmp_path: Path) -> None:
+    """Without matplotlib, numtok compare stops before loading a model or training (it used to
+    train the whole run and end in a ModuleNotFoundError while writing the plot)."""
+    data = tmp_path / "task.jsonl"
+    data.write_text('{"prompt": "1+1", "answer": 2}\n' * 3)
+    code = f"""
+        import sys
+        sys.modules["matplotlib"] = None
+        from numtok.cli import main
+
+        main(["compare", "--data", {str(data)!r}, "--out", {str(tmp_path / "run")!r}])
+        """
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+        timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "numtok: error: numtok compare (the report and its plot) needs matplotlib, which "
+        "numtok-compare's 'demo' extra installs: pip install \"./compare[demo]\" in a checkout "
+        "of numtok"
+    )
+    assert not (tmp_path / "run").exists()
+
+
 def test_without_the_harness_its_commands_say_in_one_line_what_to_install(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

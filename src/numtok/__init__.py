@@ -1,6 +1,6 @@
 """numtok: the Number Token Loss for language models, right on every tokenizer."""
 
-from numtok.hf import NTLossForTrainer
+from numtok.hf import NTLossForTrainer, patch_model, unpatch_model
 from numtok.losses.fused import CEWithNTLOutput, CrossEntropyWithNTL, cross_entropy_with_ntl
 from numtok.losses.head import LinearNumberTokenLoss, linear_number_token_loss
 from numtok.losses.linear import LinearCrossEntropyWithNTL, linear_cross_entropy_with_ntl
@@ -63,6 +63,8 @@ __all__ = [
     "number_token_loss",
     "numeric_metrics",
     "parse_number",
+    "patch_model",
     "predict_numbers",
+    "unpatch_model",
 ]
 __version__ = "0.1.0"

@@ -294,6 +294,8 @@ def _compare(
              "scratch; numtok list shows them)")  # fmt: skip
     try:
         require_extra("pretrained", "numtok compare")
+        # The report ends the run with its plot: a missing matplotlib is said before training.
+        require_extra("demo", "numtok compare (the report and its plot)")
     except ModuleNotFoundError as error:
         fail(str(error))
     from numtok_compare.finetune.command import run_compare
