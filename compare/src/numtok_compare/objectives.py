@@ -25,7 +25,15 @@ from torch import nn
 
 from numtok import GaussianLabelSmoothingLoss, NTILLoss, NumberTokenLoss, NumberVocab
 
-__all__ = ["ARMS", "ARM_LABELS", "ATTACHED_ARMS", "GLS_SIGMA", "NUMBER_LOSS_ARMS", "Objective"]
+__all__ = [
+    "ARMS",
+    "ARM_LABELS",
+    "ATTACHED_ARMS",
+    "GLS_SIGMA",
+    "IGNORE_INDEX",
+    "NUMBER_LOSS_ARMS",
+    "Objective",
+]
 
 #: The arms and how tables name them.
 ARM_LABELS = {
@@ -45,6 +53,8 @@ NUMBER_LOSS_ARMS = ("was", "mse", "number", "del", "smmd", "dist2", "ntil")
 #: The number-loss arms whose loss :class:`numtok.hf.NTLossForTrainer` computes (its kinds): under
 #: the ``transformers.Trainer`` they are added by its ``attach``, the line users write.
 ATTACHED_ARMS = ("was", "mse", "del", "smmd", "dist2")
+#: The label of a position no loss reads (the prompt, the padding), as in ``F.cross_entropy``.
+IGNORE_INDEX = -100
 #: Width of the Gaussian target of the ``gls`` arm, in digits.
 GLS_SIGMA = 1.0
 

@@ -16,9 +16,10 @@ from typing import Any
 
 import torch
 
+from numtok_compare.objectives import IGNORE_INDEX
+
 __all__ = ["SYSTEM", "Encoded", "encode", "encode_prompt", "prompt_batch", "training_batch"]
 
-IGNORE_INDEX = -100
 SYSTEM = "Answer with the number only."
 
 

@@ -6,8 +6,8 @@
   to zero, the gradient norm clipped to ``grad_clip``, the loss logged every ``log_every`` steps,
   a checkpoint every ``checkpoint_every`` steps into the job's ``checkpoints/``, and the job's
   seed. The Trainer seeds its shuffling with it, so every arm of a seed sees the same batches.
-* **The loss** (:func:`attach_loss`): CE is the model's own; the arms of
-  :data:`~numtok_compare.objectives.ATTACHED_ARMS` add theirs with
+* **The loss** (:func:`compute_loss_func`, :meth:`TrainerArm.trainer`): CE is the model's
+  own; the arms of :data:`~numtok_compare.objectives.ATTACHED_ARMS` add theirs with
   ``NTLossForTrainer(vocab, kind=arm, ntl_weight=λ).attach(trainer)``, which logs ``ce`` and
   ``ntl``; the others (``gls``, ``number``, ``ntil``) pass
   :class:`~numtok_compare.objectives.Objective` as the Trainer's ``compute_loss_func``; the
@@ -38,19 +38,17 @@ from transformers.trainer_utils import get_last_checkpoint
 from numtok import NumberVocab
 from numtok.hf import NTLossForTrainer
 from numtok_compare.config import RunConfig
-from numtok_compare.objectives import ATTACHED_ARMS, Objective
+from numtok_compare.objectives import ATTACHED_ARMS, IGNORE_INDEX, Objective
 from numtok_compare.runner.run_folder import CHECKPOINTS, WEIGHTS, save_atomically, trainable_state
 from numtok_compare.runner.training_log import Progress, TrainingLog
 
 __all__ = [
     "TrainerArm",
-    "attach_loss",
+    "compute_loss_func",
     "is_main_process",
     "objective_loss",
     "training_arguments",
 ]
-
-IGNORE_INDEX = -100
 
 
 def training_arguments(
@@ -96,12 +94,15 @@ def objective_loss(objective: Objective) -> Callable[..., torch.Tensor]:
     return compute_loss
 
 
-def attach_loss(arm: str, vocab: NumberVocab, weight: float) -> dict[str, Any]:
-    """The Trainer's ``compute_loss_func`` for ``arm`` at λ = ``weight`` (``{}``: the model's own
-    loss, or :class:`NTLossForTrainer` attached after by :class:`TrainerArm`)."""
+def compute_loss_func(
+    arm: str, vocab: NumberVocab, weight: float
+) -> Callable[..., torch.Tensor] | None:
+    """The Trainer's ``compute_loss_func`` for ``arm`` at λ = ``weight``: None where the model's
+    own loss is the arm's (``ce``, ``head``) or :class:`NTLossForTrainer` adds it
+    (:data:`~numtok_compare.objectives.ATTACHED_ARMS`)."""
     if arm in ("ce", "head") or arm in ATTACHED_ARMS:
-        return {}
-    return {"compute_loss_func": objective_loss(Objective(arm, vocab, ntl_weight=weight))}
+        return None
+    return objective_loss(Objective(arm, vocab, ntl_weight=weight))
 
 
 class _Watch(TrainerCallback):
@@ -156,7 +157,8 @@ class TrainerArm:
             model=self.model,
             args=training_arguments(self.config, self.seed, directory, self.training_args),
             train_dataset=self.train, data_collator=self.collate,
-            optimizers=(self.optimizer, None), **attach_loss(self.arm, self.vocab, self.weight),
+            optimizers=(self.optimizer, None),
+            compute_loss_func=compute_loss_func(self.arm, self.vocab, self.weight),
         )  # fmt: skip
         for chatty in (PrinterCallback, ProgressCallback):
             trainer.remove_callback(chatty)
