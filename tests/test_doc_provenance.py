@@ -54,7 +54,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 REPORT_PAGES = {
     "docs/number-losses-arithmetic-report.md": "numtok compare --preset add_or_sub-losses",
     "docs/number-losses-test-report.md": "numtok compare --preset rjokes-losses",
-    "docs/rjokes-test-report.md": "numtok demo --data-dir DATA",
+    "docs/rjokes-test-report.md": "numtok demo",
     "docs/compare-arithmetic-fresh.md": "numtok compare --preset smollm2-arithmetic-fresh",
     "docs/smollm2-rjokes-gate.md": "numtok compare --preset smollm2-rjokes",
     "docs/smollm2-diamonds-validation.md": "numtok compare --preset smollm2-diamonds",

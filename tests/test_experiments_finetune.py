@@ -18,9 +18,10 @@ import torch
 from numtok_compare.finetune.comparison import run_finetune
 from numtok_compare.finetune.config import FinetuneConfig
 from numtok_compare.finetune.data import load_finetune_data
-from numtok_compare.finetune.examples import encode, prompt_batch, training_batch
+from numtok_compare.finetune.examples import encode
 from numtok_compare.presets import PRESETS
 from numtok_compare.report import reanalyse
+from numtok_compare.runner.batches import prompt_batch, training_batch
 from numtok_compare.runner.run_folder import prepare_run_dir
 from numtok_compare.tasks.arithmetic import arithmetic_splits
 
@@ -216,6 +217,7 @@ def test_an_arm_killed_while_training_continues_from_its_checkpoint(
            if arm == "head" else {}),
     )  # fmt: skip
     import numtok_compare.finetune.arm as train
+    import numtok_compare.runner.batches as batches_module
 
     batches: list[list[float]] = []
     original = train.training_batch
@@ -224,7 +226,12 @@ def test_an_arm_killed_while_training_continues_from_its_checkpoint(
         batches.append([e.value for e in examples])
         return original(examples, pad_id)
 
-    monkeypatch.setattr(train, "training_batch", recorded)
+    def record_with(collate: Any) -> None:
+        # The token arms' batches (finetune.arm's name) and the head's (regression_batch's call).
+        monkeypatch.setattr(train, "training_batch", collate)
+        monkeypatch.setattr(batches_module, "training_batch", collate)
+
+    record_with(recorded)
     straight = run_finetune(config, tmp_path / "straight", log=lambda _: None)
     straight_batches = list(batches)
     checkpoint = tmp_path / "resumed" / "seed0" / arm / "checkpoints" / "checkpoint-2"
@@ -235,11 +242,11 @@ def test_an_arm_killed_while_training_continues_from_its_checkpoint(
         return recorded(examples, pad_id)
 
     batches.clear()
-    monkeypatch.setattr(train, "training_batch", stop_after_the_checkpoint)
+    record_with(stop_after_the_checkpoint)
     with pytest.raises(KeyboardInterrupt):
         run_finetune(config, tmp_path / "resumed", log=lambda _: None)
     batches.clear()
-    monkeypatch.setattr(train, "training_batch", recorded)
+    record_with(recorded)
     resumed = run_finetune(config, tmp_path / "resumed", log=lambda _: None)
     # Steps 3 and 4 of the arm (and the data loader's one batch of look-ahead), nothing of ce's,
     # as the uninterrupted run made them.

@@ -1,5 +1,5 @@
 """The fine-tuning harness scores a batch's prompts with the tokens they share run once
-(numtok_compare.finetune.prefix): on a tiny random Llama in float64 the greedy answers are those of
+(numtok_compare.runner.scoring): on a tiny random Llama in float64 the greedy answers are those of
 running every prompt whole; the head arm reads each prompt's last hidden state."""
 
 from __future__ import annotations
@@ -13,14 +13,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import numtok.readout.decoding
+from numtok.readout import shared_prefix_length
 from numtok.readout.decoding import predict_numbers
 from numtok.readout.distribution import FAST_TOLERANCE
 from numtok_compare.finetune.arm import Trained, load_model
 from numtok_compare.finetune.config import FinetuneConfig
-from numtok_compare.finetune.evaluate import generate_answers, score_split
-from numtok_compare.finetune.examples import encode, prompt_batch, training_batch
-from numtok_compare.finetune.prefix import shared_prefix_length
+from numtok_compare.finetune.evaluate import score_split
+from numtok_compare.finetune.examples import encode
 from numtok_compare.regression_head import RegressionHead
+from numtok_compare.runner.batches import prompt_batch, training_batch
+from numtok_compare.runner.scoring import generate_answers
 
 from _hf_tiny import build_tokenizer
 

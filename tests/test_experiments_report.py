@@ -127,8 +127,9 @@ def test_run_writes_results_report_and_plot(smoke_run: tuple[Path, Path, dict[st
             assert results["answers"][split]["was"]["greedy"][index] == [
                 last_number(text) for text in texts[split]
             ]
-    assert set(results["timing"]["arms"]) == set(SMOKE.arms)
-    assert "A training step (interleaved timing, median): was" in report
+    assert {run["arm"] for run in results["runs"]} == set(SMOKE.arms)
+    assert all(run["seconds_per_step"] > 0 for run in results["runs"])
+    assert "A training step (the median over seeds of each run's median): was" in report
 
 
 def test_validation_run_scores_only_the_validation_split(tmp_path: Path) -> None:

@@ -17,22 +17,16 @@ import torch.nn.functional as F
 
 pytest.importorskip("matplotlib", reason="needs the harness: pip install ./compare[demo]")
 
-from numtok import number_token_loss
+from numtok import last_number, predict_numbers
 from numtok.cli import main
-from numtok.readout.distribution import number_distribution
 from numtok_compare.presets import PRESETS
+from numtok_compare.regression_head import RegressionHead
 from numtok_compare.report import reanalyse
 from numtok_compare.runner.phases import Job, score_test, train_and_validate
-from numtok_compare.scratch.arm import ScoreRegressor, build_transformer_arm
+from numtok_compare.runner.scoring import generate_answers
 from numtok_compare.scratch.config import RJokesConfig
-from numtok_compare.scratch.readouts import CachedScorer, token_predictions
-from numtok_compare.scratch.rjokes import (
-    RJokesTask,
-    build_tokenizer,
-    prepare_training,
-    run_rjokes,
-)
-from numtok_compare.scratch.tokenizer import WordTokenizer
+from numtok_compare.scratch.rjokes import GREEDY_TOKENS, RJokesTask, run_rjokes
+from numtok_compare.scratch.tokenizer import encode_example
 from numtok_compare.tasks.rjokes import (
     RJokesData,
     evaluation_subset,
@@ -125,120 +119,45 @@ def test_missing_or_bad_data_is_a_clear_error(tmp_path: Path, monkeypatch: Any) 
         load_rjokes(tmp_path, validation_jokes=2)
 
 
-def test_word_tokenizer() -> None:
-    tokenizer = WordTokenizer.from_texts(
-        ["The cat, the CAT 12!", "the dog's cat"], max_words=3, max_prompt_tokens=4
-    )
-    assert tokenizer.tokens[3:14] == ["<unk>", *"0123456789"]
-    # "cat" and "the" 3 times each (ties alphabetically), then "!" first of the single ones
-    assert tokenizer.tokens[14:] == ["cat", "the", "!"]
-    ids = tokenizer.encode("the cat 1 2 zebra")
-    assert ids[:2] == [15, 14] and ids[-1] == tokenizer.unknown_id
-    assert tokenizer.encode_prompt("the cat the cat the cat")[-1] == tokenizer.separator_id
-    assert len(tokenizer.encode_prompt("the cat the cat the cat")) == 5
-    assert tokenizer.decode(tokenizer.encode("the cat 1 2")) == "the cat 12"
-    assert tokenizer.number_vocab().digits == list("0123456789")
-    inputs, labels = tokenizer.encode_example("the cat", "10")
-    assert labels == [-100, -100, tokenizer.tokens.index("1"), tokenizer.tokens.index("0"), 2]
-    assert inputs[2] == tokenizer.separator_id
+def test_arms_share_the_trunk_and_the_head_reads_standardised_scores(
+    data: RJokesData, tmp_path: Path
+) -> None:
+    config = SMOKE.with_overrides(arms=("ce", "was", "head"), ntl_weight=0.7)
+    task = RJokesTask(config, data)
+    arms = {arm: task.build(Job(3, arm, config.weight_of(arm))) for arm in config.arms}
+    trunk = arms["ce"].model.model.state_dict()
+    head = arms["head"].model
+    assert isinstance(head, RegressionHead) and not head.head.weight.any()
+    for state in (arms["was"].model.model.state_dict(), head.decoder.state_dict()):
+        assert all(torch.equal(state[name], tensor) for name, tensor in trunk.items())
+    batch = arms["head"].collate(task.examples[:16])
+    scores = torch.tensor([score for _, score in data.train[:16]], dtype=torch.float32)
+    mean, std = task.scale
+    torch.testing.assert_close(batch["targets"] * std + mean, scores)
+    loss = arms["head"].trainer(tmp_path).compute_loss(head, dict(batch))
+    inputs = {key: batch[key] for key in ("input_ids", "attention_mask", "labels")}
+    torch.testing.assert_close(loss, F.mse_loss(head.predict(**inputs), batch["targets"]))
 
 
-def test_arms_share_the_trunk_and_compute_their_losses(data: RJokesData) -> None:
-    config = SMOKE.with_overrides(arms=("ce", "was", "mse", "head", "gls"), ntl_weight=0.7)
-    tokenizer, training = prepare_training(config, data)
-    arms = {arm: build_transformer_arm(config, 3, arm, tokenizer, training) for arm in config.arms}
-    trunk = arms["ce"].model.state_dict()
-    head_model = arms["head"].model
-    assert isinstance(head_model, ScoreRegressor)
-    for name, arm in arms.items():
-        model = arm.model
-        state = (
-            model.trunk.state_dict() if isinstance(model, ScoreRegressor) else model.state_dict()
-        )
-        assert all(torch.equal(state[k], v) for k, v in trunk.items()), name
-    assert float(head_model.head.weight.detach().abs().sum()) == 0.0
-
-    batch = training.batch(3, 0, config.batch_size)
-    vocab = tokenizer.number_vocab()
-    model = arms["was"].model
-    with torch.no_grad():
-        logits = model(batch.inputs, positions=batch.positions, allowed=batch.allowed)
-    # The step computes logits at the answer tokens only; the reference, at every position.
-    loss, ce, ntl = arms["was"].step(0, 1e-3)
-    torch.testing.assert_close(ce, F.cross_entropy(logits.flatten(0, 1), batch.labels.flatten()))
-    torch.testing.assert_close(ntl, number_token_loss(logits, batch.labels, vocab, kind="was"))
-    torch.testing.assert_close(loss, ce + 0.7 * ntl)
-
-    chosen = torch.as_tensor(training.batch_indices(3, 0, config.batch_size))
-    columns = batch.example_offsets + training.answer_offsets[chosen]
-    assert bool((batch.inputs[batch.example_rows, columns] == tokenizer.separator_id).all())
-    with torch.no_grad():
-        hidden = head_model.trunk.features(
-            batch.inputs, positions=batch.positions, allowed=batch.allowed
-        )
-        expected = F.mse_loss(
-            head_model(hidden[batch.example_rows, columns]), training.targets[chosen]
-        )
-    loss, ce, ntl = arms["head"].step(0, 1e-3)
-    assert ce is None and ntl is None
-    assert (arms["head"].has_ce, arms["head"].has_ntl) == (False, False)
-    torch.testing.assert_close(loss, expected)
-    scores = torch.tensor([s for _, s in data.train], dtype=torch.float32)
-    torch.testing.assert_close(training.targets * training.score_std + training.score_mean, scores)
-
-
-def test_the_head_arm_refuses_a_training_set_without_targets(data: RJokesData) -> None:
-    from numtok_compare.scratch.batches import TrainingSet
-
-    tokenizer = build_tokenizer(SMOKE, data)
-    plain = TrainingSet([(text, str(score)) for text, score in data.train], tokenizer)
-    with pytest.raises(
-        TypeError,
-        match=r"the head arm trains on a ScoredTrainingSet \(numeric targets\), got TrainingSet",
-    ):
-        build_transformer_arm(SMOKE, 0, "head", tokenizer, plain)
-
-
-def test_cached_scorer_matches_unpadded_forward_passes(data: RJokesData) -> None:
-    tokenizer, training = prepare_training(SMOKE, data)
-    model = build_transformer_arm(SMOKE, 0, "ce", tokenizer, training).model.eval()
-    prompts = [tokenizer.encode_prompt(text) for text, _ in data.test[:5]]
-    assert len({len(p) for p in prompts}) > 1, "prompts of different lengths test the padding"
-    scorer = CachedScorer(model, prompts, tokenizer.pad_id, "cpu")
-
-    def alone(sequence: list[int]) -> torch.Tensor:
-        with torch.no_grad():
-            return model(torch.tensor([sequence]))[0, -1]
-
-    torch.testing.assert_close(scorer.start(), torch.stack([alone(p) for p in prompts]))
-    parents, tokens = torch.tensor([4, 0, 0, 2]), torch.tensor([5, 6, 7, 8])
-    sequences = [[*prompts[p], t] for p, t in zip(parents.tolist(), tokens.tolist(), strict=True)]
-    torch.testing.assert_close(
-        scorer.extend(parents, tokens), torch.stack([alone(s) for s in sequences])
-    )
-    parents, tokens = torch.tensor([3, 1]), torch.tensor([9, 10])
-    sequences = [[*sequences[p], t] for p, t in zip(parents.tolist(), tokens.tolist(), strict=True)]
-    torch.testing.assert_close(
-        scorer.extend(parents, tokens), torch.stack([alone(s) for s in sequences])
-    )
-
-
-def test_token_readouts_are_the_distribution_summaries(data: RJokesData) -> None:
-    tokenizer, training = prepare_training(SMOKE, data)
-    model = build_transformer_arm(SMOKE, 0, "ce", tokenizer, training).model
-    jokes = data.test[:20]
-    predictions, mass, pruned = token_predictions(
-        model, tokenizer, [text for text, _ in jokes], batch_size=7, max_new_tokens=6,
-        max_digits=2, min_probability=0.0, device="cpu",
-    )  # fmt: skip
-    prompts = [tokenizer.encode_prompt(text) for text, _ in jokes]
-    exact = number_distribution(
-        CachedScorer(model, prompts, tokenizer.pad_id, "cpu"), tokenizer.number_vocab()
-    )
-    assert predictions["expected"] == pytest.approx(exact.mean.tolist())
-    assert predictions["median"] == exact.median.tolist()
-    assert mass == pytest.approx(exact.mass.tolist()) and pruned == [0.0] * 20
-    assert len(predictions["greedy"]) == 20
+def test_token_readouts_are_the_distribution_summaries_and_the_greedy_text(
+    data: RJokesData,
+) -> None:
+    """Scored in chunks of ``eval_batch_size`` jokes, the readouts are those of one call of
+    predict_numbers over every joke, and the greedy answers those of generate()."""
+    config = SMOKE.with_overrides(eval_batch_size=7, min_probability=0.0, eval_jokes=20)
+    task = RJokesTask(config, data)
+    model = task.build(Job(0, "ce", 0.0)).model.eval()
+    scored = task.score(model, "test", lambda _: None)
+    examples = [
+        encode_example(task.tokenizer, text, str(score), max_prompt_tokens=SMOKE.max_prompt_tokens)
+        for text, score in task.jokes["test"]
+    ]
+    exact = predict_numbers(model, task.tokenizer, [list(e.prompt) for e in examples])
+    assert scored["answers"]["expected"] == pytest.approx(exact.mean.tolist())
+    assert scored["answers"]["median"] == exact.median.tolist()
+    assert scored["mass"] == pytest.approx(exact.mass.tolist()) and scored["pruned"] == [0.0] * 20
+    texts = generate_answers(model, task.tokenizer, examples, 5, GREEDY_TOKENS)
+    assert scored["answers"]["greedy"] == [last_number(text) for text in texts]
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """The runner of every comparison on toy models (one weight, a few SGD steps): the phases and
 what they store, the choice of λ from validation alone, resuming, the weights it keeps and drops,
-the jobs run beside validation, and the rows built from the phases."""
+and the rows built from the phases."""
 
 from __future__ import annotations
 
@@ -148,7 +148,6 @@ def _run(
         phases = run_phases(
             ToySource(CONFIG, calls), _jobs(), _directories(run_dir), choose=_closest_to_one,
             test_splits=test_splits, executor=executor, bar=Bar(), log=lines.append,
-            beside=[(len, ("beside",))],
         )  # fmt: skip
     return phases, lines, sum(reported)
 
@@ -163,7 +162,6 @@ def test_the_phases_train_validate_choose_and_test_once(tmp_path: Path) -> None:
     assert (work.steps, work.items) == (6 * 4, 7 * 3 + 5 * 2)  # 7 jobs, 5 (seed, arm) tested
     phases, lines, reported = _run(tmp_path, calls)
     assert reported == work.steps + work.items
-    assert phases.beside == [6]  # len("beside"), run with the validation phase
     # The choice reads the validation answers alone, and the test phase follows it.
     assert phases.choice == _closest_to_one(phases.validation)
     chosen = phases.choice["chosen"]["was"]

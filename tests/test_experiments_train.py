@@ -1,9 +1,8 @@
-"""Paired arms (same initial weights, same batches), the loss, the schedule, and exact resumption
-after an interruption, in process and by killing a real run."""
+"""The arms trained from scratch: paired (the same initial weights), the loss on the answer columns,
+and exact resumption after an interruption, in process and by killing a real run."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import signal
@@ -15,22 +14,18 @@ from typing import Any
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 pytest.importorskip("mathematics_dataset", reason="needs the harness: pip install ./compare[demo]")
 
-from numtok import number_token_loss
-from numtok.losses.smoothing import gaussian_label_smoothing_ce
-from numtok_compare.objectives import GLS_SIGMA, NUMBER_LOSS_ARMS
+from numtok_compare.objectives import ARMS, Objective
 from numtok_compare.presets import PRESETS
-from numtok_compare.runner.loop import learning_rate_at
+from numtok_compare.runner.batches import answer_batch, training_batch
 from numtok_compare.runner.phases import Job, train_and_validate
 from numtok_compare.runner.run_folder import arm_directory
+from numtok_compare.runner.trainer import objective_loss
 from numtok_compare.scratch.arithmetic import ArithmeticTask, run_experiment
-from numtok_compare.scratch.arm import build_transformer_arm
-from numtok_compare.scratch.batches import TrainingSet
+from numtok_compare.scratch.arm import number_vocab
 from numtok_compare.scratch.config import ExperimentConfig
-from numtok_compare.scratch.tokenizer import CharTokenizer
 from numtok_compare.tasks.mathematics import MathData, load_data
 
 SMOKE = PRESETS["smoke"].config
@@ -53,59 +48,51 @@ def data(cache_dir: Path) -> MathData:
 
 
 def test_every_arm_starts_from_the_same_weights(data: MathData) -> None:
-    tokenizer = CharTokenizer()
-    training = TrainingSet(data.train, tokenizer)
+    task = ArithmeticTask(SMOKE, data)
 
     def initial(seed: int, arm: str) -> dict[str, torch.Tensor]:
-        return build_transformer_arm(SMOKE, seed, arm, tokenizer, training).model.state_dict()
+        return task.build(Job(seed, arm, SMOKE.weight_of(arm))).model.state_dict()
 
     states = [initial(7, arm) for arm in ("ce", "was", "mse")]
     for state in states[1:]:
         for name, tensor in states[0].items():
             assert torch.equal(state[name], tensor), name
+    head = initial(7, "head")
+    for name, tensor in head.items():
+        if name.startswith("decoder."):
+            assert torch.equal(states[0][name.replace("decoder.", "model.", 1)], tensor), name
+    assert not head["head.weight"].any()
     other_seed = initial(8, "ce")
-    assert not torch.equal(other_seed["embedding.weight"], states[0]["embedding.weight"])
+    embedding = "model.embed_tokens.weight"
+    assert not torch.equal(other_seed[embedding], states[0][embedding])
 
 
-def test_learning_rate_warms_up_then_decays_to_zero() -> None:
-    config = SMOKE.with_overrides(steps=100, warmup_steps=10, learning_rate=1e-3)
-    rates = [learning_rate_at(s, config) for s in range(100)]
-    assert rates[0] == pytest.approx(1e-4) and rates[9] == pytest.approx(1e-3)
-    assert all(a >= b for a, b in itertools.pairwise(rates[9:]))
-    assert rates[-1] < 1e-5
-
-
-@pytest.mark.parametrize("arm", ["ce", "was", "mse", "gls", "number", "del", "smmd", "dist2"])
-def test_train_step_minimises_the_arm_loss(arm: str, data: MathData) -> None:
-    tokenizer = CharTokenizer()
-    vocab = tokenizer.number_vocab()
-    config = SMOKE.with_overrides(ntl_weight=0.7, batch_size=8)
-    training = TrainingSet(data.train, tokenizer)
-    built = build_transformer_arm(config, 0, arm, tokenizer, training)
-    model = built.model
-    batch = training.batch(0, 0, 8)
-    labels = batch.labels
+@pytest.mark.parametrize("arm", [arm for arm in ARMS if arm != "head"])
+def test_the_answer_columns_give_the_loss_of_the_whole_rows(
+    arm: str, data: MathData, tmp_path: Path
+) -> None:
+    """A from-scratch arm trains on left-padded batches whose logits are kept at the answer
+    columns only: its loss, through the Trainer (the model's own, attach()'s or the objective's),
+    equals the arm's objective on every position of the right-padded rows."""
+    config = SMOKE.with_overrides(ntl_weight=0.7)
+    task = ArithmeticTask(config, data)
+    built = task.build(Job(0, arm, config.weight_of(arm)))
+    trainer = built.trainer(tmp_path)
+    examples = task.examples[:8]
+    pad_id = task.tokenizer.pad_token_id
+    kept = answer_batch(examples, pad_id)
+    assert kept["labels"].shape[1] == kept["logits_to_keep"] < kept["input_ids"].shape[1]
+    torch.manual_seed(1)  # NTIL's Gumbel noise: the same draws for both
+    loss = trainer.compute_loss(built.model, dict(kept))
+    whole = training_batch(examples, pad_id)
     with torch.no_grad():
-        logits = model(batch.inputs, positions=batch.positions, allowed=batch.allowed)
-    before = [p.detach().clone() for p in model.parameters()]
-    # The step computes logits at the answer tokens only; the reference, at every position.
-    loss, ce, ntl_value = built.step(0, 1e-3)
-    assert (built.has_ce, built.has_ntl) == (True, arm in NUMBER_LOSS_ARMS)
-    assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
-    torch.testing.assert_close(ce, F.cross_entropy(logits.flatten(0, 1), labels.flatten()))
-    if arm in NUMBER_LOSS_ARMS:
-        expected_ntl = number_token_loss(logits, labels, vocab, kind=arm)
-        assert ntl_value is not None
-        torch.testing.assert_close(ntl_value, expected_ntl)
-        torch.testing.assert_close(loss, ce + 0.7 * expected_ntl)
-        return
-    assert ntl_value is None
-    if arm == "ce":
-        assert torch.equal(loss, ce)
-    else:
-        expected = gaussian_label_smoothing_ce(logits, labels, vocab, sigma=GLS_SIGMA)
-        torch.testing.assert_close(loss, expected)
-        assert float(loss.detach()) != pytest.approx(float(ce))
+        logits = built.model(input_ids=whole["input_ids"], attention_mask=whole["attention_mask"])
+    objective = Objective(arm, number_vocab(task.tokenizer), ntl_weight=config.weight_of(arm))
+    torch.manual_seed(1)
+    expected = objective_loss(objective)({"logits": logits.logits}, whole["labels"])
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-6)
+    loss.backward()
+    assert all(p.grad is not None and p.grad.isfinite().all() for p in built.model.parameters())
 
 
 def _comparable(result: dict[str, Any]) -> dict[str, Any]:
@@ -135,16 +122,19 @@ def test_interrupted_arm_resumes_to_identical_results(tmp_path: Path, data: Math
     directory = tmp_path / "resumed"
     with pytest.raises(_InterruptError):
         train_and_validate(task, job, directory, interrupt_after_23_steps)
-    assert (directory / "checkpoint.pt").exists() and not (directory / "validation.json").exists()
+    checkpoint = directory / "checkpoints" / "checkpoint-20"
+    assert checkpoint.exists() and not (directory / "validation.json").exists()
 
     resumed_steps: list[int] = []
     resumed = train_and_validate(task, job, directory, resumed_steps.append)
-    assert resumed_steps[0] == 20  # restarted from the checkpoint at step 20, not from 0
+    # Restarted from the checkpoint at step 20, not from 0: the first report counts step 21
+    # with the 20 steps before it.
+    assert resumed_steps[0] == 21 and sum(resumed_steps) == 35
     assert _comparable(resumed) == _comparable(reference)
     assert json.loads((directory / "validation.json").read_text()) == json.loads(
         json.dumps(resumed)
     )
-    assert not (directory / "checkpoint.pt").exists() and (directory / "model.pt").exists()
+    assert not checkpoint.exists() and (directory / "model.pt").exists()
 
 
 def _wait_for(path: Path, process: subprocess.Popen[bytes], timeout: float) -> None:
@@ -168,7 +158,8 @@ def test_killed_run_resumes_to_identical_results(tmp_path: Path, cache_dir: Path
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environment
     )
-    _wait_for(arm_directory(tmp_path / "run", 0, "was") / "checkpoint.pt", process, timeout=120)
+    checkpoints = arm_directory(tmp_path / "run", 0, "was") / "checkpoints"
+    _wait_for(checkpoints / "checkpoint-100", process, timeout=120)
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert (arm_directory(tmp_path / "run", 0, "ce") / "validation.json").exists()
@@ -214,11 +205,6 @@ def test_single_arms_take_their_own_weight() -> None:
     assert config.weights_text() == f"λ: was {SMOKE.ntl_weight:g}, del 2.5"
     assert ExperimentConfig.from_dict(config.to_dict()) == config
     assert config.fingerprint() != config.with_overrides(arm_weights=(("del", 3.0),)).fingerprint()
-    tokenizer = CharTokenizer()
-    training = TrainingSet([("1+1", "2"), ("2+2", "4")], tokenizer)
-    arm = build_transformer_arm(config.with_overrides(batch_size=2), 0, "del", tokenizer, training)
-    loss, ce, number_loss = arm.step(0, 1e-3)
-    torch.testing.assert_close(loss, ce + 2.5 * number_loss)
     with pytest.raises(
         ValueError, match=r"arm_weights must be \(arm, λ\) pairs .* \('cat', 1\.0\)"
     ):

@@ -17,7 +17,12 @@ from numtok import NumberVocab, gaussian_label_smoothing_ce
 from numtok_compare.config import RunConfig
 from numtok_compare.objectives import ARMS, ATTACHED_ARMS, GLS_SIGMA, Objective
 from numtok_compare.regression_head import RegressionHead
-from numtok_compare.runner.trainer import TrainerArm, compute_loss_func, objective_loss
+from numtok_compare.runner.trainer import (
+    TrainerArm,
+    compute_loss_func,
+    last_complete_checkpoint,
+    objective_loss,
+)
 
 from _hf_tiny import build_model, build_tokenizer
 
@@ -117,3 +122,18 @@ def test_the_arms_of_a_seed_take_the_same_batches_and_log_their_terms(tmp_path: 
     assert (tmp_path / "head" / "model.pt").exists()
     stored = torch.load(tmp_path / "head" / "model.pt", weights_only=True)
     assert "head.weight" in stored and stored["head.weight"].abs().max() > 0  # it trained
+
+
+def test_a_half_written_checkpoint_is_not_resumed_from(tmp_path: Path) -> None:
+    """A process killed while the Trainer wrote a checkpoint leaves a folder without its
+    trainer_state.json (written last): the arm resumes from the newest complete one (by step,
+    not by name: 10 after 2), and the half-written one is deleted."""
+    assert last_complete_checkpoint(tmp_path / "none") is None
+    for step, complete in ((2, True), (10, True), (12, False)):
+        folder = tmp_path / f"checkpoint-{step}"
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"")
+        if complete:
+            (folder / "trainer_state.json").write_text("{}")
+    assert last_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-10")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-10", "checkpoint-2"]

@@ -13,8 +13,9 @@ of its prediction from each prompt's last hidden state to the standardised answe
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +23,11 @@ import torch
 
 from numtok import NumberVocab
 from numtok_compare.finetune.config import FinetuneConfig
-from numtok_compare.finetune.examples import Encoded, training_batch
-from numtok_compare.finetune.models import causal_lm_of
 from numtok_compare.regression_head import RegressionHead
+from numtok_compare.runner.batches import Encoded, answer_scale, regression_batch, training_batch
 from numtok_compare.runner.phases import Arm, Job, UntrainedArm
 from numtok_compare.runner.run_folder import WEIGHTS, load_trainable_state
+from numtok_compare.runner.scoring import causal_lm_of
 from numtok_compare.runner.trainer import TrainerArm
 
 __all__ = ["Trained", "build_arm", "load_arm", "load_model"]
@@ -63,12 +64,6 @@ class Trained:
     score_scale: tuple[float, float]
 
 
-def _answer_scale(examples: Sequence[Encoded]) -> tuple[float, float]:
-    """The training answers' mean and standard deviation (the head's targets are standardised)."""
-    values = torch.tensor([e.value for e in examples], dtype=torch.float64)
-    return float(values.mean()), float(values.std().clamp_min(1e-6))
-
-
 def _with_head(model: Any, arm: str, device: str) -> RegressionHead | None:
     """The ``head`` arm's :class:`RegressionHead` on ``model``'s decoder (None for token arms)."""
     if arm != "head":
@@ -88,23 +83,7 @@ def load_arm(
     if job.arm != "base":
         state = torch.load(directory / WEIGHTS, map_location=config.device, weights_only=True)
         load_trainable_state(head if head is not None else model, state)
-    return Trained(model.eval(), head.eval() if head is not None else None, _answer_scale(examples))
-
-
-def _collate(
-    pad_id: int, scale: tuple[float, float] | None
-) -> Callable[[Sequence[Encoded]], dict[str, torch.Tensor]]:
-    """A training batch of examples (:func:`training_batch`); with the head's ``scale`` (mean,
-    standard deviation), also the standardised answers as ``targets`` (B,)."""
-
-    def collate(examples: Sequence[Encoded]) -> dict[str, torch.Tensor]:
-        batch = training_batch(examples, pad_id)
-        if scale is not None:
-            values = torch.tensor([e.value for e in examples], dtype=torch.float32)
-            batch["targets"] = (values - scale[0]) / scale[1]
-        return batch
-
-    return collate
+    return Trained(model.eval(), head.eval() if head is not None else None, answer_scale(examples))
 
 
 def build_arm(
@@ -119,7 +98,7 @@ def build_arm(
     ``config.steps`` steps of ``config.batch_size`` ``examples``; the ``base`` arm does not train
     (the pretrained model, untouched). The head trains at ``head_learning_rate`` when set."""
     model = load_model(model_dir, config, job.seed)
-    scale = _answer_scale(examples)
+    scale = answer_scale(examples)
     if job.arm == "base":
         return UntrainedArm(Trained(model.eval(), None, scale))
     head = _with_head(model, job.arm, config.device)
@@ -135,7 +114,8 @@ def build_arm(
         )  # fmt: skip
     return TrainerArm(
         head if head is not None else model, config, job.seed, job.arm, job.weight, examples,
-        _collate(pad_id, scale if head is not None else None), vocab,
+        partial(regression_batch, pad_id=pad_id, scale=scale) if head is not None
+        else partial(training_batch, pad_id=pad_id), vocab,
         answerer=Trained(model, head, scale), optimizer=optimizer,
         training_args=config.training_args,
     )  # fmt: skip

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from numtok_compare.finetune.config import FinetuneConfig
-from numtok_compare.finetune.examples import Encoded, encode
+from numtok_compare.finetune.examples import encode
+from numtok_compare.runner.batches import Encoded
 from numtok_compare.tasks.arithmetic import SPLITS as ARITHMETIC_SPLITS
 from numtok_compare.tasks.arithmetic import arithmetic_splits
 from numtok_compare.tasks.jsonl import DataError, read_user_data

@@ -23,66 +23,13 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-import torch
-
 from numtok import last_number, predict_numbers
-from numtok.readout import cache_argument
 from numtok_compare.finetune.arm import Trained
 from numtok_compare.finetune.config import FinetuneConfig
-from numtok_compare.finetune.examples import Encoded, prompt_batch, training_batch
-from numtok_compare.finetune.models import causal_lm_of
-from numtok_compare.finetune.prefix import prefix_cache, shared_prefix_length
+from numtok_compare.runner.batches import Encoded
+from numtok_compare.runner.scoring import generate_answers, head_predictions
 
-__all__ = ["generate_answers", "score_split"]
-
-
-@torch.no_grad()
-def generate_answers(
-    model: Any, tokenizer: Any, examples: Sequence[Encoded], batch_size: int, new_tokens: int
-) -> list[str]:
-    """Each prompt's greedy continuation of up to ``new_tokens`` tokens, decoded. The S leading
-    tokens a batch's prompts share run once (:func:`~numtok_compare.finetune.prefix.
-    prefix_cache`); the rest is left-padded after them, so a row reads ``prefix, padding, its
-    own tokens`` and the padding is masked (positions count the real tokens only)."""
-    device = next(model.parameters()).device
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    texts: list[str] = []
-    for start in range(0, len(examples), batch_size):
-        prompts = [e.prompt for e in examples[start : start + batch_size]]
-        shared = shared_prefix_length(prompts)
-        own = prompt_batch([prompt[shared:] for prompt in prompts], pad)
-        prefix = torch.tensor(prompts[0][:shared], dtype=torch.long)
-        input_ids = torch.cat([prefix.expand(len(prompts), -1), own["input_ids"]], dim=1)
-        attention_mask = torch.cat(
-            [torch.ones((len(prompts), shared), dtype=torch.long), own["attention_mask"]], dim=1
-        )
-        cached: dict[str, Any] = {}
-        if shared:
-            decoder = causal_lm_of(model).model
-            cached[cache_argument(model)] = prefix_cache(decoder, prefix.to(device), len(prompts))
-        generated = model.generate(
-            input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
-            max_new_tokens=new_tokens, do_sample=False, pad_token_id=pad,
-            eos_token_id=tokenizer.eos_token_id, **cached,
-        )  # fmt: skip
-        new = generated[:, input_ids.shape[1] :]
-        texts += tokenizer.batch_decode(new, skip_special_tokens=True)
-    return texts
-
-
-@torch.no_grad()
-def _head_predictions(
-    trained: Trained, examples: Sequence[Encoded], batch_size: int, pad_id: int
-) -> list[float | None]:
-    assert trained.head is not None
-    device = next(trained.model.parameters()).device
-    mean, std = trained.score_scale
-    values: list[float] = []
-    for start in range(0, len(examples), batch_size):
-        batch = training_batch(examples[start : start + batch_size], pad_id)
-        predicted = trained.head.predict(**{k: v.to(device) for k, v in batch.items()})
-        values += (predicted.double() * std + mean).tolist()
-    return _storable(values)
+__all__ = ["score_split"]
 
 
 def score_split(
@@ -93,7 +40,10 @@ def score_split(
     ``config.max_value``, also ``"unexplored": [pruned mass per example]``."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if trained.head is not None:
-        head = _head_predictions(trained, examples, config.eval_batch_size, pad)
+        head = _storable(
+            head_predictions(trained.head, examples, config.eval_batch_size, pad,
+                             trained.score_scale)
+        )  # fmt: skip
         return {"answers": {"head": head}, "texts": []}
     if config.max_value is None:
         texts = generate_answers(

@@ -1,14 +1,12 @@
-"""The model a comparison fine-tunes: its folder, a digest that tells two models apart, and the
-causal LM under its adapter."""
+"""The model a comparison fine-tunes: its folder and a digest that tells two models apart."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
 
-__all__ = ["causal_lm_of", "model_digest", "resolve_model"]
+__all__ = ["model_digest", "resolve_model"]
 
 
 def resolve_model(model: str) -> Path:
@@ -30,10 +28,3 @@ def model_digest(folder: Path) -> str:
     )
     text = (folder / "config.json").read_text() + json.dumps(entries)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
-def causal_lm_of(model: Any) -> Any:
-    """The causal LM itself: the base model under a LoRA adapter (peft's ``get_base_model()``),
-    else ``model``."""
-    get_base_model = getattr(model, "get_base_model", None)
-    return get_base_model() if callable(get_base_model) else model

@@ -1,4 +1,5 @@
 """How every comparison runs: its phases over (seed, arm, λ) jobs (``phases``), the
-``transformers.Trainer`` that trains the fine-tuning arms (``trainer``) and the loop that still
-trains the from-scratch ones (``loop``), what training logs (``training_log``), jobs in worker
-processes (``parallel``) and the run folder's layout (``run_folder``)."""
+``transformers.Trainer`` that trains every arm (``trainer``), what training logs
+(``training_log``), the examples' batches (``batches``), what is read of a trained arm besides
+``numtok.predict_numbers`` (``scoring``), jobs in worker processes (``parallel``) and the run
+folder's layout (``run_folder``)."""

@@ -2,8 +2,8 @@
 (a :class:`Job` is one seed's arm at one λ):
 
 1. **Validation.** Every job's :class:`Arm` is trained (its ``fit``: the
-   ``transformers.Trainer`` of :mod:`~numtok_compare.runner.trainer`, or the from-scratch loop of
-   :mod:`~numtok_compare.runner.loop`; checkpoints, resume, logged losses, step times) and
+   ``transformers.Trainer`` of :mod:`~numtok_compare.runner.trainer`; checkpoints, resume,
+   logged losses, step times) and
    scored on the validation split; ``validation.json`` stores the answers
    and marks the job done. The trained weights stay in ``model.pt``.
 2. **Choice.** Each arm's λ is chosen from the validation answers alone (the caller's rule; one λ
@@ -32,7 +32,6 @@ import torch
 
 from numtok_compare.config import RunConfig
 from numtok_compare.runner.parallel import Executor, report_progress
-from numtok_compare.runner.parallel import Job as ExecutorJob
 from numtok_compare.runner.run_folder import WEIGHTS, drop_checkpoints, save_atomically
 from numtok_compare.runner.training_log import Progress, TrainingLog, median_step_seconds
 
@@ -180,13 +179,11 @@ def _read(path: Path) -> dict[str, Any] | None:
 @dataclass
 class Phases:
     """What :func:`run_phases` did: ``validation[job]`` and ``test[(seed, arm)]`` (the stored
-    results), ``choice`` (``{"chosen": {arm: λ}, ...}``, the choice rule's), ``beside`` (the
-    outputs of the jobs run beside the validation phase)."""
+    results) and ``choice`` (``{"chosen": {arm: λ}, ...}``, the choice rule's)."""
 
     validation: dict[Job, dict[str, Any]]
     choice: dict[str, Any]
     test: dict[tuple[int, str], dict[str, Any]]
-    beside: list[Any]
 
     def scorings(self) -> list[dict[str, Any]]:
         """Every stored scoring of one split: each job's on validation, then each test split's."""
@@ -237,11 +234,10 @@ def run_phases(
     executor: Executor,
     bar: Any,
     log: Callable[[str], None],
-    beside: Sequence[ExecutorJob] = (),
 ) -> Phases:
     """Run (or resume) the three phases of ``jobs`` (each in ``directories[job]``) with
-    ``executor``, its progress on ``bar``: validation (``beside``'s jobs run with it), the
-    choice (``choose(validation) -> {"chosen": {arm: λ}, ...}``), and the test splits (none:
+    ``executor``, its progress on ``bar``: validation, the choice (``choose(validation) ->
+    {"chosen": {arm: λ}, ...}``), and the test splits (none:
     stop after the choice, the test splits unseen, kept weights and all)."""
     stored = {job: _read(directories[job] / VALIDATION) for job in jobs}
     missing = [job for job, found in stored.items() if found is None]
@@ -252,11 +248,11 @@ def run_phases(
             log(f"seed {job.seed} {job.arm} λ={job.weight:g}: trained and validation scored")
 
     outputs = executor.run(
-        [(_validation_job, (source, job, str(directories[job]))) for job in missing] + list(beside),
+        [(_validation_job, (source, job, str(directories[job]))) for job in missing],
         bar,
         validated,
     )
-    ran = dict(zip(missing, outputs, strict=False))
+    ran = dict(zip(missing, outputs, strict=True))
     validation = {job: found if found is not None else ran[job] for job, found in stored.items()}
     choice = choose(validation)
     test: dict[tuple[int, str], dict[str, Any]] = {}
@@ -282,7 +278,7 @@ def run_phases(
             (directories[job] / WEIGHTS).unlink(missing_ok=True)
             found = stored_tests[job]
             test[(job.seed, job.arm)] = found if found is not None else tested_now[job]
-    return Phases(validation, choice, test, outputs[len(missing) :])
+    return Phases(validation, choice, test)
 
 
 def phase_rows(phases: Phases, seeds: Sequence[int], splits: Sequence[str]) -> dict[str, Any]:

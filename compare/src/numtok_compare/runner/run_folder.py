@@ -2,7 +2,7 @@
 
 ``config.json`` holds the settings (a folder refuses a run with other settings);
 ``seed<N>/<arm>/`` holds one arm's checkpoints while it trains (``checkpoints/``, the
-``transformers.Trainer``'s, or ``checkpoint.pt``, the from-scratch loop's), then ``model.pt`` (the
+``transformers.Trainer``'s), then ``model.pt`` (the
 parameters training changed, :func:`trainable_state`) and what each phase of the runner stored
 (:mod:`numtok_compare.runner.phases`: ``validation.json``, ``test.json``). Every file is written
 atomically, so a killed process leaves the old file or the new one, never half of one.
@@ -20,7 +20,6 @@ import torch
 from torch import nn
 
 __all__ = [
-    "CHECKPOINT",
     "CHECKPOINTS",
     "WEIGHTS",
     "arm_directory",
@@ -32,9 +31,7 @@ __all__ = [
     "why_not_creatable",
 ]
 
-CONFIG, CHECKPOINT, CHECKPOINTS, WEIGHTS = (
-    "config.json", "checkpoint.pt", "checkpoints", "model.pt"
-)  # fmt: skip
+CONFIG, CHECKPOINTS, WEIGHTS = "config.json", "checkpoints", "model.pt"
 
 
 class Settings(Protocol):
@@ -105,7 +102,6 @@ def save_atomically(obj: Any, path: Path) -> None:
 
 def drop_checkpoints(directory: Path) -> None:
     """Delete an arm's checkpoints (once its results are stored, nothing resumes from them)."""
-    (directory / CHECKPOINT).unlink(missing_ok=True)
     shutil.rmtree(directory / CHECKPOINTS, ignore_errors=True)
 
 

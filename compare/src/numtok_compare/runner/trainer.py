@@ -16,13 +16,15 @@
   the comparison, and the Trainer trains each arm on all of them (``batch_size`` examples per
   process and micro-batch); every process writes the same files atomically.
 * **Resume** (:meth:`TrainerArm.fit`): an arm whose folder holds a checkpoint resumes from the
-  last one (weights, optimiser, schedule and random states: it continues as if never stopped;
-  the log entry that spans the interruption averages the steps after it only).
+  last complete one (:func:`last_complete_checkpoint`; weights, optimiser, schedule and random
+  states: it continues as if never stopped; the log entry that spans the interruption averages
+  the steps after it only).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,8 +34,10 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
-from transformers.trainer_utils import get_last_checkpoint
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers.utils import logging as transformers_logging
 
 from numtok import NumberVocab
 from numtok.hf import NTLossForTrainer
@@ -46,6 +50,7 @@ __all__ = [
     "TrainerArm",
     "compute_loss_func",
     "is_main_process",
+    "last_complete_checkpoint",
     "objective_loss",
     "training_arguments",
 ]
@@ -105,6 +110,22 @@ def compute_loss_func(
     return objective_loss(Objective(arm, vocab, ntl_weight=weight))
 
 
+def last_complete_checkpoint(checkpoints: Path) -> str | None:
+    """The newest of the Trainer's ``checkpoint-<step>`` folders in ``checkpoints`` that it
+    finished writing (``trainer_state.json`` is written last; the folder before it is deleted
+    only after), None if there is none. Folders a killed process left half-written are
+    deleted."""
+    complete = None
+    folders = sorted(checkpoints.glob(f"{PREFIX_CHECKPOINT_DIR}-*"),
+                     key=lambda folder: int(folder.name.rpartition("-")[2]))  # fmt: skip
+    for folder in folders:
+        if (folder / TRAINER_STATE_NAME).exists():
+            complete = str(folder)
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
+    return complete
+
+
 class _Watch(TrainerCallback):
     """Times every optimiser step, tells ``progress`` of the steps done (a resumed run's
     earlier steps with its first), and logs the last step (the losses since the last entry)."""
@@ -144,7 +165,7 @@ class TrainerArm:
     arm: str
     weight: float
     train: Sequence[Any]
-    collate: Callable[[Sequence[Any]], dict[str, torch.Tensor]]
+    collate: Callable[[Sequence[Any]], dict[str, Any]]
     vocab: NumberVocab
     answerer: Any
     optimizer: torch.optim.Optimizer | None = None
@@ -169,16 +190,12 @@ class TrainerArm:
     def fit(self, directory: Path, progress: Progress | None) -> TrainingLog:
         """Train (resuming from the last checkpoint in ``directory``), store the trained
         parameters in ``model.pt``, and leave the model in eval mode."""
+        # The harness trains many arms: no bar for every checkpoint the Trainer writes.
+        transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
         trainer = self.trainer(directory)
         watch = _Watch(progress)
         trainer.add_callback(watch)
-        checkpoints = directory / CHECKPOINTS
-        last = (
-            get_last_checkpoint(str(checkpoints))  # type: ignore[no-untyped-call]
-            if checkpoints.is_dir()
-            else None
-        )
-        trainer.train(resume_from_checkpoint=last)
+        trainer.train(resume_from_checkpoint=last_complete_checkpoint(directory / CHECKPOINTS))
         self.model.eval()
         save_atomically(trainable_state(self.model), directory / WEIGHTS)
         history = [

@@ -1,9 +1,8 @@
-"""The arithmetic comparison from scratch, as
-:func:`~numtok_compare.scratch.comparison.run_scratch` runs it: DeepMind's Mathematics questions
-generated for every seed and cached (:class:`ArithmeticRun`), then every (seed, arm)
-(:class:`ArithmeticTask`: the small transformer of
-:func:`~numtok_compare.scratch.arm.build_transformer_arm` on character tokens, scored by greedy
-decoding), the step timing, and the report of every comparison (each seed draws its own questions:
+"""The arithmetic comparison from scratch, as :func:`~numtok_compare.scratch.comparison.run_scratch`
+runs it: DeepMind's Mathematics questions generated for every seed and cached
+(:class:`ArithmeticRun`), then every (seed, arm) (:class:`ArithmeticTask`: the small Llama of
+:mod:`numtok_compare.scratch.arm` on character tokens, trained by the ``transformers.Trainer``,
+scored by greedy decoding), and the report of every comparison (each seed draws its own questions:
 items nested in seeds, the paired-seed analysis). Rerunning the same settings into the same folder
 resumes: finished phases are read back, interrupted trainings continue from their checkpoints."""
 
@@ -14,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
 from numtok import last_number
@@ -22,14 +20,12 @@ from numtok_compare.design import Design
 from numtok_compare.runner.parallel import Executor, Job, progress_bar, report_progress
 from numtok_compare.runner.phases import Job as ArmJob
 from numtok_compare.runner.phases import Phases
+from numtok_compare.runner.scoring import generate_answers
 from numtok_compare.runner.training_log import Progress
 from numtok_compare.scratch.arm import TransformerModels
-from numtok_compare.scratch.batches import TrainingSet
 from numtok_compare.scratch.comparison import RunDescription, run_scratch, step_costs
 from numtok_compare.scratch.config import ExperimentConfig
-from numtok_compare.scratch.model import Transformer
-from numtok_compare.scratch.readouts import greedy_answers
-from numtok_compare.scratch.tokenizer import CharTokenizer
+from numtok_compare.scratch.tokenizer import character_tokenizer, encode_example
 from numtok_compare.tasks import default_cache_dir
 from numtok_compare.tasks.mathematics import (
     TASKS,
@@ -48,32 +44,31 @@ from numtok_compare.tasks.mathematics_compat import load_mathematics_dataset
 
 __all__ = ["ArithmeticRun", "ArithmeticTask", "run_experiment"]
 
+#: The generator never produces longer answers (``generate_settings.MAX_ANSWER_LENGTH``); one
+#: more token leaves room for ``<eos>``.
+MAX_ANSWER_TOKENS = 31
+
 
 class ArithmeticTask(TransformerModels):
     """One seed of the arithmetic comparison as the runner's
-    :class:`~numtok_compare.runner.phases.Models`: the character tokenizer, the packed batches
-    of ``data.train`` (batch ``s`` of a seed a function of (seed, s)), and greedy answers to the
-    questions of a split."""
+    :class:`~numtok_compare.runner.phases.Models`: the character tokenizer, the seed's training
+    questions ``data.train``, and greedy answers to the questions of a split."""
 
     config: ExperimentConfig
 
     def __init__(self, config: ExperimentConfig, data: MathData) -> None:
         self.config = config
         self.data = data
-        self.tokenizer = CharTokenizer()
-        self.training = TrainingSet(data.train, self.tokenizer)
+        self.tokenizer = character_tokenizer()
+        self.examples = [encode_example(self.tokenizer, q, a) for q, a in data.train]
 
     def score(self, answerer: nn.Module, split: str, progress: Progress) -> dict[str, Any]:
         """``{"answers": {"greedy": [the last number of the answer, or None]}, "texts": [the
         generated answer]}`` for every question of ``split`` (no progress: the bar counts
         training steps only)."""
-        assert isinstance(answerer, Transformer)
-        texts = greedy_answers(
-            answerer,
-            self.tokenizer,
-            [question for question, _ in self.data.evaluation[split]],
-            batch_size=self.config.eval_batch_size,
-            device=torch.device(self.config.device),
+        examples = [encode_example(self.tokenizer, q, a) for q, a in self.data.evaluation[split]]
+        texts = generate_answers(
+            answerer, self.tokenizer, examples, self.config.eval_batch_size, MAX_ANSWER_TOKENS
         )
         return {"answers": {"greedy": [last_number(text) for text in texts]}, "texts": texts}
 
@@ -128,9 +123,6 @@ class ArithmeticRun:
 
     config: ExperimentConfig
     cache_dir: str
-    timing_rounds: int = 30
-    #: Timed alone after the arms: nothing else runs on the machine meanwhile.
-    timing_beside_arms: bool = False
 
     def describe(self) -> str:
         return self.config.task
@@ -155,17 +147,15 @@ class ArithmeticRun:
     def models(self, seed: int) -> ArithmeticTask:
         return ArithmeticTask(self.config, self._data(seed))
 
-    def vocabulary_size(self) -> int:
-        return len(CharTokenizer())
+    def tokenizer(self) -> Any:
+        return character_tokenizer()
 
-    def description(
-        self, phases: Phases, timing: dict[str, Any], parameters: int
-    ) -> RunDescription:
+    def description(self, phases: Phases, parameters: int) -> RunDescription:
         """Every seed's answer to each of its own questions: one list of true answers per seed."""
         config = self.config
         data = [self._data(seed) for seed in config.seeds]
         return RunDescription(
-            design=_design(config, parameters, timing),
+            design=_design(config, parameters, phases),
             data={"generator": "mathematics_dataset", "task": config.task,
                   "sizes": {"train": config.train_questions, "per_split": config.eval_questions}},
             training_answers=[float(answer) for seed in data for _, answer in seed.train],
@@ -178,20 +168,21 @@ class ArithmeticRun:
 PRIMARY_SPLIT = "interpolate"
 
 
-def _design(config: ExperimentConfig, parameters: int, timing: dict[str, Any]) -> Design:
+def _design(config: ExperimentConfig, parameters: int, phases: Phases) -> Design:
     """What an arithmetic comparison trained, in the report's words."""
     tested = [split for split in config.splits if split != "validation"]
     trained = (
-        f"a decoder-only transformer from scratch ({config.n_layers} layers, d={config.d_model}, "
-        f"{config.n_heads} heads, RoPE, {parameters:,} parameters, character tokens: the digits "
-        f"are the number tokens), {config.steps} steps × {config.batch_size} questions, AdamW "
-        f"learning rate {config.learning_rate:g}, {config.warmup_steps} warm-up steps then "
-        f"cosine; {config.weights_text()}; loss on the answer tokens. Data: DeepMind's "
-        f"Mathematics generator, {config.task}, each seed its own {config.train_questions:,} "
-        f"training questions (easy/medium/hard thirds) and {config.eval_questions} held-out "
-        "questions per split (validation at the training difficulties; test: "
-        f"{', '.join(tested) or 'not scored'}). Readout: greedy decoding, the last number of "
-        "the answer. A training step (interleaved timing, median): " + step_costs(timing) + "."
+        f"a Llama from scratch ({config.n_layers} layers, d={config.d_model}, "
+        f"{config.n_heads} heads, {parameters:,} parameters, character tokens: the digits "
+        f"are the number tokens), {config.steps} steps × {config.batch_size} questions, the "
+        f"Trainer's AdamW, learning rate {config.learning_rate:g}, {config.warmup_steps} "
+        f"warm-up steps then cosine; {config.weights_text()}; loss on the answer tokens. "
+        f"Data: DeepMind's Mathematics generator, {config.task}, each seed its own "
+        f"{config.train_questions:,} training questions (easy/medium/hard thirds) and "
+        f"{config.eval_questions} held-out questions per split (validation at the training "
+        f"difficulties; test: {', '.join(tested) or 'not scored'}). Readout: greedy decoding, "
+        "the last number of the answer. A training step (the median over seeds of each run's "
+        "median): " + step_costs(phases) + "."
     )
     return Design(
         title=f"CE vs CE + λ·NTL on {config.task}, from scratch: {', '.join(config.arms)}",

@@ -1,7 +1,7 @@
 """A comparison trained from scratch, whatever its task, on the runner of every comparison
 (:func:`numtok_compare.runner.phases.run_phases`): :func:`run_scratch` runs every (seed, arm) in
 worker processes, trained and scored on validation, then on the test splits (one λ per arm:
-nothing to choose), with the arms' step timing beside them, and writes the report.
+nothing to choose), and writes the report.
 
 A task supplies, for one seed, its :class:`~numtok_compare.runner.phases.Models` (the arm built
 for the seed, rebuilt once trained, scored on a split); for the whole run (:class:`ScratchRun`), its
@@ -17,7 +17,7 @@ report writer of every comparison (:mod:`numtok_compare.report`). The arithmetic
 from __future__ import annotations
 
 import datetime
-import json
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -25,15 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import torch
+from transformers import LlamaForCausalLM
 
 import numtok
 from numtok_compare.design import Design
 from numtok_compare.report import analyse_and_write
 from numtok_compare.report_format import hardware, json_safe
-from numtok_compare.runner.loop import learning_rate_at
 from numtok_compare.runner.parallel import Executor, open_executor, progress_bar
-from numtok_compare.runner.parallel import Job as ExecutorJob
 from numtok_compare.runner.phases import (
     Job,
     Models,
@@ -43,10 +41,8 @@ from numtok_compare.runner.phases import (
     run_phases,
 )
 from numtok_compare.runner.run_folder import arm_directory, prepare_run_dir
-from numtok_compare.scratch.arm import TransformerArm
+from numtok_compare.scratch.arm import llama_config
 from numtok_compare.scratch.config import TrainingConfig
-from numtok_compare.scratch.model import Transformer
-from numtok_compare.scratch.timing import interleaved_step_times
 from numtok_compare.stats import constant_answers
 
 __all__ = [
@@ -56,37 +52,13 @@ __all__ = [
     "run_header",
     "run_scratch",
     "step_costs",
-    "step_times",
     "write_scratch_report",
 ]
-
-_TIMING = "timing.json"
-
-
-def step_times(models: Models, config: TrainingConfig, *, rounds: int) -> dict[str, Any]:
-    """:func:`~numtok_compare.scratch.timing.interleaved_step_times` for every arm, on the first
-    seed's initial weights and batches (``models``: that seed's)."""
-    if torch.device(config.device).type == "cpu":
-        torch.set_num_threads(config.threads)
-    seed = config.seeds[0]
-    steps = {}
-    for arm in config.arms:
-        built = models.build(Job(seed, arm, config.weight_of(arm)))
-        assert isinstance(built, TransformerArm)  # every arm trained from scratch
-        steps[arm] = built.step
-    return interleaved_step_times(
-        steps,
-        learning_rate=lambda index: learning_rate_at(index, config),
-        batch_size=config.batch_size,
-        device=config.device,
-        threads=config.threads,
-        rounds=rounds,
-    )
 
 
 def run_header(
     config: TrainingConfig,
-    vocabulary_size: int,
+    tokenizer: Any,
     *,
     command: str | None,
     wall_seconds: float,
@@ -102,16 +74,20 @@ def run_header(
         "wall_seconds": wall_seconds,
         "workers": workers,
         "config": config.to_dict(),
-        "model_parameters": Transformer(config.model_config(vocabulary_size)).num_parameters(),
+        "model_parameters": LlamaForCausalLM(llama_config(config, tokenizer)).num_parameters(),
     }
 
 
-def step_costs(timing: dict[str, Any]) -> str:
-    """Each arm's training step against CE's (the medians of :func:`step_times`), in the
-    report's words: ``"was 1.01× CE's, mse 0.98× CE's"``, or ``"CE alone"``."""
-    arms = timing["arms"]
-    costs = [f"{arm} {entry['ratio_to_ce']:.2f}× CE's" for arm, entry in arms.items()
-             if arm != "ce" and "ce" in arms]  # fmt: skip
+def step_costs(phases: Phases) -> str:
+    """Each arm's training step against CE's, the medians over its seeds of each run's median
+    step time, in the report's words: ``"was 1.01× CE's, mse 0.98× CE's"``, or ``"CE alone"``
+    (runs in parallel worker processes share the machine: the ratios are rough)."""
+    seconds: dict[str, list[float]] = {}
+    for job, stored in phases.validation.items():
+        seconds.setdefault(job.arm, []).append(stored["seconds_per_step"])
+    medians = {arm: statistics.median(values) for arm, values in seconds.items()}
+    costs = [f"{arm} {median / medians['ce']:.2f}× CE's" for arm, median in medians.items()
+             if arm != "ce" and "ce" in medians]  # fmt: skip
     return ", ".join(costs) or "CE alone"
 
 
@@ -129,17 +105,6 @@ class ScratchRun(Protocol):
 
     @property
     def config(self) -> TrainingConfig: ...
-
-    @property
-    def timing_rounds(self) -> int:
-        """Interleaved rounds of the step timing."""
-        ...
-
-    @property
-    def timing_beside_arms(self) -> bool:
-        """True: the step timing runs as one more job beside the arms' (a worker would idle
-        otherwise); False: alone in this process once every arm has finished."""
-        ...
 
     def describe(self) -> str:
         """What the run compares, for its first status line."""
@@ -161,13 +126,11 @@ class ScratchRun(Protocol):
         """The models a worker trains and scores ``seed``'s arms with."""
         ...
 
-    def vocabulary_size(self) -> int:
-        """The size of the model's vocabulary (the report counts its parameters)."""
+    def tokenizer(self) -> Any:
+        """The models' tokenizer (the report counts the parameters of a model over it)."""
         ...
 
-    def description(
-        self, phases: Phases, timing: dict[str, Any], parameters: int
-    ) -> RunDescription:
+    def description(self, phases: Phases, parameters: int) -> RunDescription:
         """What the report says of the finished run: ``phases``, every arm's stored results;
         ``parameters``, the model's."""
         ...
@@ -187,23 +150,14 @@ class RunDescription:
     references: dict[str, Any]
 
 
-def _timing_job(run: ScratchRun, run_dir: str) -> dict[str, Any]:
-    """:func:`step_times` on the first seed's models, stored in the run folder so that a resumed
-    run does not measure again."""
-    path = Path(run_dir) / _TIMING
-    if path.exists():
-        stored: dict[str, Any] = json.loads(path.read_text())
-        return stored
-    models = run.models(run.config.seeds[0])
-    timing = step_times(models, run.config, rounds=run.timing_rounds)
-    path.write_text(json.dumps(timing, indent=1))
-    return timing
-
-
 def _refuse_older_layout(run_dir: Path) -> None:
-    """A folder whose arms an older numtok stored (``result.json`` beside the answers, before
-    the runner's phases) is not resumed: its arms would all be trained again."""
-    older = next(run_dir.glob("seed*/*/result.json"), None)
+    """A folder whose arms an older numtok stored is not resumed: before the runner's phases
+    (``result.json`` beside the answers; its arms would all be trained again), or trained by
+    numtok's own loop and transformer before the Trainer (``timing.json``, its interleaved step
+    timing; its stored answers are not this engine's)."""
+    older = next(run_dir.glob("seed*/*/result.json"), None) or next(
+        run_dir.glob("timing.json"), None
+    )
     if older is not None:
         raise ValueError(
             f"the run folder {run_dir} was written by an older numtok ({older}): run into a new "
@@ -221,8 +175,8 @@ def run_scratch(
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) ``run`` in ``run_dir``: its data, every (seed, arm) in ``workers``
-    processes (each with ``config.threads`` threads; results do not depend on it), the step
-    timing, the report. Finished phases are read back, interrupted trainings continue from their
+    processes (each with ``config.threads`` threads; results do not depend on it), the
+    report. Finished phases are read back, interrupted trainings continue from their
     checkpoints. ``command``: the command line, recorded in the report; ``log``: where status
     lines go (default: stderr)."""
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
@@ -241,7 +195,6 @@ def run_scratch(
     directories = {job: arm_directory(run_dir, job.seed, job.arm) for job in jobs}
     items = run.scored_items()
     test_splits = [split for split in items if split != "validation"]
-    beside: list[ExecutorJob] = [(_timing_job, (run, str(run_dir)))]
     with open_executor(workers) as executor:
         run.prepare(executor, show_progress)
         work = remaining_work(
@@ -255,26 +208,18 @@ def run_scratch(
                 choose=lambda _: {"chosen": {arm: config.weight_of(arm) for arm in config.arms},
                                   "means": {}},
                 test_splits=test_splits, executor=executor, bar=bar, log=lambda _: None,
-                beside=beside if run.timing_beside_arms else (),
             )  # fmt: skip
-    if run.timing_beside_arms:
-        (timing,) = phases.beside
-    else:
-        if not (run_dir / _TIMING).exists():
-            say("numtok: timing one training step per arm (interleaved rounds)...")
-        timing = _timing_job(run, str(run_dir))
     header = run_header(
-        config, run.vocabulary_size(), command=command,
+        config, run.tokenizer(), command=command,
         wall_seconds=time.perf_counter() - started, workers=workers,
     )  # fmt: skip
-    description = run.description(phases, timing, header["model_parameters"])
-    return write_scratch_report(run_dir, phases, timing, header, description)
+    description = run.description(phases, header["model_parameters"])
+    return write_scratch_report(run_dir, phases, header, description)
 
 
 def write_scratch_report(
     run_dir: Path,
     phases: Phases,
-    timing: dict[str, Any],
     header: dict[str, Any],
     description: RunDescription,
 ) -> dict[str, Any]:
@@ -293,6 +238,5 @@ def write_scratch_report(
         "training_constants": constant_answers(description.training_answers),
         "references": description.references,
         **phase_rows(phases, design.seeds, list(description.references)),
-        "timing": timing,
     }
     return analyse_and_write(run_dir, json_safe(rows), preregistered=None)

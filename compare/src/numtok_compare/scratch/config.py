@@ -11,7 +11,6 @@ from numtok.readout import check_max_digits
 from numtok_compare.checks import check_number
 from numtok_compare.config import RunConfig, check_non_negative_int, check_positive_int
 from numtok_compare.objectives import ARMS as ARITHMETIC_ARMS
-from numtok_compare.scratch.model import ModelConfig
 from numtok_compare.tasks.mathematics import check_evaluate_on, check_task, evaluation_splits
 
 __all__ = [
@@ -31,8 +30,8 @@ EVALUATION_SPLITS = ("validation", "test")
 
 @dataclass(frozen=True)
 class TrainingConfig(RunConfig):
-    """A comparison of small transformers trained from scratch: the shared settings and the
-    model's size."""
+    """A comparison of small Llamas trained from scratch: the shared settings and the model's
+    size (:func:`~numtok_compare.scratch.arm.llama_config`)."""
 
     d_model: int = 128
     n_layers: int = 2
@@ -40,17 +39,13 @@ class TrainingConfig(RunConfig):
 
     def validate(self) -> None:
         super().validate()
-        ModelConfig(
-            vocab_size=1, d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads
-        )
-
-    def model_config(self, vocab_size: int) -> ModelConfig:
-        return ModelConfig(
-            vocab_size=vocab_size,
-            d_model=self.d_model,
-            n_layers=self.n_layers,
-            n_heads=self.n_heads,
-        )
+        for name in ("d_model", "n_layers", "n_heads"):
+            check_positive_int(name, getattr(self, name))
+        if self.d_model % (2 * self.n_heads):
+            raise ValueError(
+                f"d_model must be a multiple of 2 * n_heads (RoPE rotates channel pairs per "
+                f"head): d_model={self.d_model}, n_heads={self.n_heads}"
+            )
 
 
 @dataclass(frozen=True)

@@ -1,35 +1,33 @@
 """The rJokes comparison from scratch, as :func:`~numtok_compare.scratch.comparison.run_scratch`
 runs it (:class:`RJokesRun`): every (seed, arm) in worker processes (:class:`RJokesTask`: the small
-transformer of :func:`~numtok_compare.scratch.arm.build_transformer_arm` on the word tokens of
-the training jokes, token arms on the score's digits and ``<eos>``, ``head`` on the standardised
-score; scored greedily and by the distribution's mean and median, or by the head), the step timing
-beside them, and the report. Rerunning the same settings into the same folder resumes: finished
+Llama of :mod:`numtok_compare.scratch.arm` on the word tokens of the training jokes, trained by the
+``transformers.Trainer``, token arms on the score's digits and ``<eos>``, ``head`` on the
+standardised score; scored greedily and by the distribution's mean and median, or by the head), and
+the report. Rerunning the same settings into the same folder resumes: finished
 phases are read back, interrupted trainings continue from their checkpoints."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
+from numtok import last_number, predict_numbers
 from numtok_compare.design import Design
+from numtok_compare.regression_head import RegressionHead
+from numtok_compare.runner.batches import Encoded
 from numtok_compare.runner.parallel import Executor
 from numtok_compare.runner.phases import Job, Phases
+from numtok_compare.runner.scoring import head_predictions
 from numtok_compare.runner.training_log import Progress
-from numtok_compare.scratch.arm import (
-    ScoredTrainingSet,
-    ScoreRegressor,
-    TransformerModels,
-)
+from numtok_compare.scratch.arm import TransformerModels
 from numtok_compare.scratch.comparison import RunDescription, jobs_of, run_scratch, step_costs
 from numtok_compare.scratch.config import RJokesConfig
-from numtok_compare.scratch.model import Transformer
-from numtok_compare.scratch.readouts import head_predictions, token_predictions
-from numtok_compare.scratch.tokenizer import WordTokenizer
+from numtok_compare.scratch.tokenizer import encode_example, word_tokenizer
 from numtok_compare.tasks.rjokes import (
     Joke,
     RJokesData,
@@ -52,32 +50,32 @@ __all__ = [
 GREEDY_TOKENS = 6
 
 
-def build_tokenizer(config: RJokesConfig, data: RJokesData) -> WordTokenizer:
+def build_tokenizer(config: RJokesConfig, data: RJokesData) -> Any:
     """The word vocabulary of the training jokes (validation and test jokes are not read)."""
-    return WordTokenizer.from_texts(
-        (text for text, _ in data.train),
-        max_words=config.vocabulary_words,
-        max_prompt_tokens=config.max_prompt_tokens,
-    )
+    return word_tokenizer((text for text, _ in data.train), max_words=config.vocabulary_words)
+
+
+def _encoded(config: RJokesConfig, tokenizer: Any, jokes: Sequence[Joke]) -> list[Encoded]:
+    """``jokes`` as prompts (cut to ``max_prompt_tokens`` tokens) and their scores' digits."""
+    return [
+        encode_example(tokenizer, text, str(score), max_prompt_tokens=config.max_prompt_tokens)
+        for text, score in jokes
+    ]
 
 
 # Tokenizer and encoded training jokes per (data, vocabulary settings): a worker process that
 # trains several arms builds them once (a few seconds each time otherwise).
-_PREPARED: dict[tuple[str, int, int, int], tuple[WordTokenizer, ScoredTrainingSet]] = {}
+_PREPARED: dict[tuple[str, int, int, int], tuple[Any, list[Encoded]]] = {}
 
 
-def prepare_training(
-    config: RJokesConfig, data: RJokesData
-) -> tuple[WordTokenizer, ScoredTrainingSet]:
-    """:func:`build_tokenizer` and the :class:`ScoredTrainingSet` of ``data.train``, built once
-    per process for equal data and vocabulary settings."""
+def prepare_training(config: RJokesConfig, data: RJokesData) -> tuple[Any, list[Encoded]]:
+    """:func:`build_tokenizer` and the encoded training jokes of ``data.train``, built once per
+    process for equal data and vocabulary settings."""
     key = (data.digest, len(data.train), config.vocabulary_words, config.max_prompt_tokens)
     if key not in _PREPARED:
         tokenizer = build_tokenizer(config, data)
-        examples = [(text, str(score)) for text, score in data.train]
-        training = ScoredTrainingSet(examples, [score for _, score in data.train], tokenizer)
         _PREPARED.clear()
-        _PREPARED[key] = tokenizer, training
+        _PREPARED[key] = tokenizer, _encoded(config, tokenizer, data.train)
     return _PREPARED[key]
 
 
@@ -91,40 +89,56 @@ def scored_jokes(config: RJokesConfig, data: RJokesData) -> dict[str, list[Joke]
     return {split: evaluation_subset(jokes, config.eval_jokes) for split, jokes in splits.items()}
 
 
+def _finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
 class RJokesTask(TransformerModels):
     """The rJokes comparison as the runner's :class:`~numtok_compare.runner.phases.Models`: the
-    word vocabulary and scored training jokes of ``data`` (built once per process), and the jokes
-    of :func:`scored_jokes`, read out greedily and by the distribution's mean and median (token
-    arms) or by the head."""
+    word vocabulary and encoded training jokes of ``data`` (built once per process), and the
+    jokes of :func:`scored_jokes`, read out greedily and by the distribution's mean and median
+    (token arms, :func:`numtok.predict_numbers`) or by the head."""
 
     config: RJokesConfig
-    training: ScoredTrainingSet
 
     def __init__(self, config: RJokesConfig, data: RJokesData) -> None:
         self.config = config
         self.jokes = scored_jokes(config, data)
-        self.tokenizer, self.training = prepare_training(config, data)
+        self.tokenizer, self.examples = prepare_training(config, data)
 
     def score(self, answerer: nn.Module, split: str, progress: Progress) -> dict[str, Any]:
         """``{"answers": {readout: [score or None per joke]}}``, and for token arms ``"mass"``
         (the probability the distribution readouts cover) and ``"pruned"`` (what pruning left
         out of the distribution) per joke, on ``split``'s scored jokes; ``progress`` hears of
-        every scored joke."""
-        config, device = self.config, torch.device(self.config.device)
-        texts = [text for text, _ in self.jokes[split]]
-        if isinstance(answerer, ScoreRegressor):
-            answers = head_predictions(
-                answerer, self.tokenizer, texts, batch_size=config.eval_batch_size,
-                mean=self.training.score_mean, std=self.training.score_std, device=device,
-                progress=progress,
+        every ``eval_batch_size`` scored jokes."""
+        config = self.config
+        examples = _encoded(config, self.tokenizer, self.jokes[split])
+        if isinstance(answerer, RegressionHead):
+            head = head_predictions(
+                answerer, examples, config.eval_batch_size, self.tokenizer.pad_token_id,
+                self.scale,
             )  # fmt: skip
-            return {"answers": answers}
-        assert isinstance(answerer, Transformer)
-        answers, mass, pruned = token_predictions(
-            answerer, self.tokenizer, texts, batch_size=config.eval_batch_size,
-            max_new_tokens=GREEDY_TOKENS, max_digits=config.max_digits,
-            min_probability=config.min_probability, device=device, progress=progress,
-        )  # fmt: skip
+            progress(len(examples))
+            return {"answers": {"head": head}}
+        answers: dict[str, list[float | None]] = {"greedy": [], "expected": [], "median": []}
+        mass: list[float] = []
+        pruned: list[float] = []
+        for start in range(0, len(examples), config.eval_batch_size):
+            chunk = examples[start : start + config.eval_batch_size]
+            read = predict_numbers(
+                answerer, self.tokenizer, [list(e.prompt) for e in chunk],
+                max_digits=config.max_digits, min_probability=config.min_probability,
+                new_tokens=GREEDY_TOKENS,
+            )  # fmt: skip
+            texts = self.tokenizer.batch_decode(
+                [list(t) for t in read.greedy], skip_special_tokens=True
+            )
+            answers["greedy"] += [last_number(text) for text in texts]
+            answers["expected"] += [_finite_or_none(v) for v in read.mean.tolist()]
+            answers["median"] += [_finite_or_none(v) for v in read.median.tolist()]
+            mass += read.mass.tolist()
+            pruned += read.pruned.tolist()
+            progress(len(chunk))
         return {"answers": answers, "mass": mass, "pruned": pruned}
 
 
@@ -142,10 +156,6 @@ class RJokesRun:
 
     config: RJokesConfig
     data_dir: str
-    timing_rounds: int = 20
-    #: Timed as one more job: interleaved, so its ratios hold beside another worker, and it
-    #: fills the end of the run instead of leaving a core idle.
-    timing_beside_arms: bool = True
 
     def _data(self) -> RJokesData:
         return load_rjokes(self.data_dir, validation_jokes=self.config.validation_jokes)
@@ -168,19 +178,17 @@ class RJokesRun:
     def models(self, seed: int) -> RJokesTask:
         return RJokesTask(self.config, self._data())
 
-    def vocabulary_size(self) -> int:
-        return len(build_tokenizer(self.config, self._data()))
+    def tokenizer(self) -> Any:
+        return build_tokenizer(self.config, self._data())
 
-    def description(
-        self, phases: Phases, timing: dict[str, Any], parameters: int
-    ) -> RunDescription:
+    def description(self, phases: Phases, parameters: int) -> RunDescription:
         """Every seed's prediction for every scored joke: one list of true scores per split."""
         config, data = self.config, self._data()
         jokes = scored_jokes(config, data)
         pruned = max((p for scored in phases.scorings() for p in scored.get("pruned", [])),
                      default=None)  # fmt: skip
         return RunDescription(
-            design=_design(config, data, pruned, timing),
+            design=_design(config, data, pruned, phases),
             data={"files": data.files, "digest": data.digest,
                   "sizes": {"train": len(data.train), "validation": len(data.validation),
                             "test": len(data.test)},
@@ -190,9 +198,7 @@ class RJokesRun:
         )  # fmt: skip
 
 
-def _design(
-    config: RJokesConfig, data: RJokesData, pruned: float | None, timing: dict[str, Any]
-) -> Design:
+def _design(config: RJokesConfig, data: RJokesData, pruned: float | None, phases: Phases) -> Design:
     """What an rJokes comparison trained, in the report's words (``pruned``: the most any joke's
     distribution left out, None when no arm read one)."""
     pruning = (
@@ -202,17 +208,16 @@ def _design(
         else "every prefix enumerated"
     )
     trained = (
-        f"a decoder-only transformer from scratch ({config.n_layers} layers, d={config.d_model}, "
+        f"a Llama from scratch ({config.n_layers} layers, d={config.d_model}, "
         f"word tokens: the {config.vocabulary_words:,} most frequent training words and the ten "
         f"digits, a joke cut to {config.max_prompt_tokens} tokens), {config.steps} steps × "
-        f"{config.batch_size} jokes, AdamW learning rate {config.learning_rate:g}; "
+        f"{config.batch_size} jokes, the Trainer's AdamW, learning rate {config.learning_rate:g}; "
         f"{config.weights_text()}; the head: squared error on the standardised score. Data: "
         f"rJokes ({', '.join(data.files)}, sha256 {data.digest}), {len(data.train):,} training "
         f"jokes, {config.eval_jokes or 'all'} scored per split. Readouts: greedy decoding, the "
         f"mean (`expected`) and median of the distribution over numbers of up to "
-        f"{config.max_digits} digits ({pruning}). A training step (interleaved timing, median): "
-        + step_costs(timing)
-        + f". Published for scale: {PUBLISHED}."
+        f"{config.max_digits} digits ({pruning}). A training step (the median over seeds of "
+        "each run's median): " + step_costs(phases) + f". Published for scale: {PUBLISHED}."
     )
     return Design(
         title=f"rJokes from scratch: {', '.join(config.arms)}",
