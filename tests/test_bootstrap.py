@@ -1,5 +1,5 @@
 """The per-item metrics (numtok_compare.item_metrics) against numtok.numeric_metrics, and the
-seed × item bootstrap (numtok_compare.bootstrap) against a brute-force enumeration of every
+seed × item bootstrap (seed_item_bootstrap) against a brute-force enumeration of every
 resample on tiny data."""
 
 from __future__ import annotations
@@ -13,13 +13,14 @@ import numpy as np
 import pytest
 
 from numtok import numeric_metrics
-from numtok_compare.bootstrap import (
+from numtok_compare.item_metrics import ITEM_METRICS, answer_values, item_metric, item_metrics
+
+from seed_item_bootstrap import (
     MDE_FACTOR,
     draw_resamples,
     replicate_differences,
     seed_item_difference,
 )
-from numtok_compare.item_metrics import ITEM_METRICS, answer_values, item_metric, item_metrics
 
 FIELDS = {name: name for name in ITEM_METRICS if name != "parsed_share"}
 

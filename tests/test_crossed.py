@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy import stats
 
-from numtok_compare.bootstrap import draw_resamples, seed_item_difference
 from numtok_compare.crossed import (
     MeanSquares,
     VarianceComponents,
@@ -26,24 +26,16 @@ from numtok_compare.crossed import (
     items_needed,
     mean_squares,
     seeds_needed,
-    t_cdf,
-    t_quantile,
 )
-from numtok_compare.crossed_coverage import (
+
+from crossed_coverage import (
     BOOTSTRAP_REPLICATES,
     Cell,
     bootstrap_intervals,
     coverage_row,
     full_grid,
 )
-
-# Two-sided 95 % critical values of Student's t for 1..30 degrees of freedom, from the printed
-# table (three decimals).
-_T_975 = (
-    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
-)  # fmt: skip
+from seed_item_bootstrap import draw_resamples, seed_item_difference
 
 ROWS = Path(__file__).resolve().parents[1] / "docs" / "crossed-coverage-rows.json"
 
@@ -57,28 +49,6 @@ def _assert_calibrated(row: dict[str, float], prefix: str = "") -> None:
     coverage, false_positives = row[f"{prefix}coverage"], row[f"{prefix}rejection_rate"]
     assert 0.93 - tolerance <= coverage <= 0.97 + tolerance, row
     assert false_positives <= 0.05 + tolerance, row
-
-
-# ----------------------------------------------------------------------------------------------
-# Student's t
-
-
-def test_t_quantile_matches_closed_forms_and_the_table() -> None:
-    p = np.array([0.6, 0.8, 0.9, 0.975, 0.995])
-    for q in p:
-        assert t_quantile(q, 1.0) == pytest.approx(math.tan(math.pi * (q - 0.5)), rel=1e-10)
-        two = (2 * q - 1) / math.sqrt(2 * q * (1 - q))
-        assert t_quantile(q, 2.0) == pytest.approx(two, rel=1e-10)
-    table = t_quantile(0.975, np.arange(1, 31))
-    np.testing.assert_allclose(table, _T_975, atol=5e-4)
-    assert t_quantile(0.975, np.inf) == pytest.approx(1.959964, abs=1e-6)
-    assert t_quantile(0.2, 3.0) == pytest.approx(-t_quantile(0.8, 3.0))
-
-
-def test_t_cdf_inverts_the_quantile_at_fractional_degrees_of_freedom() -> None:
-    df = np.array([0.7, 1.3, 2.5, 7.9, 150.2, 25_000.0])
-    for p in (0.55, 0.8, 0.975):
-        np.testing.assert_allclose(t_cdf(t_quantile(p, df), df), p, rtol=1e-11)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -107,7 +77,7 @@ def test_mean_squares_and_components_by_hand() -> None:
     assert result.difference == 3.0
     assert result.se == pytest.approx(math.sqrt((9 + 4 - 1) / 4))
     assert result.df == pytest.approx(12**2 / (81 + 16 + 1))
-    factor = t_quantile(0.975, 144 / 98) + t_quantile(0.8, 144 / 98)
+    factor = stats.t.ppf(0.975, 144 / 98) + stats.t.ppf(0.8, 144 / 98)
     assert result.mde == pytest.approx(float(factor) * math.sqrt(3))
 
 
@@ -133,7 +103,7 @@ def test_the_variance_estimate_is_unbiased() -> None:
 
 
 def _simulated(cell: Cell, replications: int, rng: np.random.Generator) -> np.ndarray:
-    from numtok_compare.crossed_coverage import simulate
+    from crossed_coverage import simulate
 
     return simulate(cell, replications, rng)
 
@@ -144,7 +114,7 @@ def test_the_interval_is_the_seed_t_interval_when_only_seeds_vary() -> None:
     seed_effects = np.array([0.3, -0.1, 0.5, 0.2])
     d = np.repeat(seed_effects[:, None], 50, axis=1)
     result = crossed_difference(d, np.zeros_like(d), higher_is_better=False)
-    t_half = float(t_quantile(0.975, 3.0)) * seed_effects.std(ddof=1) / 2
+    t_half = float(stats.t.ppf(0.975, 3.0)) * seed_effects.std(ddof=1) / 2
     assert result.high is not None
     assert result.high - result.difference == pytest.approx(t_half, rel=0.02)
     assert result.df == pytest.approx(3.0)
@@ -237,8 +207,6 @@ def _compare(arm: object = None, baseline: object = None, **settings: object) ->
         (lambda: seeds_needed(VarianceComponents(1, 1, 1), -1.0, items=10), "target_effect"),
         (lambda: VarianceComponents(1, 1, 1).minimal_detectable_effect(1, 10), "seeds"),
         (lambda: VarianceComponents(1, 1, 1).minimal_detectable_effect(3, 2.5), "items"),  # type: ignore[arg-type]
-        (lambda: t_quantile(1.0, 3.0), "p"),
-        (lambda: t_cdf(1.0, 0.0), "df"),
     ],
 )  # fmt: skip
 def test_bad_input_is_a_value_error_naming_the_argument(call, argument) -> None:  # type: ignore[no-untyped-def]
@@ -270,7 +238,7 @@ def test_the_mde_is_the_t_formula_at_the_designs_degrees_of_freedom() -> None:
     arm, baseline = _scores(5)
     result = crossed_difference(arm, baseline, higher_is_better=False)
     assert result.se is not None and result.df is not None and result.mde is not None
-    factor = t_quantile(0.975, result.df) + t_quantile(0.8, result.df)
+    factor = stats.t.ppf(0.975, result.df) + stats.t.ppf(0.8, result.df)
     assert result.mde == pytest.approx(float(factor) * result.se, rel=1e-12)
     assert result.mde > 2.80 * result.se  # few seeds: more than z's factor
 
@@ -320,7 +288,7 @@ def test_the_interval_covers_in_the_riskiest_small_cells(cell: Cell) -> None:
 
 @pytest.mark.slow
 def test_the_committed_coverage_table_is_reproduced_and_calibrated() -> None:
-    """The full grid, as ``python -m numtok_compare.crossed_coverage`` writes it (several
+    """The full grid, as ``python -m crossed_coverage`` writes it (several
     minutes): every cell calibrated, the rows equal to docs/crossed-coverage-rows.json."""
     committed = {
         (r["seeds"], r["items"], r["seed_share"], r["interaction_share"]): r

@@ -51,7 +51,7 @@ generator seeded with :data:`FIDUCIAL_SEED`: the same data give the same interva
 With one dominant mean square ``h`` is the t interval with its df (exact for seeds alone:
 ``d̄_s.`` are then i.i.d.); in between it is wider than Satterthwaite's where Satterthwaite
 undercovers. Its coverage over 3–8 seeds, 100–2,000 items and seed shares 0–100 % is in
-``docs/statistics.md`` (``numtok_compare.crossed_coverage``).
+``docs/statistics.md`` (``compare/studies/crossed_coverage.py``).
 
 **The verdict** comes from that one interval: "better" or "worse" (the arm against the baseline,
 given whether a higher score is better) when it excludes 0, "not shown" when it holds 0, and
@@ -82,13 +82,13 @@ from __future__ import annotations
 
 import functools
 import math
-import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
+from scipy import stats
 
 __all__ = [
     "FIDUCIAL_DRAWS",
@@ -104,8 +104,6 @@ __all__ = [
     "mean_squares",
     "satterthwaite_df",
     "seeds_needed",
-    "t_cdf",
-    "t_quantile",
 ]
 
 Array = NDArray[np.float64]
@@ -116,108 +114,6 @@ EquivalenceVerdict = Literal["equivalent", "different", "undecided", "no verdict
 FIDUCIAL_DRAWS = 2**14
 #: The seed of the generator that draws them: the same data give the same interval.
 FIDUCIAL_SEED = 20_241_104
-
-# ----------------------------------------------------------------------------------------------
-# Student's t without scipy: the regularised incomplete beta function by its continued fraction
-
-
-def _incomplete_beta(a: Array, b: float, x: Array, log_beta: Array) -> Array:
-    """``I_x(a, b)``, elementwise, by the continued fraction of Numerical Recipes §6.4 (modified
-    Lentz), on the side ``x < (a+1)/(a+b+2)`` where it converges, else ``1 − I_{1−x}(b, a)``."""
-    a, x = np.broadcast_arrays(a, x)
-    with np.errstate(divide="ignore"):
-        front = np.exp(a * np.log(x) + b * np.log1p(-x) - log_beta)
-    direct = x < (a + 1) / (a + b + 2)
-    p, q, y = np.where(direct, a, b), np.where(direct, b, a), np.where(direct, x, 1 - x)
-    tiny = 1e-300
-
-    def guard(v: Array) -> Array:
-        return np.where(np.abs(v) < tiny, tiny, v)
-
-    c = np.ones_like(y)
-    d = 1 / guard(1 - (p + q) * y / (p + 1))
-    h = d.copy()
-    done = np.zeros(y.shape, dtype=bool)
-    for m in range(1, 5001):
-        even = m * (q - m) * y / ((p - 1 + 2 * m) * (p + 2 * m))
-        d = 1 / guard(1 + even * d)
-        c = guard(1 + even / c)
-        h = np.where(done, h, h * d * c)
-        odd = -(p + m) * (p + q + m) * y / ((p + 2 * m) * (p + 1 + 2 * m))
-        d = 1 / guard(1 + odd * d)
-        c = guard(1 + odd / c)
-        step = d * c
-        h = np.where(done, h, h * step)
-        done |= np.abs(step - 1) < 1e-15
-        if done.all():
-            part: Array = front * h / p
-            return np.where(direct, part, 1 - part)
-    raise ArithmeticError(f"the incomplete beta function did not converge for a={a}, x={x}")
-
-
-_lgamma = np.frompyfunc(math.lgamma, 1, 1)
-
-
-def _as_df(df: ArrayLike) -> Array:
-    nu = np.asarray(df, dtype=np.float64)
-    if not np.all(nu > 0):
-        raise ValueError(f"df must be positive, got {df!r}")
-    return nu
-
-
-def t_cdf(t: ArrayLike, df: ArrayLike) -> Array:
-    """``P(T ≤ t)`` for Student's t with ``df`` degrees of freedom (any positive real, ``inf``
-    for the normal), elementwise: ``1 − ½·I_{ν/(ν+t²)}(ν/2, ½)`` for ``t ≥ 0``."""
-    nu, value = np.broadcast_arrays(_as_df(df), np.asarray(t, dtype=np.float64))
-    finite = np.isfinite(nu)
-    half = np.empty(nu.shape)
-    if finite.any():
-        a = nu[finite] / 2
-        log_beta = np.asarray(_lgamma(a) + math.lgamma(0.5) - _lgamma(a + 0.5), dtype=np.float64)
-        with np.errstate(over="ignore"):  # t² = inf: x = 0, I = 0
-            x = nu[finite] / (nu[finite] + value[finite] ** 2)
-        half[finite] = _incomplete_beta(a, 0.5, x, log_beta) / 2
-    normal = statistics.NormalDist()
-    half[~finite] = [normal.cdf(-abs(v)) for v in value[~finite]]
-    cdf: Array = np.where(value >= 0, 1 - half, half)
-    return cdf
-
-
-def t_quantile(p: float, df: ArrayLike) -> Array:
-    """The ``p`` quantile of Student's t, elementwise over ``df`` (positive reals, ``inf`` for
-    the normal): Newton's method on :func:`t_cdf` from the normal quantile, kept inside a
-    bracket that halves when a step leaves it, to a relative 1e-12."""
-    if not 0 < p < 1:
-        raise ValueError(f"p must be in (0, 1), got {p!r}")
-    nu = _as_df(df)
-    if p < 0.5:
-        return -t_quantile(1 - p, nu)
-    z = statistics.NormalDist().inv_cdf(p)
-    t = np.full(nu.shape, z)
-    finite = np.isfinite(nu)
-    if p == 0.5 or not finite.any():
-        return t
-    f = nu[finite]
-    log_density = np.asarray(
-        _lgamma((f + 1) / 2) - _lgamma(f / 2) - 0.5 * np.log(f * math.pi), dtype=np.float64
-    )
-    x = np.full(f.shape, z)
-    low, high = np.zeros(f.shape), np.full(f.shape, np.inf)
-    for _ in range(200):
-        error = t_cdf(x, f) - p
-        low, high = np.where(error < 0, x, low), np.where(error < 0, high, x)
-        with np.errstate(over="ignore", divide="ignore"):  # far in a heavy tail: bisect instead
-            density = np.exp(log_density - (f + 1) / 2 * np.log1p(x * x / f))
-            step = x - error / density
-        inside = (step > low) & (step < high)
-        bisect = np.where(np.isfinite(high), (low + high) / 2, 2 * x)
-        moved = np.where(inside, step, bisect)
-        if np.all(np.abs(moved - x) <= 1e-12 * np.abs(x)):
-            t[finite] = moved
-            return t
-        x = moved
-    raise ArithmeticError(f"the t quantile did not converge for p={p!r}, df={df!r}")
-
 
 # ----------------------------------------------------------------------------------------------
 # The decomposition
@@ -356,9 +252,9 @@ class VarianceComponents:
 
 @functools.lru_cache(maxsize=256)
 def _t(p: float, df: float) -> float:
-    """:func:`t_quantile` at one (p, df), remembered: the nested designs of a report, and of
-    a simulation of them, ask for the same few."""
-    return float(t_quantile(p, df))
+    """Student's t quantile at one (p, df) (``scipy.stats.t.ppf``), remembered: the nested
+    designs of a report, and of a simulation of them, ask for the same few."""
+    return float(stats.t.ppf(p, df))
 
 
 def _mde(se: float, df: float, confidence: float, power: float) -> float:

@@ -383,7 +383,8 @@ def preflight_warnings(
     ``target_effect`` and an earlier report in ``run_dir`` (a ``--validation-only`` run, say),
     each primary comparison whose MDE at this run's design is above it, with the seeds and
     items that would reach it."""
-    from numtok_compare.crossed import t_quantile
+    from scipy import stats
+
     from numtok_compare.design import Design
     from numtok_compare.planning import planning
 
@@ -397,7 +398,7 @@ def preflight_warnings(
         warnings.append(
             "two seeds: the seed × item analysis estimates the seed component from one degree "
             "of freedom, so wherever the seeds differ the interval is very wide (t at 95 % is "
-            f"{float(t_quantile(0.975, 1)):.1f} on one degree of freedom) and the gate and the "
+            f"{float(stats.t.ppf(0.975, 1)):.1f} on one degree of freedom) and the gate and the "
             "comparisons rarely give a verdict; four or more seeds are safer"
         )
     stored = run_dir / "results.json"

@@ -1,5 +1,6 @@
 """The coverage of :mod:`numtok_compare.crossed`'s interval, by simulation, next to
-Satterthwaite's t interval and the seed × item bootstrap of :mod:`numtok_compare.bootstrap`.
+Satterthwaite's t interval and the seed × item bootstrap of ``seed_item_bootstrap.py`` beside this
+script: a study of the harness's statistics, not part of the harness (docs/statistics.md).
 
 **The data** of a cell: R replications of ``d[s, i] = μ + α_s + β_i + γ_si`` over S seeds and I
 items, the effects independent normal with the variances that make ``Var(d̄) = 1`` and give the
@@ -19,7 +20,7 @@ the false-positive rate of a verdict, else its power) and the mean interval widt
 generalized interval (``coverage``, ``rejection_rate``, ``mean_width``), for ``d̄ ± t(0.975, ν)·SE``
 with Satterthwaite's ν (``satterthwaite_*``) and, when asked, for the bootstrap (``bootstrap_*``).
 
-Run ``python -m numtok_compare.crossed_coverage --out docs/crossed-coverage-rows.json`` for
+Run ``python compare/studies/crossed_coverage.py --out docs/crossed-coverage-rows.json`` for
 the table of docs/statistics.md (a few minutes on one core).
 """
 
@@ -36,15 +37,16 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
+from scipy import stats
 
-from numtok_compare.bootstrap import Resamples, draw_resamples
 from numtok_compare.crossed import (
     VarianceComponents,
     generalized_half_widths,
     mean_squares,
     satterthwaite_df,
-    t_quantile,
 )
+
+from seed_item_bootstrap import Resamples, draw_resamples
 
 __all__ = [
     "BOOTSTRAP_REPLICATES",
@@ -143,7 +145,7 @@ def coverage_row(
         add("", estimate - half, estimate + half)
         variance = np.maximum(ms_seed + ms_item - ms_resid, 0) / (cell.seeds * cell.items)
         df = np.maximum(satterthwaite_df(ms_seed, ms_item, ms_resid, cell.seeds, cell.items), 1e-6)
-        t_half = t_quantile(0.975, df) * np.sqrt(variance)
+        t_half = stats.t.ppf(0.975, df) * np.sqrt(variance)
         add("satterthwaite_", estimate - t_half, estimate + t_half)
         if bootstrap:
             add("bootstrap_", *bootstrap_intervals(d, resamples))

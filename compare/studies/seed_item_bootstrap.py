@@ -21,8 +21,8 @@ that resample, such as Pearson's r of constant answers) leaves the interval unde
 reported as such, not computed from the other replicates.
 
 No report uses it any more: every report reads the crossed analysis of
-:mod:`numtok_compare.crossed`. It stays as the method the coverage study
-(:mod:`numtok_compare.crossed_coverage`) compares that analysis with.
+:mod:`numtok_compare.crossed`. It stays, beside the harness, as the method the coverage study
+(``crossed_coverage.py``) compares that analysis with.
 """
 
 from __future__ import annotations
