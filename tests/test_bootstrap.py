@@ -1,6 +1,6 @@
-"""The per-item metrics (numtok_compare.item_metrics) against numtok.numeric_metrics, and the
-seed × item bootstrap (seed_item_bootstrap) against a brute-force enumeration of every
-resample on tiny data."""
+"""The seed × item bootstrap of compare/studies (seed_item_bootstrap): its weighted metrics
+against numtok.numeric_metrics (what the harness's numtok_compare.item_metrics reads), and its
+intervals against a brute-force enumeration of every resample on tiny data."""
 
 from __future__ import annotations
 
@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 
 from numtok import numeric_metrics
-from numtok_compare.item_metrics import ITEM_METRICS, answer_values, item_metric, item_metrics
+from numtok_compare.item_metrics import ITEM_METRICS, answer_values, item_metrics
 
 from seed_item_bootstrap import (
     MDE_FACTOR,
     draw_resamples,
+    item_metric,
     replicate_differences,
     seed_item_difference,
 )
@@ -37,14 +38,17 @@ def _random_answers(rng: random.Random, references: list[float]) -> list[float |
 
 
 @pytest.mark.parametrize("seed", range(5))
-def test_item_metrics_equal_numeric_metrics(seed: int) -> None:
+def test_the_weighted_metrics_at_unit_weights_are_numeric_metrics(seed: int) -> None:
     rng = random.Random(seed)
     references = [float(rng.randint(0, 500)) for _ in range(40)]
     answers = _random_answers(rng, references)
-    computed = item_metrics(answer_values(answers), np.array(references))
+    values, truth = answer_values(answers), np.array(references)
+    harness = item_metrics(values, truth)
     for name in ITEM_METRICS:
         expected = _reference_metric(name, answers, references)
-        assert computed[name] == pytest.approx(expected, rel=1e-12, abs=1e-12), name
+        computed = float(item_metric(name, values, truth, np.ones(40)))
+        assert computed == pytest.approx(expected, rel=1e-12, abs=1e-12), name
+        assert harness[name] == pytest.approx(expected, rel=1e-12, abs=1e-12), name
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -28,7 +28,7 @@ from numtok_compare.finetune.preregistration import (
 from numtok_compare.item_metrics import (
     HIGHER_IS_BETTER,
     MEAN_METRICS,
-    item_metric,
+    item_metrics,
     item_scores,
 )
 from numtok_compare.provenance import git_provenance
@@ -480,21 +480,24 @@ def test_an_arm_cannot_gain_by_answering_less() -> None:
     half = everything.copy()
     half[::2] = np.nan
     as_median = np.where(np.isnan(half), median, half)
-    ones = np.ones(300)
+    with_less = item_metrics(half, references, unparsed=median)
+    with_median = item_metrics(as_median, references)
+    with_all = item_metrics(everything, references, unparsed=median)
     for metric in ("mae", "rmse", "log_mae", "within_1_percent", "pearson"):
-        less = float(item_metric(metric, half, references, ones, unparsed=median))
-        assert less == pytest.approx(float(item_metric(metric, as_median, references, ones)))
-        full = float(item_metric(metric, everything, references, ones, unparsed=median))
+        less, full = with_less[metric], with_all[metric]
+        assert less is not None and full is not None
+        assert less == pytest.approx(with_median[metric])
         assert (less < full) == (metric in HIGHER_IS_BETTER), metric  # never better
-    accuracy = float(item_metric("exact_accuracy", everything, references, ones))
-    less = float(item_metric("exact_accuracy", half, references, ones, unparsed=median))
-    assert less == pytest.approx(accuracy / 2, abs=0.01)  # an unparsed answer is wrong
+    accuracy = item_metrics(everything, references)["exact_accuracy"]
+    assert accuracy is not None
+    # An unparsed answer is wrong.
+    assert with_less["exact_accuracy"] == pytest.approx(accuracy / 2, abs=0.01)
     rows = np.stack([half, everything])
     for metric in MEAN_METRICS:  # the per-item scores' mean is the metric (RMSE: MSE's root)
         scores = item_scores(metric, rows, references, unparsed=median)
         name = "rmse" if metric == "mse" else metric
         for row, row_scores in zip(rows, scores, strict=True):
-            value = float(item_metric(name, row, references, ones, unparsed=median))
+            value = item_metrics(row, references, unparsed=median)[name]
             mean = float(row_scores.mean())
             assert (math.sqrt(mean) if metric == "mse" else mean) == pytest.approx(value)
 

@@ -224,3 +224,37 @@ def test_the_arm_weights_flag_reads_pairs() -> None:
     for bad in ("was", "was=x", "was:3"):
         with pytest.raises(argparse.ArgumentTypeError, match="expected arm=λ pairs"):
             _arm_weights(bad)
+
+
+def test_the_users_training_arguments_reach_a_comparison_from_scratch(
+    tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--training-args FILE with a preset trained from scratch: its fields reach every arm's
+    Trainer, its max_steps sets the comparison's steps, and the run folder records them."""
+    from numtok.cli import main
+    from numtok_compare.runner import trainer
+
+    settings = tmp_path / "training.json"
+    settings.write_text(
+        json.dumps({"gradient_accumulation_steps": 2, "warmup_steps": 2, "max_steps": 6})
+    )
+    used: list[Any] = []
+    original = trainer.training_arguments
+    monkeypatch.setattr(
+        trainer, "training_arguments", lambda *a: used.append(original(*a)) or used[-1]
+    )
+    out = tmp_path / "run"
+    status = main(
+        ["compare", "--preset", "smoke", "--seeds", "1", "--arms", "ce,was", "--workers", "1",
+         "--no-progress", "--cache-dir", str(cache_dir), "--training-args", str(settings),
+         "--out", str(out)]
+    )  # fmt: skip
+    assert status == 0
+    assert {(a.gradient_accumulation_steps, a.warmup_steps, a.max_steps) for a in used} == {
+        (2, 2, 6)
+    }
+    stored = json.loads((out / "config.json").read_text())
+    assert stored["training_args"] == {"gradient_accumulation_steps": 2}
+    assert stored["steps"] == 6 and stored["warmup_steps"] == 2
+    results = json.loads((out / "results.json").read_text())
+    assert all(run["history"][-1]["step"] == 6 for run in results["runs"])

@@ -28,18 +28,20 @@ No report uses it any more: every report reads the crossed analysis of
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from numtok_compare.item_metrics import item_metric
+from numtok_compare.item_metrics import ITEM_METRICS
 
 __all__ = [
     "MDE_FACTOR",
     "Resamples",
     "draw_resamples",
+    "item_metric",
     "replicate_differences",
     "seed_item_difference",
 ]
@@ -47,6 +49,122 @@ __all__ = [
 #: z_0.975 + z_0.8: the minimal detectable effect at 80 % power of a two-sided 5 % test, in
 #: standard errors.
 MDE_FACTOR = 1.959964 + 0.841621
+
+
+Vector = NDArray[np.float64]
+Weights = NDArray[np.float64]
+
+# The metrics of numtok_compare.item_metrics (numtok.numeric_metrics') under resampling weights:
+# a resample of the m items is a vector of counts w (how often each item was drawn; all ones is
+# the test set itself), W (B, m) holds B of them, q = [p is a number]:
+# exact_accuracy = Σ w·q·[p = r] / Σ w; within_1_percent = Σ w·q·[|p - r| ≤ 0.01·|r|] / Σ w;
+# parsed_share = Σ w·q / Σ w; mae = Σ w·q·|p - r| / Σ w·q, rmse = sqrt(Σ w·q·(p - r)² / Σ w·q),
+# log_mae = Σ w·q·|slog p - slog r| / Σ w·q; pearson: Pearson's r over the parsed items, each
+# counted w times. With w = 1 they are numeric_metrics' values (tests/test_bootstrap.py).
+
+
+def _weighted_sum(weights: Weights, values: Vector) -> Vector:
+    """``Σ_i w_bi·v_i`` per row b, where an item drawn zero times adds nothing even when its
+    value is infinite (0·inf would be NaN)."""
+    terms = np.where(weights > 0, weights * values, 0.0)
+    summed: Vector = np.asarray(terms.sum(axis=-1), dtype=np.float64)
+    return summed
+
+
+def _share(weights: Weights, hits: NDArray[np.bool_]) -> Vector:
+    share: Vector = _weighted_sum(weights, hits.astype(np.float64)) / weights.sum(axis=-1)
+    return share
+
+
+def _parsed_mean(weights: Weights, parsed: NDArray[np.bool_], values: Vector) -> Vector:
+    """``Σ w·q·v / Σ w·q``; NaN where no drawn item was parsed."""
+    kept = np.where(parsed, values, 0.0)
+    count = _weighted_sum(weights, parsed.astype(np.float64))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean: Vector = np.where(count > 0, _weighted_sum(weights * parsed, kept) / count, np.nan)
+    return mean
+
+
+def _slog(x: Vector) -> Vector:
+    logged: Vector = np.sign(x) * np.log1p(np.abs(x))
+    return logged
+
+
+def _pearson(weights: Weights, parsed: NDArray[np.bool_], p: Vector, r: Vector) -> Vector:
+    w = weights * parsed
+    p0, r0 = np.where(parsed, p, 0.0), np.where(parsed, r, 0.0)
+    total = w.sum(axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean_p = _weighted_sum(w, p0)[..., None] / total
+        mean_r = _weighted_sum(w, r0)[..., None] / total
+        dp, dr = np.where(parsed, p0 - mean_p, 0.0), np.where(parsed, r0 - mean_r, 0.0)
+        covariance = _weighted_sum(w, dp * dr)
+        spread = np.sqrt(_weighted_sum(w, dp * dp) * _weighted_sum(w, dr * dr))
+        # A constant side (spread 0, up to rounding of the mean) leaves r undefined.
+        scale = np.sqrt(_weighted_sum(w, p0 * p0) * _weighted_sum(w, r0 * r0))
+        defined = (spread > 1e-12 * scale) & (total[..., 0] > 1)
+        r_value = np.where(defined, covariance / np.where(defined, spread, 1.0), np.nan)
+    clipped: Vector = np.clip(r_value, -1.0, 1.0)
+    return clipped
+
+
+def _exact(tolerance: float) -> Callable[[Weights, Vector, Vector], Vector]:
+    def exact_accuracy(weights: Weights, p: Vector, r: Vector) -> Vector:
+        with np.errstate(invalid="ignore"):
+            return _share(weights, np.abs(p - r) <= tolerance)
+
+    return exact_accuracy
+
+
+def _within_1_percent(weights: Weights, p: Vector, r: Vector) -> Vector:
+    with np.errstate(invalid="ignore"):
+        return _share(weights, np.abs(p - r) <= 0.01 * np.abs(r))
+
+
+def _parsed_share(weights: Weights, p: Vector, r: Vector) -> Vector:
+    return _share(weights, ~np.isnan(p))
+
+
+def _mae(weights: Weights, p: Vector, r: Vector) -> Vector:
+    return _parsed_mean(weights, ~np.isnan(p), np.abs(p - r))
+
+
+def _rmse(weights: Weights, p: Vector, r: Vector) -> Vector:
+    squared: Vector = np.sqrt(_parsed_mean(weights, ~np.isnan(p), (p - r) ** 2))
+    return squared
+
+
+def _log_mae(weights: Weights, p: Vector, r: Vector) -> Vector:
+    with np.errstate(invalid="ignore"):
+        return _parsed_mean(weights, ~np.isnan(p), np.abs(_slog(p) - _slog(r)))
+
+
+def _pearson_metric(weights: Weights, p: Vector, r: Vector) -> Vector:
+    return _pearson(weights, ~np.isnan(p), p, r)
+
+
+_METRICS: dict[str, Callable[[Weights, Vector, Vector], Vector]] = {
+    "exact_accuracy": _exact(0.0),
+    "mae": _mae,
+    "rmse": _rmse,
+    "log_mae": _log_mae,
+    "within_1_percent": _within_1_percent,
+    "pearson": _pearson_metric,
+    "parsed_share": _parsed_share,
+}
+
+
+def item_metric(metric: str, answers: Vector, references: Vector, weights: Weights) -> Vector:
+    """``metric`` of ``answers`` (m,) against ``references`` (m,) under each row of ``weights``
+    (B, m) of item counts: (B,) values (a (m,) ``weights`` gives a 0-dim result)."""
+    if metric not in _METRICS:
+        raise ValueError(f"metric must be one of {list(ITEM_METRICS)}, got {metric!r}")
+    if answers.shape != references.shape or weights.shape[-1] != answers.shape[-1]:
+        raise ValueError(
+            f"answers {answers.shape}, references {references.shape} and weights "
+            f"{weights.shape} must share their last (item) dimension"
+        )
+    return _METRICS[metric](weights.astype(np.float64), answers, references)
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ from numtok_compare.item_metrics import (
     HIGHER_IS_BETTER,
     ITEM_METRICS,
     MEAN_METRICS,
-    item_metric,
+    item_metrics,
     item_scores,
     per_item_metric,
 )
@@ -69,17 +69,6 @@ GATE_ALPHA = 0.05
 Answers = Mapping[str, Mapping[str, Mapping[str, NDArray[np.float64]]]]
 
 
-def _per_seed_metric(
-    metric: str, rows: NDArray[np.float64], references: NDArray[np.float64], unparsed: float
-) -> list[float | None]:
-    truths = np.broadcast_to(references, rows.shape)  # nested: each seed its own items
-    values = [
-        float(item_metric(metric, row, truth, np.ones_like(truth), unparsed=unparsed))
-        for row, truth in zip(rows, truths, strict=True)
-    ]
-    return [v if math.isfinite(v) else None for v in values]
-
-
 def metric_table(
     answers: Answers, references: Mapping[str, NDArray[np.float64]], seeds: int, unparsed: float
 ) -> list[dict[str, Any]]:
@@ -90,8 +79,12 @@ def metric_table(
     for split, by_arm in answers.items():
         for arm, by_readout in by_arm.items():
             for readout, rows in by_readout.items():
+                truths = np.broadcast_to(references[split], rows.shape)  # nested: own items
+                per_seed = [item_metrics(row, truth, unparsed=unparsed)
+                            for row, truth in zip(rows, truths, strict=True)]  # fmt: skip
                 for metric in ITEM_METRICS:
-                    values = _per_seed_metric(metric, rows, references[split], unparsed)
+                    values = [scored[metric] for scored in per_seed]
+                    values = [v if v is not None and math.isfinite(v) else None for v in values]
                     if len(values) == 1:
                         values = values * seeds
                     entries.append(

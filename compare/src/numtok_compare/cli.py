@@ -72,9 +72,7 @@ _SIZE_FLAGS = {
 # The flags of a comparison trained from scratch that fine-tuning has no use for, and those of
 # numtok compare's fine-tuning runs that name no setting.
 _FROM_SCRATCH_ONLY = ("task", "workers", "cache_dir")
-_FINE_TUNING_ONLY = (
-    "preregister", "hypothesis", "primary", "margin", "target_effect", "training_args",
-)  # fmt: skip
+_FINE_TUNING_ONLY = ("preregister", "hypothesis", "primary", "margin", "target_effect")
 RJOKES = "rjokes"
 
 
@@ -402,7 +400,13 @@ def _build_config(args: argparse.Namespace, preset_name: str, harness: ModuleTyp
             "numtok list shows the presets of each task"
         )
     known = {f.name for f in fields(config)}
-    overrides = {}
+    overrides: dict[str, Any] = {}
+    if getattr(args, "training_args", None) is not None:
+        from numtok_compare.training_args import read_training_args
+
+        # The file's settings first: the flags given override them.
+        from_file, passed = read_training_args(args.training_args)
+        overrides |= {**from_file, "training_args": passed}
     for name, flag in _FLAGS.items():
         value = getattr(args, name, None)
         if value is None or name == "task":

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, ClassVar, TypeVar
 
 import torch
 
 from numtok_compare.checks import check_int, check_number
 from numtok_compare.objectives import NUMBER_LOSS_ARMS
+from numtok_compare.training_args import check_training_args
 
 __all__ = [
     "RunConfig",
@@ -55,6 +56,9 @@ class RunConfig:
     checkpoint_every: int = 100
     device: str = "cpu"
     threads: int = 1
+    #: ``TrainingArguments`` fields every arm's Trainer takes as well (``--training-args``,
+    #: :mod:`~numtok_compare.training_args`); empty: the harness's own settings alone.
+    training_args: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -100,6 +104,8 @@ class RunConfig:
                 f"got {list(self.arms)}"
             )
         check_device(self.device)
+        if self.training_args:
+            check_training_args(self.training_args, "training_args")
 
     def weight_of(self, arm: str) -> float:
         """λ of ``arm``: its entry in ``arm_weights``, else ``ntl_weight``."""
@@ -136,9 +142,13 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """The settings as JSON holds them (tuples as lists, ``arm_weights``' pairs as lists),
-        so that a run folder's stored settings compare equal to the same config's."""
+        so that a run folder's stored settings compare equal to the same config's;
+        ``training_args`` only when set, so that a run without them keeps the settings (and
+        fingerprint) it had before the setting existed."""
         data = asdict(self)
         data["arm_weights"] = [list(entry) for entry in self.arm_weights]
+        if not self.training_args:
+            del data["training_args"]
         return {key: list(value) if isinstance(value, tuple) else value
                 for key, value in data.items()}  # fmt: skip
 

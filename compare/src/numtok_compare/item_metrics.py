@@ -1,22 +1,10 @@
-"""The numeric metrics of :func:`numtok.numeric_metrics`, computed from per-item answers under
-resampling weights, so that a bootstrap recomputes a metric on thousands of resamples of the
-test items at once.
+"""The metrics of a scored split, as :func:`numtok.numeric_metrics` computes them
+(:func:`item_metrics`), and one score per item for the crossed analysis (:func:`item_scores`).
 
 An evaluated arm is two float64 vectors over the m items: its answers ``p`` (NaN where the
-answer held no number) and the references ``r``. A resample of the items is a vector of counts
-``w`` (how often each item was drawn; all ones is the test set itself), and ``W`` (B, m) holds B
-of them. With ``q = [p is a number]``:
-
-* ``exact_accuracy = Σ w·q·[|p - r| ≤ tol] / Σ w`` (an unparsed answer is wrong);
-* ``within_1_percent = Σ w·q·[|p - r| ≤ 0.01·|r|] / Σ w``;
-* ``parsed_share = Σ w·q / Σ w``;
-* ``mae = Σ w·q·|p - r| / Σ w·q``, ``rmse = sqrt(Σ w·q·(p - r)² / Σ w·q)``,
-  ``log_mae = Σ w·q·|slog p - slog r| / Σ w·q`` with ``slog x = sign(x)·log1p(|x|)``;
-* ``pearson``: Pearson's r of (p, r) over the parsed items, each counted ``w`` times (NaN when
-  fewer than two distinct parsed items or either side is constant).
-
-With ``w = 1`` these are :func:`numtok.numeric_metrics`' values (tested). An infinite answer
-(``"1e999"``) makes the error metrics infinite wherever it is drawn, as there.
+answer held no number) and the references ``r``. The metrics (:data:`ITEM_METRICS`) are
+``exact_accuracy``, ``mae``, ``rmse``, ``log_mae``, ``within_1_percent`` and ``pearson`` of
+:func:`numtok.numeric_metrics`, and ``parsed_share``, the share of answers with a number.
 
 **Unparsed answers, scored by one rule** (``unparsed=``, what ``numtok compare`` passes): every
 error metric (``mae``, ``rmse``, ``log_mae``, ``within_1_percent``, ``pearson``) scores an answer
@@ -36,10 +24,12 @@ squared error for ``mae``, ``log_mae`` and ``mse``), for an analysis over seeds 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from numpy.typing import NDArray
+
+from numtok import numeric_metrics
 
 __all__ = [
     "ENDPOINT_METRICS",
@@ -47,14 +37,12 @@ __all__ = [
     "ITEM_METRICS",
     "MEAN_METRICS",
     "answer_values",
-    "item_metric",
     "item_metrics",
     "item_scores",
     "per_item_metric",
 ]
 
 Vector = NDArray[np.float64]
-Weights = NDArray[np.float64]
 
 #: Metrics where a larger value is better; for every other one (an error) smaller is better.
 HIGHER_IS_BETTER = frozenset({"exact_accuracy", "within_1_percent", "parsed_share", "pearson"})
@@ -65,97 +53,15 @@ def answer_values(answers: Sequence[float | None]) -> Vector:
     return np.array([math.nan if a is None else float(a) for a in answers], dtype=np.float64)
 
 
-def _weighted_sum(weights: Weights, values: Vector) -> Vector:
-    """``Σ_i w_bi·v_i`` per row b, where an item drawn zero times adds nothing even when its
-    value is infinite (0·inf would be NaN)."""
-    terms = np.where(weights > 0, weights * values, 0.0)
-    summed: Vector = np.asarray(terms.sum(axis=-1), dtype=np.float64)
-    return summed
-
-
-def _share(weights: Weights, hits: NDArray[np.bool_]) -> Vector:
-    share: Vector = _weighted_sum(weights, hits.astype(np.float64)) / weights.sum(axis=-1)
-    return share
-
-
-def _parsed_mean(weights: Weights, parsed: NDArray[np.bool_], values: Vector) -> Vector:
-    """``Σ w·q·v / Σ w·q``; NaN where no drawn item was parsed."""
-    kept = np.where(parsed, values, 0.0)
-    count = _weighted_sum(weights, parsed.astype(np.float64))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mean: Vector = np.where(count > 0, _weighted_sum(weights * parsed, kept) / count, np.nan)
-    return mean
-
-
 def _slog(x: Vector) -> Vector:
     logged: Vector = np.sign(x) * np.log1p(np.abs(x))
     return logged
 
 
-def _pearson(weights: Weights, parsed: NDArray[np.bool_], p: Vector, r: Vector) -> Vector:
-    w = weights * parsed
-    p0, r0 = np.where(parsed, p, 0.0), np.where(parsed, r, 0.0)
-    total = w.sum(axis=-1, keepdims=True)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mean_p = _weighted_sum(w, p0)[..., None] / total
-        mean_r = _weighted_sum(w, r0)[..., None] / total
-        dp, dr = np.where(parsed, p0 - mean_p, 0.0), np.where(parsed, r0 - mean_r, 0.0)
-        covariance = _weighted_sum(w, dp * dr)
-        spread = np.sqrt(_weighted_sum(w, dp * dp) * _weighted_sum(w, dr * dr))
-        # A constant side (spread 0, up to rounding of the mean) leaves r undefined.
-        scale = np.sqrt(_weighted_sum(w, p0 * p0) * _weighted_sum(w, r0 * r0))
-        defined = (spread > 1e-12 * scale) & (total[..., 0] > 1)
-        r_value = np.where(defined, covariance / np.where(defined, spread, 1.0), np.nan)
-    clipped: Vector = np.clip(r_value, -1.0, 1.0)
-    return clipped
-
-
-def _exact(tolerance: float) -> Callable[[Weights, Vector, Vector], Vector]:
-    def exact_accuracy(weights: Weights, p: Vector, r: Vector) -> Vector:
-        with np.errstate(invalid="ignore"):
-            return _share(weights, np.abs(p - r) <= tolerance)
-
-    return exact_accuracy
-
-
-def _within_1_percent(weights: Weights, p: Vector, r: Vector) -> Vector:
-    with np.errstate(invalid="ignore"):
-        return _share(weights, np.abs(p - r) <= 0.01 * np.abs(r))
-
-
-def _parsed_share(weights: Weights, p: Vector, r: Vector) -> Vector:
-    return _share(weights, ~np.isnan(p))
-
-
-def _mae(weights: Weights, p: Vector, r: Vector) -> Vector:
-    return _parsed_mean(weights, ~np.isnan(p), np.abs(p - r))
-
-
-def _rmse(weights: Weights, p: Vector, r: Vector) -> Vector:
-    squared: Vector = np.sqrt(_parsed_mean(weights, ~np.isnan(p), (p - r) ** 2))
-    return squared
-
-
-def _log_mae(weights: Weights, p: Vector, r: Vector) -> Vector:
-    with np.errstate(invalid="ignore"):
-        return _parsed_mean(weights, ~np.isnan(p), np.abs(_slog(p) - _slog(r)))
-
-
-def _pearson_metric(weights: Weights, p: Vector, r: Vector) -> Vector:
-    return _pearson(weights, ~np.isnan(p), p, r)
-
-
-_METRICS: dict[str, Callable[[Weights, Vector, Vector], Vector]] = {
-    "exact_accuracy": _exact(0.0),
-    "mae": _mae,
-    "rmse": _rmse,
-    "log_mae": _log_mae,
-    "within_1_percent": _within_1_percent,
-    "pearson": _pearson_metric,
-    "parsed_share": _parsed_share,
-}
-#: The metrics :func:`item_metric` computes.
-ITEM_METRICS = tuple(_METRICS)
+#: The metrics of a scored split, in the report's column order.
+ITEM_METRICS = (
+    "exact_accuracy", "mae", "rmse", "log_mae", "within_1_percent", "pearson", "parsed_share",
+)  # fmt: skip
 
 
 #: The metrics that score an unparsed answer as ``unparsed`` when it is given.
@@ -169,40 +75,22 @@ def _filled(metric: str, answers: Vector, unparsed: float | None) -> Vector:
     return filled
 
 
-def item_metric(
-    metric: str,
-    answers: Vector,
-    references: Vector,
-    weights: Weights,
-    *,
-    unparsed: float | None = None,
-) -> Vector:
-    """``metric`` of ``answers`` (m,) against ``references`` (m,) under each row of ``weights``
-    (B, m) of item counts: (B,) values (see the module docstring; a (m,) ``weights`` gives a
-    0-dim result). ``unparsed``: the answer an error metric scores where ``answers`` is NaN
-    (None: the error metrics drop such answers)."""
-    if metric not in _METRICS:
-        raise ValueError(f"metric must be one of {list(ITEM_METRICS)}, got {metric!r}")
-    if answers.shape != references.shape or weights.shape[-1] != answers.shape[-1]:
-        raise ValueError(
-            f"answers {answers.shape}, references {references.shape} and weights "
-            f"{weights.shape} must share their last (item) dimension"
-        )
-    scored = _filled(metric, answers, unparsed)
-    return _METRICS[metric](weights.astype(np.float64), scored, references)
-
-
 def item_metrics(
     answers: Vector, references: Vector, *, unparsed: float | None = None
 ) -> dict[str, float | None]:
-    """Every metric of :data:`ITEM_METRICS` on the items themselves (weights 1); None where it is
-    undefined (NaN). ``unparsed`` as :func:`item_metric` takes it."""
-    ones = np.ones_like(references)
+    """Every metric of :data:`ITEM_METRICS` of ``answers`` (m,) against ``references`` (m,), as
+    :func:`numtok.numeric_metrics` computes them, with the module docstring's rule for an
+    answer without a number (NaN) when ``unparsed`` is given; None where a metric is undefined."""
+    scored = numeric_metrics(answers.tolist(), references.tolist())
+    filled = scored
+    if unparsed is not None:
+        filled = numeric_metrics(_filled("mae", answers, unparsed).tolist(), references.tolist())
     values = {
-        name: float(item_metric(name, answers, references, ones, unparsed=unparsed))
-        for name in _METRICS
-    }
-    return {name: (None if math.isnan(value) else value) for name, value in values.items()}
+        "exact_accuracy": scored.exact_accuracy, "parsed_share": scored.parsed / scored.count,
+        **{name: getattr(filled, name) for name in ITEM_METRICS
+           if name not in ("exact_accuracy", "parsed_share")},
+    }  # fmt: skip
+    return {name: None if math.isnan(values[name]) else values[name] for name in ITEM_METRICS}
 
 
 def _scores(metric: str, p: Vector, r: Vector) -> Vector:

@@ -221,7 +221,7 @@ def compare_config(args: argparse.Namespace, base: FinetuneConfig | None) -> Fin
     if base is None:
         settings = {**COMPARE_DEFAULTS, "data": str(args.data), "model": "smollm2"}
     if args.training_args is not None:
-        from numtok_compare.finetune.training_args import read_training_args
+        from numtok_compare.training_args import read_training_args
 
         from_file, passed = read_training_args(args.training_args)
         settings |= {**from_file, "training_args": passed}

@@ -3,13 +3,12 @@ the ``smollm2-*`` presets), checked before any work starts."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import ClassVar
 
 from numtok.readout import FAST_TOLERANCE, MAX_DIGITS, check_tolerance
 from numtok_compare.checks import check_number
 from numtok_compare.config import RunConfig, check_non_negative_int, check_positive_int
-from numtok_compare.finetune.training_args import check_training_args
 from numtok_compare.item_metrics import ENDPOINT_METRICS
 from numtok_compare.objectives import NUMBER_LOSS_ARMS
 
@@ -104,9 +103,6 @@ class FinetuneConfig(RunConfig):
     #: Equivalence within ±``margin`` of the tested metric (MSE for RMSE) for the primary
     #: comparisons (two one-sided tests at 5 %; None: none). Pre-registrable: it is a setting.
     margin: float | None = None
-    #: ``TrainingArguments`` fields every arm's Trainer takes as well (``--training-args``,
-    #: :mod:`~numtok_compare.finetune.training_args`); empty: the harness's own settings alone.
-    training_args: dict[str, Any] = field(default_factory=dict)
 
     @property
     def evaluation_splits(self) -> tuple[str, ...]:
@@ -175,17 +171,7 @@ class FinetuneConfig(RunConfig):
             raise ValueError(f"weight_grid must hold distinct λ, got {list(self.weight_grid)}")
         for weight in self.weight_grid:
             check_number("each λ of weight_grid", weight, minimum=0.0, inclusive=False)
-        if self.training_args:
-            check_training_args(self.training_args, "training_args")
         self._validate_evaluation()
-
-    def to_dict(self) -> dict[str, Any]:
-        """:meth:`RunConfig.to_dict`; ``training_args`` only when set, so that a run without
-        them keeps the settings (and fingerprint) it had before the setting existed."""
-        data = super().to_dict()
-        if not self.training_args:
-            del data["training_args"]
-        return data
 
     def _validate_evaluation(self) -> None:
         allowed = ARITHMETIC_TEST_SPLITS if self.task == "arithmetic" else ("test",)

@@ -90,7 +90,7 @@ class TransformerModels:
         )
         return TrainerArm(
             model, self.config, job.seed, job.arm, job.weight, self.examples, collate,
-            number_vocab(self.tokenizer), answerer=model,
+            number_vocab(self.tokenizer), answerer=model, training_args=self.config.training_args,
         )  # fmt: skip
 
     @property

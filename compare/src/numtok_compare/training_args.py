@@ -1,14 +1,14 @@
-"""The user's own training settings: ``numtok compare --training-args FILE``, a JSON or YAML
-mapping of ``transformers.TrainingArguments`` fields that every arm's Trainer takes (schedule,
-warm-up, gradient accumulation, bf16, ``deepspeed``, ``fsdp``, ``report_to``, ...).
+"""The user's own training settings: ``numtok compare --training-args FILE``, a JSON or YAML mapping
+of ``transformers.TrainingArguments`` fields that every arm's Trainer takes (schedule, warm-up,
+gradient accumulation, bf16, ``deepspeed``, ``fsdp``, ``report_to``, ...).
 
-The fields that are settings of the comparison (:data:`SETTING_FIELDS`: ``max_steps`` is
-``steps``, ``per_device_train_batch_size`` is ``batch_size``, ...) set those settings, and the
-flags ``--steps``, ``--batch-size`` and ``--learning-rate`` override them; the fields the harness
-sets for every arm itself (:data:`HARNESS_FIELDS`: where the arm's checkpoints go, its seed, how
-long it trains) are refused; every other field is passed through as written
-(``FinetuneConfig.training_args``), so the run folder's ``config.json`` records it and a resumed run
-with other training settings is refused.
+The fields that are settings of the comparison (:data:`SETTING_FIELDS`: ``max_steps`` is ``steps``,
+``per_device_train_batch_size`` is ``batch_size``, ...) set those settings, and the flags
+``--steps``, ``--batch-size`` and ``--learning-rate`` override them; the fields the harness sets
+for every arm itself (:data:`HARNESS_FIELDS`: where the arm's checkpoints go, its seed, how long it
+trains) are refused; every other field is passed through as written (``RunConfig.training_args``,
+every comparison's, from scratch or fine-tuning), so the run folder's ``config.json`` records it
+and a resumed run with other training settings is refused.
 """
 
 from __future__ import annotations
