@@ -31,6 +31,7 @@ from numtok_compare.runner.run_folder import (
     WEIGHTS,
     load_trainable_state,
     save_atomically,
+    stored_by_the_main_process,
     trainable_state,
 )
 from numtok_compare.runner.training_log import Progress, TrainingLog
@@ -220,3 +221,27 @@ def test_rows_hold_each_arm_at_its_chosen_lambda_in_seed_order(tmp_path: Path) -
         + sum(rows["test_minutes"].values())
     )
     assert rows["choice"] is phases.choice
+
+
+def test_under_torchrun_the_first_process_scores_and_the_others_read_its_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RANK 0 computes and stores; any other rank never computes, waits for the file (written
+    here by a thread, as the first process would) and returns what it holds."""
+    import json
+    import threading
+
+    path = tmp_path / "validation.json"
+    monkeypatch.setenv("RANK", "0")
+    assert stored_by_the_main_process(lambda: {"answers": [1]}, path) == {"answers": [1]}
+    assert json.loads(path.read_text()) == {"answers": [1]}
+
+    def never() -> dict[str, Any]:
+        raise AssertionError("a process other than the first scored")
+
+    later = tmp_path / "test.json"
+    monkeypatch.setenv("RANK", "1")
+    writer = threading.Timer(0.05, lambda: later.write_text('{"splits": {}}'))
+    writer.start()
+    assert stored_by_the_main_process(never, later, poll_seconds=0.01) == {"splits": {}}
+    writer.join()

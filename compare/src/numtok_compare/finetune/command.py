@@ -324,8 +324,7 @@ def run_compare(
         run_finetune,
     )
     from numtok_compare.finetune.preregistration import write_preregistration
-    from numtok_compare.runner.run_folder import prepare_run_dir
-    from numtok_compare.runner.trainer import is_main_process
+    from numtok_compare.runner.run_folder import is_main_process, prepare_run_dir
     from numtok_compare.summary import summary_lines
 
     try:

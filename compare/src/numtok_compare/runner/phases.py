@@ -32,7 +32,7 @@ import torch
 
 from numtok_compare.config import RunConfig
 from numtok_compare.runner.parallel import Executor, report_progress
-from numtok_compare.runner.run_folder import WEIGHTS, drop_checkpoints, save_atomically
+from numtok_compare.runner.run_folder import WEIGHTS, drop_checkpoints, stored_by_the_main_process
 from numtok_compare.runner.training_log import Progress, TrainingLog, median_step_seconds
 
 __all__ = [
@@ -125,20 +125,25 @@ def train_and_validate(
 ) -> dict[str, Any]:
     """Phase 1 for one job: train it in ``directory`` (resuming from its checkpoint) and score it
     on validation; store (and return) ``validation.json``, then drop the checkpoint.
-    ``progress`` hears of every training step and scored item."""
+    ``progress`` hears of every training step and scored item. Under torchrun every process
+    trains and the first one scores (``run_folder.stored_by_the_main_process``)."""
     directory.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
     arm = models.build(job)
     log = arm.fit(directory, progress)
     trained_minutes = (time.perf_counter() - began) / 60
-    began = time.perf_counter()
-    scored = models.score(arm.answerer, "validation", progress)
-    stored = {
-        "seed": job.seed, "arm": job.arm, "weight": job.weight, **scored,
-        "history": log.history, "seconds_per_step": median_step_seconds(log),
-        "train_minutes": trained_minutes, "score_minutes": (time.perf_counter() - began) / 60,
-    }  # fmt: skip
-    save_atomically(stored, directory / VALIDATION)
+
+    def validated() -> dict[str, Any]:
+        began = time.perf_counter()
+        scored = models.score(arm.answerer, "validation", progress)
+        return {
+            "seed": job.seed, "arm": job.arm, "weight": job.weight, **scored,
+            "history": log.history, "seconds_per_step": median_step_seconds(log),
+            "train_minutes": trained_minutes,
+            "score_minutes": (time.perf_counter() - began) / 60,
+        }  # fmt: skip
+
+    stored = stored_by_the_main_process(validated, directory / VALIDATION)
     drop_checkpoints(directory)
     return stored
 
@@ -148,15 +153,17 @@ def score_test(
 ) -> dict[str, Any]:
     """Phase 3 for one job: rebuild it as training left it in ``directory`` and score it on the
     test ``splits``; store (and return) ``test.json``."""
-    began = time.perf_counter()
-    answerer = models.load(job, directory)
-    stored = {
-        "seed": job.seed, "arm": job.arm, "weight": job.weight,
-        "splits": {split: models.score(answerer, split, progress) for split in splits},
-        "score_minutes": (time.perf_counter() - began) / 60,
-    }  # fmt: skip
-    save_atomically(stored, directory / TEST)
-    return stored
+
+    def tested() -> dict[str, Any]:
+        began = time.perf_counter()
+        answerer = models.load(job, directory)
+        return {
+            "seed": job.seed, "arm": job.arm, "weight": job.weight,
+            "splits": {split: models.score(answerer, split, progress) for split in splits},
+            "score_minutes": (time.perf_counter() - began) / 60,
+        }  # fmt: skip
+
+    return stored_by_the_main_process(tested, directory / TEST)
 
 
 def _validation_job(source: ModelSource, job: Job, directory: str) -> dict[str, Any]:

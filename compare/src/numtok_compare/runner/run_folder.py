@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -24,9 +26,11 @@ __all__ = [
     "WEIGHTS",
     "arm_directory",
     "drop_checkpoints",
+    "is_main_process",
     "load_trainable_state",
     "prepare_run_dir",
     "save_atomically",
+    "stored_by_the_main_process",
     "trainable_state",
     "why_not_creatable",
 ]
@@ -98,6 +102,29 @@ def save_atomically(obj: Any, path: Path) -> None:
     else:
         torch.save(obj, temporary)
     os.replace(temporary, path)
+
+
+def is_main_process() -> bool:
+    """False in every process of a ``torchrun`` or ``accelerate launch`` but the first
+    (``RANK`` > 0): every process runs the comparison and trains each arm with the others; the
+    first scores it and reports it."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def stored_by_the_main_process(
+    compute: Callable[[], dict[str, Any]], path: Path, *, poll_seconds: float = 0.5
+) -> dict[str, Any]:
+    """``compute()`` in the main process, stored at ``path`` (JSON, atomically); every other
+    process waits for that file and reads it, instead of computing it again (scoring every item
+    on every process of a torchrun launch)."""
+    if is_main_process():
+        stored = compute()
+        save_atomically(stored, path)
+        return stored
+    while not path.exists():
+        time.sleep(poll_seconds)
+    found: dict[str, Any] = json.loads(path.read_text())
+    return found
 
 
 def drop_checkpoints(directory: Path) -> None:

@@ -14,7 +14,8 @@
   ``head`` arm's model (:class:`~numtok_compare.regression_head.RegressionHead`) returns its own.
 * **Several processes**: launched by ``torchrun`` or ``accelerate launch``, every process runs
   the comparison, and the Trainer trains each arm on all of them (``batch_size`` examples per
-  process and micro-batch); every process writes the same files atomically.
+  process and micro-batch); every process writes the same ``model.pt`` atomically, and the first
+  one scores the arm (:mod:`~numtok_compare.runner.phases`).
 * **Resume** (:meth:`TrainerArm.fit`): an arm whose folder holds a checkpoint resumes from the
   last complete one (:func:`last_complete_checkpoint`; weights, optimiser, schedule and random
   states: it continues as if never stopped; the log entry that spans the interruption averages
@@ -23,7 +24,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -49,7 +49,6 @@ from numtok_compare.runner.training_log import Progress, TrainingLog
 __all__ = [
     "TrainerArm",
     "compute_loss_func",
-    "is_main_process",
     "last_complete_checkpoint",
     "objective_loss",
     "training_arguments",
@@ -73,13 +72,6 @@ def training_arguments(
         report_to="none", disable_tqdm=True, ddp_find_unused_parameters=False,
     )  # fmt: skip
     return TrainingArguments(**{**defaults, **passed})
-
-
-def is_main_process() -> bool:
-    """False in every process of a ``torchrun`` or ``accelerate launch`` but the first
-    (``RANK`` > 0): every process runs the comparison and trains each arm with the others, one
-    reports it."""
-    return int(os.environ.get("RANK", "0")) == 0
 
 
 def objective_loss(objective: Objective) -> Callable[..., torch.Tensor]:
