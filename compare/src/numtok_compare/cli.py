@@ -404,9 +404,7 @@ def _build_config(args: argparse.Namespace, preset_name: str, harness: ModuleTyp
     if getattr(args, "training_args", None) is not None:
         from numtok_compare.training_args import read_training_args
 
-        # The file's settings first: the flags given override them.
-        from_file, passed = read_training_args(args.training_args)
-        overrides |= {**from_file, "training_args": passed}
+        overrides |= read_training_args(args.training_args)  # the flags given override it
     for name, flag in _FLAGS.items():
         value = getattr(args, name, None)
         if value is None or name == "task":

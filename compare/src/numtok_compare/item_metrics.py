@@ -68,11 +68,16 @@ ITEM_METRICS = (
 _FILLED = frozenset({"mae", "rmse", "log_mae", "within_1_percent", "pearson", "mse"})
 
 
-def _filled(metric: str, answers: Vector, unparsed: float | None) -> Vector:
-    if unparsed is None or metric not in _FILLED:
+def _answered(answers: Vector, unparsed: float | None) -> Vector:
+    """``answers`` with ``unparsed`` where they hold no number (NaN); as they are without it."""
+    if unparsed is None:
         return answers
     filled: Vector = np.where(np.isnan(answers), unparsed, answers)
     return filled
+
+
+def _filled(metric: str, answers: Vector, unparsed: float | None) -> Vector:
+    return _answered(answers, unparsed) if metric in _FILLED else answers
 
 
 def item_metrics(
@@ -84,7 +89,7 @@ def item_metrics(
     scored = numeric_metrics(answers.tolist(), references.tolist())
     filled = scored
     if unparsed is not None:
-        filled = numeric_metrics(_filled("mae", answers, unparsed).tolist(), references.tolist())
+        filled = numeric_metrics(_answered(answers, unparsed).tolist(), references.tolist())
     values = {
         "exact_accuracy": scored.exact_accuracy, "parsed_share": scored.parsed / scored.count,
         **{name: getattr(filled, name) for name in ITEM_METRICS

@@ -84,11 +84,11 @@ def _parsed(text: str, is_json: bool, where: str) -> Any:
         raise ValueError(f"{where}: not YAML ({error})") from None
 
 
-def read_training_args(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(settings, passed)`` of the file at ``path`` (``.json``, ``.yaml`` or ``.yml``): the
-    comparison's settings it sets (:data:`SETTING_FIELDS`, by setting name) and the fields passed
-    through to every arm's ``TrainingArguments``; a ValueError naming ``--training-args`` and the
-    file for anything else."""
+def read_training_args(path: Path) -> dict[str, Any]:
+    """The settings of the file at ``path`` (``.json``, ``.yaml`` or ``.yml``), as a comparison's
+    config takes them: the settings it sets (:data:`SETTING_FIELDS`, by setting name) and
+    ``training_args``, the fields passed through to every arm's ``TrainingArguments``; a
+    ValueError naming ``--training-args`` and the file for anything else."""
     where = f"--training-args {path}"
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -106,4 +106,4 @@ def read_training_args(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     settings = {SETTING_FIELDS[k]: v for k, v in data.items() if k in SETTING_FIELDS}
     passed = {k: v for k, v in data.items() if k not in SETTING_FIELDS}
     check_training_args(passed, where)
-    return settings, passed
+    return {**settings, "training_args": passed}

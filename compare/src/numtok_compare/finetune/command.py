@@ -223,8 +223,7 @@ def compare_config(args: argparse.Namespace, base: FinetuneConfig | None) -> Fin
     if args.training_args is not None:
         from numtok_compare.training_args import read_training_args
 
-        from_file, passed = read_training_args(args.training_args)
-        settings |= {**from_file, "training_args": passed}
+        settings |= read_training_args(args.training_args)
     for name, flag in _SETTINGS.items():
         value = getattr(args, flag.removeprefix("--").replace("-", "_"))
         if value is not None and name in known:

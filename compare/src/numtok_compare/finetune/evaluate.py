@@ -18,8 +18,6 @@ error) and mode (most often exactly right): :func:`numtok_compare.stats.constant
 
 from __future__ import annotations
 
-import math
-import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,7 +25,7 @@ from numtok import last_number, predict_numbers
 from numtok_compare.finetune.arm import Trained
 from numtok_compare.finetune.config import FinetuneConfig
 from numtok_compare.runner.batches import Encoded
-from numtok_compare.runner.scoring import generate_answers, head_predictions
+from numtok_compare.runner.scoring import generate_answers, head_predictions, storable
 
 __all__ = ["score_split"]
 
@@ -40,7 +38,7 @@ def score_split(
     ``config.max_value``, also ``"unexplored": [pruned mass per example]``."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if trained.head is not None:
-        head = _storable(
+        head = storable(
             head_predictions(trained.head, examples, config.eval_batch_size, pad,
                              trained.score_scale)
         )  # fmt: skip
@@ -49,7 +47,7 @@ def score_split(
         texts = generate_answers(
             trained.model, tokenizer, examples, config.eval_batch_size, config.max_new_tokens
         )
-        return {"answers": {"greedy": _storable([last_number(t) for t in texts])}, "texts": texts}
+        return {"answers": {"greedy": storable([last_number(t) for t in texts])}, "texts": texts}
     read = predict_numbers(
         trained.model, tokenizer, [list(e.prompt) for e in examples],
         max_digits=config.max_digits, max_value=config.max_value,
@@ -58,19 +56,9 @@ def score_split(
     )  # fmt: skip
     texts = tokenizer.batch_decode([list(t) for t in read.greedy], skip_special_tokens=True)
     answers = {
-        "greedy": _storable([last_number(t) for t in texts]),
-        "expected": _storable(read.mean.tolist()),
-        "median": _storable(read.median.tolist()),
-        "mode": _storable(read.mode.tolist()),
+        "greedy": storable([last_number(t) for t in texts]),
+        "expected": storable(read.mean.tolist()),
+        "median": storable(read.median.tolist()),
+        "mode": storable(read.mode.tolist()),
     }
     return {"answers": answers, "texts": texts, "unexplored": read.pruned.tolist()}
-
-
-def _storable(values: Sequence[float | None]) -> list[float | None]:
-    """Answers as JSON holds them: no number (None or NaN) is None, and a text beyond float64's
-    range (``"1e999"``, read as ±inf) the largest float of its sign, whose error dwarfs every
-    other answer's as inf's would."""
-    return [
-        None if v is None or math.isnan(v) else max(-sys.float_info.max, min(sys.float_info.max, v))
-        for v in values
-    ]

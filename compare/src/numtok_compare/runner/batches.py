@@ -38,23 +38,28 @@ class Encoded:
     value: float
 
 
-def _rows(examples: Sequence[Encoded]) -> list[tuple[list[int], int]]:
-    return [(list(e.prompt) + list(e.answer), len(e.prompt)) for e in examples]
-
-
-def training_batch(examples: Sequence[Encoded], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-padded ``input_ids``, ``attention_mask`` and ``labels`` (B, T): the labels are the
-    inputs on the answer and ``-100`` on the prompt and the padding (the loss shifts them)."""
-    rows = _rows(examples)
+def _padded(examples: Sequence[Encoded], pad_id: int, *, left: bool) -> dict[str, torch.Tensor]:
+    """``input_ids``, ``attention_mask`` and ``labels`` (B, T) of ``prompt + answer`` rows padded
+    on the right (or the ``left``): the labels are the inputs on the answer and ``-100`` on the
+    prompt and the padding (the loss shifts them)."""
+    rows = [(list(e.prompt) + list(e.answer), len(e.prompt)) for e in examples]
     width = max(len(ids) for ids, _ in rows)
     input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
     attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
     for row, (ids, prompt_length) in enumerate(rows):
-        input_ids[row, : len(ids)] = torch.tensor(ids)
-        labels[row, prompt_length : len(ids)] = torch.tensor(ids[prompt_length:])
-        attention_mask[row, : len(ids)] = 1
+        start = width - len(ids) if left else 0
+        end = start + len(ids)
+        input_ids[row, start:end] = torch.tensor(ids)
+        labels[row, start + prompt_length : end] = torch.tensor(ids[prompt_length:])
+        attention_mask[row, start:end] = 1
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+def training_batch(examples: Sequence[Encoded], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded ``input_ids``, ``attention_mask`` and ``labels`` (B, T): the labels are the
+    inputs on the answer and ``-100`` on the prompt and the padding (the loss shifts them)."""
+    return _padded(examples, pad_id, left=False)
 
 
 def answer_scale(examples: Sequence[Encoded]) -> tuple[float, float]:
@@ -82,23 +87,9 @@ def answer_batch(examples: Sequence[Encoded], pad_id: int) -> dict[str, torch.Te
     the loss shifts them as it would the full row's, so its value is the full row's: the first
     of the K columns is a prompt token whose label is never read, and every answer token is
     predicted from the column before it, which the K columns include."""
-    rows = _rows(examples)
-    width = max(len(ids) for ids, _ in rows)
+    padded = _padded(examples, pad_id, left=True)
     kept = max(len(e.answer) for e in examples) + 1
-    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
-    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for row, (ids, prompt_length) in enumerate(rows):
-        start = width - len(ids)
-        input_ids[row, start:] = torch.tensor(ids)
-        labels[row, start + prompt_length :] = torch.tensor(ids[prompt_length:])
-        attention_mask[row, start:] = 1
-    return {
-        "input_ids": input_ids,
-        "attention_mask": attention_mask,
-        "labels": labels[:, -kept:],
-        "logits_to_keep": kept,
-    }
+    return {**padded, "labels": padded["labels"][:, -kept:], "logits_to_keep": kept}
 
 
 def prompt_batch(prompts: Sequence[Sequence[int]], pad_id: int) -> dict[str, torch.Tensor]:

@@ -13,6 +13,8 @@ fewer prompt tokens through the decoder.
 
 from __future__ import annotations
 
+import math
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,7 +24,7 @@ from numtok.readout import cache_argument, returned_cache, shared_prefix_length
 from numtok_compare.regression_head import RegressionHead
 from numtok_compare.runner.batches import Encoded, prompt_batch, training_batch
 
-__all__ = ["causal_lm_of", "generate_answers", "head_predictions", "prefix_cache"]
+__all__ = ["causal_lm_of", "generate_answers", "head_predictions", "prefix_cache", "storable"]
 
 
 def causal_lm_of(model: Any) -> Any:
@@ -30,6 +32,16 @@ def causal_lm_of(model: Any) -> Any:
     else ``model``."""
     get_base_model = getattr(model, "get_base_model", None)
     return get_base_model() if callable(get_base_model) else model
+
+
+def storable(values: Sequence[float | None]) -> list[float | None]:
+    """Answers as JSON holds them: no number (None or NaN) is None, and a text beyond float64's
+    range (``"1e999"``, read as ±inf) the largest float of its sign, whose error dwarfs every
+    other answer's as inf's would."""
+    return [
+        None if v is None or math.isnan(v) else max(-sys.float_info.max, min(sys.float_info.max, v))
+        for v in values
+    ]
 
 
 def prefix_cache(decoder: Any, prefix: torch.Tensor, rows: int) -> Any:

@@ -8,7 +8,6 @@ phases are read back, interrupted trainings continue from their checkpoints."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,7 @@ from numtok_compare.regression_head import RegressionHead
 from numtok_compare.runner.batches import Encoded
 from numtok_compare.runner.parallel import Executor
 from numtok_compare.runner.phases import Job, Phases
-from numtok_compare.runner.scoring import head_predictions
+from numtok_compare.runner.scoring import head_predictions, storable
 from numtok_compare.runner.training_log import Progress
 from numtok_compare.scratch.arm import TransformerModels
 from numtok_compare.scratch.comparison import RunDescription, jobs_of, run_scratch, step_costs
@@ -89,10 +88,6 @@ def scored_jokes(config: RJokesConfig, data: RJokesData) -> dict[str, list[Joke]
     return {split: evaluation_subset(jokes, config.eval_jokes) for split, jokes in splits.items()}
 
 
-def _finite_or_none(value: float) -> float | None:
-    return value if math.isfinite(value) else None
-
-
 class RJokesTask(TransformerModels):
     """The rJokes comparison as the runner's :class:`~numtok_compare.runner.phases.Models`: the
     word vocabulary and encoded training jokes of ``data`` (built once per process), and the
@@ -134,8 +129,9 @@ class RJokesTask(TransformerModels):
                 [list(t) for t in read.greedy], skip_special_tokens=True
             )
             answers["greedy"] += [last_number(text) for text in texts]
-            answers["expected"] += [_finite_or_none(v) for v in read.mean.tolist()]
-            answers["median"] += [_finite_or_none(v) for v in read.median.tolist()]
+            # The mean and median of numbers 0..10^max_digits - 1: finite, NaN without mass.
+            answers["expected"] += storable(read.mean.tolist())
+            answers["median"] += storable(read.median.tolist())
             mass += read.mass.tolist()
             pruned += read.pruned.tolist()
             progress(len(chunk))
