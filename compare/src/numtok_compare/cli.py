@@ -298,7 +298,7 @@ def _compare(
         fail(str(error))
     from numtok_compare.finetune.command import run_compare
 
-    return run_compare(args, base, fail)
+    return run_compare(args, base, fail, "numtok " + shlex.join(arguments))
 
 
 def _flag_of(name: str) -> str:

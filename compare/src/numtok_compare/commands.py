@@ -81,8 +81,7 @@ def run_and_summarise(
     """Run (or resume) the comparison and return the summary lines to print."""
     if isinstance(config, FinetuneConfig):
         results = run_finetune(
-            config, run_dir, data_dir=data_dir, show_progress=show_progress,
-            log=(lambda _line: None) if show_progress else print,
+            config, run_dir, data_dir=data_dir, show_progress=show_progress, command=command,
         )  # fmt: skip
         return [
             *summary_lines(results),

@@ -290,9 +290,13 @@ def _check_preregistration_file(path: Path) -> None:
 
 
 def run_compare(
-    args: argparse.Namespace, base: FinetuneConfig | None, fail: Callable[[str], NoReturn]
+    args: argparse.Namespace,
+    base: FinetuneConfig | None,
+    fail: Callable[[str], NoReturn],
+    command: str | None = None,
 ) -> int:
-    """``numtok compare``: ``fail(message)`` exits with status 2 and one error line. The flags
+    """``numtok compare``: ``fail(message)`` exits with status 2 and one error line; ``command``:
+    the command line, for the report. The flags
     and the data are checked first, in seconds; the data against the model's tokenizer and
     context (a prompt too long) once the model is found or built."""
     from numtok_compare.tasks.jsonl import DataError, read_user_data
@@ -314,12 +318,13 @@ def run_compare(
         print("a dry run: the settings and flags are checked; the model and the data are read "
               "when the run starts, and nothing is trained or written")  # fmt: skip
         return 0
+    from numtok_compare.comparison import work_left
     from numtok_compare.finetune.comparison import (
+        FinetuneComparison,
         check_registered,
         estimate_minutes,
         prepare,
         preregistration_of,
-        remaining_work,
         run_finetune,
     )
     from numtok_compare.finetune.preregistration import write_preregistration
@@ -346,7 +351,7 @@ def run_compare(
         prepare_run_dir(config, run_dir)
     except (ValueError, TypeError, ModuleNotFoundError, DataError) as error:
         fail(str(error))
-    work = remaining_work(config, prepared, run_dir, validation_only=args.validation_only)
+    work = work_left(FinetuneComparison(config, prepared, args.validation_only), run_dir)
     print(config.plan(), file=sys.stderr)
     for warning in preflight_warnings(config, run_dir, args.target_effect):
         print(f"warning: {warning}", file=sys.stderr)
@@ -364,7 +369,7 @@ def run_compare(
         prepared=prepared, validation_only=args.validation_only,
         show_progress=not args.no_progress and is_main_process(),
         log=_log_lines(not args.no_progress or not is_main_process()),
-        target_effect=args.target_effect,
+        command=command, target_effect=args.target_effect,
     )  # fmt: skip
     if is_main_process():  # under torchrun, one process reports the run all of them trained
         print("\n".join(summary_lines(results)))

@@ -1,5 +1,5 @@
 """A whole fine-tuning comparison (``numtok compare`` and the ``smollm2-*`` presets), run in this
-process by the runner of every comparison (:func:`numtok_compare.runner.phases.run_phases`):
+process by the driver of every comparison (:func:`numtok_compare.comparison.run_comparison`):
 
 1. **Validation.** Every (seed, arm, λ) is trained — every λ of the grid when λ is chosen — and
    scored on the validation split.
@@ -8,9 +8,10 @@ process by the runner of every comparison (:func:`numtok_compare.runner.phases.r
    (:func:`~numtok_compare.analysis.learnability_gate`) reads them too.
 3. **Test.** Each seed's arm at its chosen λ is scored once on the test splits.
 
-What fine-tuning supplies to the runner is :class:`FinetuneModels`: the arms of
+What fine-tuning supplies to the driver is :class:`FinetuneComparison`: the arms of
 :mod:`~numtok_compare.finetune.arm` on the data :func:`prepare` loads, scored by
-:func:`~numtok_compare.finetune.evaluate.score_split`. The ``base`` arm (the model before
+:func:`~numtok_compare.finetune.evaluate.score_split`, and the rows of
+:mod:`~numtok_compare.finetune.rows`. The ``base`` arm (the model before
 fine-tuning) does not depend on the seed: it is scored once, and that one row pairs with every
 seed of CE.
 """
@@ -21,7 +22,7 @@ import json
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ import numpy as np
 import torch
 
 from numtok import NumberVocab
+from numtok_compare.comparison import run_comparison
 from numtok_compare.finetune.arm import Trained, build_arm, load_arm, load_model
 from numtok_compare.finetune.choose import choose_weights
 from numtok_compare.finetune.config import FinetuneConfig
@@ -36,26 +38,22 @@ from numtok_compare.finetune.data import FinetuneData, load_finetune_data
 from numtok_compare.finetune.evaluate import score_split
 from numtok_compare.finetune.models import model_digest, resolve_model
 from numtok_compare.finetune.preregistration import check_preregistration, preregistration
-from numtok_compare.finetune.rows import write_report
+from numtok_compare.finetune.rows import run_rows
 from numtok_compare.item_metrics import answer_values, item_metrics
 from numtok_compare.objectives import NUMBER_LOSS_ARMS
-from numtok_compare.runner.parallel import open_executor, progress_bar
-from numtok_compare.runner.phases import Arm, Job, Work, run_phases
-from numtok_compare.runner.phases import remaining_work as work_left
-from numtok_compare.runner.run_folder import prepare_run_dir, save_atomically
+from numtok_compare.runner.parallel import Executor
+from numtok_compare.runner.phases import Arm, Job, Phases, Work
+from numtok_compare.runner.run_folder import save_atomically
 from numtok_compare.runner.training_log import Progress
 from numtok_compare.stats import constant_answers
 
 __all__ = [
-    "FinetuneModels",
+    "FinetuneComparison",
     "Prepared",
     "check_registered",
     "estimate_minutes",
-    "job_directory",
-    "jobs_of",
     "prepare",
     "preregistration_of",
-    "remaining_work",
     "run_finetune",
 ]
 
@@ -117,25 +115,15 @@ def check_registered(config: FinetuneConfig, prepared: Prepared, path: Path) -> 
     return check_preregistration(path, record)
 
 
-def job_directory(
-    run_dir: Path, config: FinetuneConfig, seed: int, arm: str, weight: float
-) -> Path:
-    """``seed<N>/<arm>``, or ``seed<N>/<arm>-lambda<λ>`` when λ is chosen from a grid."""
-    name = f"{arm}-lambda{weight:g}" if config.weight_grid and arm in NUMBER_LOSS_ARMS else arm
-    return Path(run_dir) / f"seed{seed}" / name
-
-
-def _check_model(run_dir: Path, prepared: Prepared) -> float:
+def _check_model(run_dir: Path, prepared: Prepared) -> None:
     """Record the model's and the data's digests (``model.json``), or refuse a folder whose arms
-    were trained on another model or other data; returns when the folder was first made (Unix
-    time)."""
+    were trained on another model or other data."""
     path = run_dir / "model.json"
-    created = time.time()
     recorded = {"folder": str(prepared.model_dir), "digest": prepared.digest,
-                "data_digest": prepared.data.digest, "created": created}  # fmt: skip
+                "data_digest": prepared.data.digest}  # fmt: skip
     if not path.exists():
         save_atomically(recorded, path)
-        return created
+        return
     stored = json.loads(path.read_text())
     if stored["digest"] != prepared.digest:
         raise ValueError(
@@ -148,19 +136,50 @@ def _check_model(run_dir: Path, prepared: Prepared) -> float:
             f"the run folder {run_dir} holds arms trained on other data (digest "
             f"{stored.get('data_digest')}, this data {prepared.data.digest}): choose another --out"
         )
-    return float(stored.get("created", path.stat().st_mtime))
 
 
 @dataclass(frozen=True)
-class FinetuneModels:
-    """The fine-tuned arms of ``config`` on ``prepared``'s model and data, as the runner builds,
-    rebuilds and scores them (one process: it holds the tokenizer and the encoded data)."""
+class FinetuneComparison:
+    """The fine-tuned arms of ``config`` on ``prepared``'s model and data, as the driver runs
+    them (:class:`~numtok_compare.comparison.Comparison`; one process: it holds the tokenizer
+    and the encoded data). ``validation_only``: no test split is scored."""
 
     config: FinetuneConfig
     prepared: Prepared
+    validation_only: bool = field(default=False)
 
-    def models(self, seed: int) -> FinetuneModels:
+    def models(self, seed: int) -> FinetuneComparison:
         return self
+
+    def jobs(self) -> list[Job]:
+        """Every (seed, arm, λ) the validation phase trains: each λ of an arm's grid, the
+        ``base`` arm once (it does not depend on the seed)."""
+        config = self.config
+        return [Job(seed, arm, weight) for seed in config.seeds for arm in config.arms
+                if arm != "base" or seed == config.seeds[0]
+                for weight in config.weights_of(arm)]  # fmt: skip
+
+    def directory(self, run_dir: Path, job: Job) -> Path:
+        """``seed<N>/<arm>``, or ``seed<N>/<arm>-lambda<λ>`` when λ is chosen from a grid."""
+        chosen = self.config.weight_grid and job.arm in NUMBER_LOSS_ARMS
+        return (
+            Path(run_dir)
+            / f"seed{job.seed}"
+            / (f"{job.arm}-lambda{job.weight:g}" if chosen else job.arm)
+        )
+
+    def steps(self, job: Job) -> int:
+        return self.config.steps if job.arm != "base" else 0
+
+    def scored_items(self) -> dict[str, int]:
+        return {split: len(examples) for split, examples in self.prepared.data.splits.items()}
+
+    @property
+    def test_splits(self) -> tuple[str, ...]:
+        return () if self.validation_only else self.config.evaluation_splits
+
+    def prepare(self, run_dir: Path, executor: Executor, show_progress: bool) -> None:
+        _check_model(run_dir, self.prepared)
 
     def build(self, job: Job) -> Arm:
         p = self.prepared
@@ -177,35 +196,11 @@ class FinetuneModels:
         progress(len(examples))
         return scored
 
+    def choose(self, validation: Mapping[Job, dict[str, Any]]) -> dict[str, Any]:
+        return _choose(self.config, validation, self.prepared)
 
-def jobs_of(config: FinetuneConfig) -> list[Job]:
-    """Every (seed, arm, λ) the validation phase trains: each λ of an arm's grid, the ``base``
-    arm once (it does not depend on the seed)."""
-    return [
-        Job(seed, arm, weight)
-        for seed in config.seeds
-        for arm in config.arms
-        if arm != "base" or seed == config.seeds[0]
-        for weight in config.weights_of(arm)
-    ]
-
-
-def _directories(config: FinetuneConfig, run_dir: Path) -> dict[Job, Path]:
-    return {job: job_directory(run_dir, config, *job) for job in jobs_of(config)}
-
-
-def remaining_work(
-    config: FinetuneConfig, prepared: Prepared, run_dir: Path, *, validation_only: bool = False
-) -> Work:
-    """Every training step and every scored example of ``config`` not yet stored in
-    ``run_dir`` (with ``validation_only``, none of the test splits')."""
-    splits = prepared.data.splits
-    return work_left(
-        jobs_of(config), _directories(config, run_dir),
-        steps=lambda job: config.steps if job.arm != "base" else 0,
-        items={split: len(examples) for split, examples in splits.items()},
-        test_splits=() if validation_only else config.evaluation_splits,
-    )  # fmt: skip
+    def rows(self, phases: Phases) -> dict[str, Any]:
+        return run_rows(self.config, self.prepared.data, phases)
 
 
 #: The probe's training steps; the first, with its one-off allocations, is not timed.
@@ -222,7 +217,7 @@ def estimate_minutes(
     step_seconds = 0.0
     if work.steps:
         probe = config.with_overrides(steps=_PROBE_STEPS, warmup_steps=1, checkpoint_every=1000)
-        arm = FinetuneModels(probe, prepared).build(Job(config.seeds[0], "ce", 0.0))
+        arm = FinetuneComparison(probe, prepared).build(Job(config.seeds[0], "ce", 0.0))
         with tempfile.TemporaryDirectory() as folder:
             log = arm.fit(Path(folder), None)
         trained = arm.answerer
@@ -287,6 +282,7 @@ def run_finetune(
     validation_only: bool = False,
     show_progress: bool = False,
     log: Log = print,
+    command: str | None = None,
     target_effect: float | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) every phase of ``config`` in ``run_dir`` and write the report; returns
@@ -295,30 +291,15 @@ def run_finetune(
     ``validation_only``: stop before the test phase (for choosing settings: the test splits stay
     unseen, and a later run of the same settings in the same folder scores them);
     ``show_progress``: a bar on stderr over the training steps and scored examples left;
-    ``target_effect``: the report plans a next run for it (seeds and items needed)."""
+    ``command``: the command line, for the report; ``target_effect``: the report plans a next
+    run for it (seeds and items needed)."""
     torch.set_num_threads(config.threads)
     prepared = prepared or prepare(config, data_dir)
     registration = None
     if preregistered is not None:
-        registration = check_registered(config, prepared, Path(preregistered))
-    prepare_run_dir(config, run_dir)
-    created = _check_model(run_dir, prepared)
-    work = remaining_work(config, prepared, run_dir, validation_only=validation_only)
-    total = work.steps + work.items
-    with (
-        progress_bar(show_progress, total, "steps + scored examples", "it") as bar,
-        open_executor(1) as executor,
-    ):
-        phases = run_phases(
-            FinetuneModels(config, prepared), jobs_of(config), _directories(config, run_dir),
-            choose=lambda validation: _choose(config, validation, prepared),
-            test_splits=() if validation_only else config.evaluation_splits,
-            executor=executor, bar=bar, log=log,
-        )  # fmt: skip
-    return write_report(
-        run_dir, config, prepared.data, phases,
-        constants=constant_answers([e.value for e in prepared.data.splits["train"]]),
-        preregistered=None if preregistered is None or registration is None
-        else (Path(preregistered), registration),
-        started=created, target_effect=target_effect,
+        registration = (Path(preregistered), check_registered(config, prepared, preregistered))
+    return run_comparison(
+        FinetuneComparison(config, prepared, validation_only), run_dir,
+        show_progress=show_progress, command=command, log=log, preregistered=registration,
+        target_effect=target_effect,
     )  # fmt: skip

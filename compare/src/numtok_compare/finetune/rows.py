@@ -5,9 +5,7 @@ the run's :class:`~numtok_compare.design.Design`."""
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,11 +15,10 @@ from numtok_compare.finetune.config import FinetuneConfig
 from numtok_compare.finetune.data import FinetuneData
 from numtok_compare.item_metrics import answer_values
 from numtok_compare.objectives import NUMBER_LOSS_ARMS
-from numtok_compare.report import analyse_and_write
-from numtok_compare.report_format import json_safe
-from numtok_compare.runner.phases import Job, Phases, phase_rows
+from numtok_compare.runner.phases import Job, Phases
+from numtok_compare.stats import constant_answers
 
-__all__ = ["design_of", "upgrade_rows", "write_report"]
+__all__ = ["design_of", "run_rows", "upgrade_rows"]
 
 
 def design_of(config: FinetuneConfig, notes: Sequence[str], chosen: Mapping[str, float]) -> Design:
@@ -46,42 +43,24 @@ def design_of(config: FinetuneConfig, notes: Sequence[str], chosen: Mapping[str,
     )
 
 
-def write_report(
-    run_dir: Path,
-    config: FinetuneConfig,
-    data: FinetuneData,
-    phases: Phases,
-    *,
-    constants: Mapping[str, float],
-    preregistered: tuple[Path, dict[str, Any]] | None,
-    started: float,
-    target_effect: float | None = None,
-) -> dict[str, Any]:
-    """Write ``results.json``, ``report.md`` and ``report.png`` into ``run_dir``; return the
-    results (as ``results.json`` holds them). Everything the analysis reads is in the rows
-    (:func:`~numtok_compare.report.analyse_and_write`), so that a reanalysis of them
-    rebuilds the same report."""
+def run_rows(config: FinetuneConfig, data: FinetuneData, phases: Phases) -> dict[str, Any]:
+    """What the report reads of a fine-tuning run besides the stored answers
+    (:class:`~numtok_compare.comparison.Comparison`'s ``rows``): the design, the data's notes,
+    digest and sizes, the training answers' constants, every scored split's true answers, the
+    choice of λ with each λ's parsed share, and the most probability a readout left unexplored."""
     splits = ("validation", *(config.evaluation_splits if phases.test else ()))
     unexplored = [u for scored in phases.scorings() for u in scored.get("unexplored", [])]
     choice = phases.choice | {"parsed": _parsed_by_weight(config, phases.validation, phases.choice)}
-    rows = {
+    return {
         "design": design_of(config, data.notes, phases.choice["chosen"]).to_dict(),
-        "config": config.to_dict(),
         "data": {"notes": data.notes, "digest": data.digest,
                  "sizes": {s: len(e) for s, e in data.splits.items()}},
-        "preregistration": None if preregistered is None else str(preregistered[0]),
-        "started": datetime.datetime.fromtimestamp(started, datetime.timezone.utc).isoformat(
-            timespec="seconds"),
-        "training_constants": dict(constants),
+        "training_constants": constant_answers([e.value for e in data.splits["train"]]),
         "references": {split: answer_values([e.value for e in data.splits[split]])
                        for split in splits},
-        **phase_rows(phases, config.seeds, splits),
         "choice": choice,
         "largest_unexplored": max(unexplored) if unexplored else None,
     }  # fmt: skip
-    return analyse_and_write(
-        run_dir, json_safe(rows), preregistered=preregistered, target_effect=target_effect
-    )
 
 
 def upgrade_rows(rows: dict[str, Any]) -> dict[str, Any]:

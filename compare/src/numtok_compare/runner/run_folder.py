@@ -1,6 +1,7 @@
 """The layout of a run folder, shared by every task.
 
-``config.json`` holds the settings (a folder refuses a run with other settings);
+``config.json`` holds the settings (a folder refuses a run with other settings), ``started.json``
+when its run first began;
 ``seed<N>/<arm>/`` holds one arm's checkpoints while it trains (``checkpoints/``, the
 ``transformers.Trainer``'s), then ``model.pt`` (the
 parameters training changed, :func:`trainable_state`) and what each phase of the runner stored
@@ -10,6 +11,7 @@ atomically, so a killed process leaves the old file or the new one, never half o
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import shutil
@@ -35,7 +37,7 @@ __all__ = [
     "why_not_creatable",
 ]
 
-CONFIG, CHECKPOINTS, WEIGHTS = "config.json", "checkpoints", "model.pt"
+CONFIG, STARTED, CHECKPOINTS, WEIGHTS = "config.json", "started.json", "checkpoints", "model.pt"
 
 
 class Settings(Protocol):
@@ -61,10 +63,11 @@ def why_not_creatable(path: Path) -> str | None:
     return None
 
 
-def prepare_run_dir(config: Settings, run_dir: Path) -> None:
+def prepare_run_dir(config: Settings, run_dir: Path) -> str:
     """Create ``run_dir`` and record the settings; a folder that holds a run with other settings
     is a ValueError (resuming it with these settings would mix two experiments), and so is a
-    ``run_dir`` that cannot be made (:func:`why_not_creatable`)."""
+    ``run_dir`` that cannot be made (:func:`why_not_creatable`). Returns when the folder's run
+    first began (ISO 8601, UTC; recorded in ``started.json`` the first time)."""
     why = why_not_creatable(run_dir)
     try:
         if why is None:
@@ -77,7 +80,6 @@ def prepare_run_dir(config: Settings, run_dir: Path) -> None:
     settings = config.to_dict()
     if not path.exists():
         save_atomically(settings, path)
-        return
     stored = json.loads(path.read_text())
     if stored != settings:
         changed = sorted(
@@ -87,6 +89,12 @@ def prepare_run_dir(config: Settings, run_dir: Path) -> None:
             f"the run folder {run_dir} holds a run with other settings (differing: "
             f"{', '.join(changed)}); choose another --out, or delete the folder to start over"
         )
+    started = run_dir / STARTED
+    if not started.exists():
+        now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        save_atomically({"started": now}, started)
+    when: str = json.loads(started.read_text())["started"]
+    return when
 
 
 def arm_directory(run_dir: Path, seed: int, arm: str) -> Path:

@@ -1,4 +1,4 @@
-"""The arithmetic comparison from scratch, as :func:`~numtok_compare.scratch.comparison.run_scratch`
+"""The arithmetic comparison from scratch, as :func:`~numtok_compare.comparison.run_comparison`
 runs it: DeepMind's Mathematics questions generated for every seed and cached
 (:class:`ArithmeticRun`), then every (seed, arm) (:class:`ArithmeticTask`: the small Llama of
 :mod:`numtok_compare.scratch.arm` on character tokens, trained by the ``transformers.Trainer``,
@@ -16,6 +16,7 @@ from typing import Any
 from torch import nn
 
 from numtok import last_number
+from numtok_compare.comparison import run_comparison
 from numtok_compare.design import Design
 from numtok_compare.runner.parallel import Executor, Job, progress_bar, report_progress
 from numtok_compare.runner.phases import Job as ArmJob
@@ -23,7 +24,7 @@ from numtok_compare.runner.phases import Phases
 from numtok_compare.runner.scoring import generate_answers
 from numtok_compare.runner.training_log import Progress
 from numtok_compare.scratch.arm import TransformerModels
-from numtok_compare.scratch.comparison import RunDescription, run_scratch, step_costs
+from numtok_compare.scratch.comparison import RunDescription, ScratchComparison, step_costs
 from numtok_compare.scratch.config import ExperimentConfig
 from numtok_compare.scratch.tokenizer import character_tokenizer, encode_example
 from numtok_compare.tasks import default_cache_dir
@@ -118,16 +119,13 @@ def _generate_data(
 
 
 @dataclass(frozen=True)
-class ArithmeticRun:
+class ArithmeticRun(ScratchComparison):
     """The arithmetic comparison of ``config``, its questions cached in ``cache_dir``."""
 
     config: ExperimentConfig
     cache_dir: str
 
-    def describe(self) -> str:
-        return self.config.task
-
-    def prepare(self, executor: Executor, show_progress: bool) -> None:
+    def prepare(self, run_dir: Path, executor: Executor, show_progress: bool) -> None:
         _generate_data(self.config, executor, Path(self.cache_dir), show_progress)
 
     def jobs(self) -> list[ArmJob]:
@@ -207,12 +205,12 @@ def run_experiment(
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) the comparison described by ``config`` in ``run_dir``
-    (:func:`~numtok_compare.scratch.comparison.run_scratch`): writes ``results.json``,
+    (:func:`~numtok_compare.comparison.run_comparison`): writes ``results.json``,
     ``report.md`` and ``report.png`` and returns the results. ``cache_dir``: where generated
     questions are kept (default :func:`~numtok_compare.tasks.default_cache_dir`)."""
     load_mathematics_dataset()  # a missing dependency fails here, before any work
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    return run_scratch(
+    return run_comparison(
         ArithmeticRun(config, str(cache)), run_dir,
         workers=workers, show_progress=show_progress, command=command, log=log,
     )  # fmt: skip

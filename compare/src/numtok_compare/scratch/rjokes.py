@@ -1,4 +1,4 @@
-"""The rJokes comparison from scratch, as :func:`~numtok_compare.scratch.comparison.run_scratch`
+"""The rJokes comparison from scratch, as :func:`~numtok_compare.comparison.run_comparison`
 runs it (:class:`RJokesRun`): every (seed, arm) in worker processes (:class:`RJokesTask`: the small
 Llama of :mod:`numtok_compare.scratch.arm` on the word tokens of the training jokes, trained by the
 ``transformers.Trainer``, token arms on the score's digits and ``<eos>``, ``head`` on the
@@ -16,6 +16,7 @@ from typing import Any
 from torch import nn
 
 from numtok import last_number, predict_numbers
+from numtok_compare.comparison import run_comparison
 from numtok_compare.design import Design
 from numtok_compare.regression_head import RegressionHead
 from numtok_compare.runner.batches import Encoded
@@ -24,7 +25,12 @@ from numtok_compare.runner.phases import Job, Phases
 from numtok_compare.runner.scoring import head_predictions, storable
 from numtok_compare.runner.training_log import Progress
 from numtok_compare.scratch.arm import TransformerModels
-from numtok_compare.scratch.comparison import RunDescription, jobs_of, run_scratch, step_costs
+from numtok_compare.scratch.comparison import (
+    RunDescription,
+    ScratchComparison,
+    jobs_of,
+    step_costs,
+)
 from numtok_compare.scratch.config import RJokesConfig
 from numtok_compare.scratch.tokenizer import encode_example, word_tokenizer
 from numtok_compare.tasks.rjokes import (
@@ -147,7 +153,7 @@ PUBLISHED = (
 
 
 @dataclass(frozen=True)
-class RJokesRun:
+class RJokesRun(ScratchComparison):
     """The rJokes comparison of ``config`` on the files in ``data_dir``."""
 
     config: RJokesConfig
@@ -156,10 +162,7 @@ class RJokesRun:
     def _data(self) -> RJokesData:
         return load_rjokes(self.data_dir, validation_jokes=self.config.validation_jokes)
 
-    def describe(self) -> str:
-        return f"rJokes, evaluated on {self.config.evaluate_on}"
-
-    def prepare(self, executor: Executor, show_progress: bool) -> None:
+    def prepare(self, run_dir: Path, executor: Executor, show_progress: bool) -> None:
         return None  # the files are there (find_data_dir); each worker reads them
 
     def jobs(self) -> list[Job]:
@@ -238,11 +241,11 @@ def run_rjokes(
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) the rJokes comparison described by ``config`` in ``run_dir``
-    (:func:`~numtok_compare.scratch.comparison.run_scratch`): writes ``results.json``,
+    (:func:`~numtok_compare.comparison.run_comparison`): writes ``results.json``,
     ``report.md`` and ``report.png`` and returns the results. ``data_dir``: the rJokes ``data/``
     folder (default: :func:`~numtok_compare.tasks.rjokes.default_data_dir`)."""
     directory = find_data_dir(data_dir)
-    return run_scratch(
+    return run_comparison(
         RJokesRun(config, str(directory)), run_dir,
         workers=workers, show_progress=show_progress, command=command, log=log,
     )  # fmt: skip
