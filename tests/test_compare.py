@@ -645,16 +645,17 @@ def test_reanalyse_rebuilds_the_committed_pre_registered_run_with_this_analysis(
 ) -> None:
     """The committed rows of the pre-registered run, analysed again: the crossed interval of
     WAS − CE log-MAE (computed by hand from the same rows when the analysis replaced the
-    bootstrap: −0.0074 [−0.0276, +0.0128], df 5.7, MDE 0.027) and the gate on validation."""
+    bootstrap: −0.0074 [−0.0276, +0.0128], df 5.7, MDE 0.027, with the 16,384 plain draws of
+    then; converged, [−0.0274, +0.0127]) and the gate on validation."""
     from numtok.cli import main
 
     rows = DOCS / "compare-arithmetic-fresh-rows.json"
     assert main(["compare", "--reanalyse", str(rows), "--out", str(tmp_path / "again")]) == 0
     printed = capsys.readouterr().out
-    assert "was: -0.0074 [-0.0276, +0.0128], MDE 0.0268: not shown" in printed
+    assert "was: -0.0074 [-0.0274, +0.0127], MDE 0.0268: not shown" in printed
     assert "shown for 2 of 2 arm × readout candidates" in printed
     report = (tmp_path / "again" / "report.md").read_text()
-    assert "| was | -0.007 | [-0.028, +0.013] | 5.7 | 0.027 | 1.000 / 1.000 | not shown |" in report
+    assert "| was | -0.007 | [-0.027, +0.013] | 5.7 | 0.027 | 1.000 / 1.000 | not shown |" in report
     assert "| Δ | 95 % interval | df | MDE | parsed, arm / baseline | verdict |" in report
     assert "**Pre-registered** in `compare-arithmetic-fresh-preregistration.json`" in report
     results = json.loads((tmp_path / "again" / "results.json").read_text())
@@ -800,9 +801,9 @@ def test_the_committed_diamonds_test_is_its_rows_reanalysed(tmp_path: Path) -> N
     page = (DOCS / "smollm2-diamonds-test.md").read_text()
     assert page.endswith("\n\n" + body.lstrip("\n"))
     assert "before the run began (2026-12-04T17:03:30+00:00); the run's settings" in body
-    assert "| was | +1.527 | [-63.896, +66.951] | 2.4 | 75.869 |" in body
-    assert "| was (expected) | +193.781 | [-337.998, +725.560] | 3.2 | 562.629 |" in body
-    assert "| not shown | undecided | [-178.568, +566.130] |" in body
+    assert "| was | +1.527 | [-65.397, +68.451] | 2.4 | 75.869 |" in body
+    assert "| was (expected) | +193.781 | [-349.066, +736.627] | 3.2 | 562.629 |" in body
+    assert "| not shown | undecided | [-181.600, +569.162] |" in body
 
 
 def test_a_target_effect_plans_the_seeds_and_items_that_reach_it(

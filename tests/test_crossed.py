@@ -25,6 +25,7 @@ from numtok_compare.crossed import (
     generalized_half_widths,
     items_needed,
     mean_squares,
+    satterthwaite_df,
     seeds_needed,
 )
 
@@ -110,14 +111,52 @@ def _simulated(cell: Cell, replications: int, rng: np.random.Generator) -> np.nd
 
 def test_the_interval_is_the_seed_t_interval_when_only_seeds_vary() -> None:
     # d[s, i] = seed effect alone: the seed means are i.i.d. and the exact interval is the paired
-    # t over seeds; the generalized one equals it up to its draws' Monte Carlo error.
+    # t over seeds; the generalized one equals it up to its quasi-Monte Carlo error (Z is
+    # integrated exactly: only W_seed's one dimension is sampled).
     seed_effects = np.array([0.3, -0.1, 0.5, 0.2])
     d = np.repeat(seed_effects[:, None], 50, axis=1)
     result = crossed_difference(d, np.zeros_like(d), higher_is_better=False)
     t_half = float(stats.t.ppf(0.975, 3.0)) * seed_effects.std(ddof=1) / 2
     assert result.high is not None
-    assert result.high - result.difference == pytest.approx(t_half, rel=0.02)
+    assert result.high - result.difference == pytest.approx(t_half, rel=1e-4)
     assert result.df == pytest.approx(3.0)
+
+
+@pytest.mark.parametrize(
+    ("seeds", "items", "squares"),
+    [
+        (3, 100, (71394.0, 39257.0, 31855.0)),  # the diamonds test's WAS − CE (issue 60)
+        (3, 100, (4587465.0, 1722687.0, 501738.0)),  # and its WAS − head
+        (2, 30, (5.0, 1.0, 0.5)),  # one degree of freedom for the seeds: the heaviest tail
+        (8, 2000, (3.0, 1.5, 1.0)),
+    ],
+)
+def test_the_generalized_quantile_is_converged(
+    seeds: int, items: int, squares: tuple[float, float, float]
+) -> None:
+    """Checked in probability, independently of the quasi-random points: 2^22 plain Monte Carlo
+    draws of |Z|·√V* fall below the half-width with probability 0.95 within 4 of their standard
+    errors (1.1e-4), and the half-width moves by under 0.01 % from 2^12 points to 2^16."""
+    half = float(generalized_half_widths(*squares, seeds, items))
+    rng = np.random.default_rng(5)
+    draws = 2**22
+    inverse = [df / rng.chisquare(df, draws)
+               for df in (seeds - 1, items - 1, (seeds - 1) * (items - 1))]  # fmt: skip
+    ms_seed, ms_item, ms_resid = squares
+    v = np.maximum(ms_seed * inverse[0] + ms_item * inverse[1] - ms_resid * inverse[2], 0)
+    below = np.abs(rng.standard_normal(draws)) * np.sqrt(v / (seeds * items)) <= half
+    assert abs(below.mean() - 0.95) < 4 * math.sqrt(0.95 * 0.05 / draws)
+    import numtok_compare.crossed as crossed
+
+    crossed._fiducial_inverses.cache_clear()
+    points = crossed.FIDUCIAL_POINTS
+    try:
+        crossed.FIDUCIAL_POINTS = 2**16
+        finer = float(generalized_half_widths(*squares, seeds, items))
+    finally:
+        crossed.FIDUCIAL_POINTS = points
+        crossed._fiducial_inverses.cache_clear()
+    assert half == pytest.approx(finer, rel=1e-4)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -235,7 +274,7 @@ def test_planning_finds_the_smallest_design_that_reaches_the_target() -> None:
 
 
 def test_the_mde_is_the_t_formula_at_the_designs_degrees_of_freedom() -> None:
-    arm, baseline = _scores(5)
+    arm, baseline = _scores(3)  # ν = 2.0 (seed 5's 0.39 gives no MDE: the test below)
     result = crossed_difference(arm, baseline, higher_is_better=False)
     assert result.se is not None and result.df is not None and result.mde is not None
     factor = stats.t.ppf(0.975, result.df) + stats.t.ppf(0.8, result.df)
@@ -293,7 +332,7 @@ def test_the_committed_coverage_table_is_reproduced_and_calibrated() -> None:
     committed = {
         (r["seeds"], r["items"], r["seed_share"], r["interaction_share"]): r
         for r in json.loads(ROWS.read_text())
-        if r["difference"] == 0
+        if r["difference"] == 0 and r["effects"] == "normal"
     }
     for number, cell in enumerate(full_grid()):
         row = coverage_row(cell, 4000, seed=number)
@@ -303,7 +342,7 @@ def test_the_committed_coverage_table_is_reproduced_and_calibrated() -> None:
 
 
 def test_the_committed_rows_are_calibrated_and_show_the_bootstraps_shortfall() -> None:
-    rows = json.loads(ROWS.read_text())
+    rows = [r for r in json.loads(ROWS.read_text()) if r["effects"] == "normal"]
     null = [r for r in rows if r["difference"] == 0]
     assert len(null) == len(full_grid())
     for row in null:
@@ -315,6 +354,17 @@ def test_the_committed_rows_are_calibrated_and_show_the_bootstraps_shortfall() -
     # generalized interval is wider than t(ν)·SE with 3 seeds (docs/statistics.md).
     for row in (r for r in rows if r["difference"] != 0):
         assert 0.6 <= row["rejection_rate"] <= 0.9, row
+
+
+def test_below_one_degree_of_freedom_there_is_no_df_and_no_mde() -> None:
+    """A positive variance estimate whose Satterthwaite ν is 0.006 (issue 60: a validation row
+    printed df 0.1 and an MDE of 477,088,765): the interval stands, df and MDE are not given."""
+    d = np.array([[0.0, 1.0, 0.0], [1.0, 0.0, 3.0]])
+    assert 0 < float(satterthwaite_df(*mean_squares(d), 2, 3)) < 1
+    result = crossed_difference(d, np.zeros_like(d), higher_is_better=False)
+    assert result.se is not None and result.se > 0
+    assert result.low is not None and result.high is not None and result.low < result.high
+    assert result.df is None and result.mde is None
 
 
 @pytest.mark.parametrize(

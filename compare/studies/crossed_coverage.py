@@ -3,9 +3,11 @@ Satterthwaite's t interval and the seed × item bootstrap of ``seed_item_bootstr
 script: a study of the harness's statistics, not part of the harness (docs/statistics.md).
 
 **The data** of a cell: R replications of ``d[s, i] = μ + α_s + β_i + γ_si`` over S seeds and I
-items, the effects independent normal with the variances that make ``Var(d̄) = 1`` and give the
+items, the effects independent with the variances that make ``Var(d̄) = 1`` and give the
 seeds a share ``seed_share`` of it, the rest split between the interaction (``interaction_share``)
-and the items:
+and the items. The seed effects are normal; the item and interaction effects are normal, or
+(``effects``) a centred and scaled lognormal (σ = 1: skewness 6.2) or χ²₁ (skewness 2.8, excess
+kurtosis 12; the WAS − head squared-error differences of the diamonds test have 3.4 and 14):
 
     σ²_seed = seed_share·S,   σ²_item = (1 − seed_share)(1 − interaction_share)·I,
     σ²_resid = (1 − seed_share)·interaction_share·S·I.
@@ -14,7 +16,8 @@ The arms' own scores do not matter: every interval here depends on the data only
 (the bootstrap through the arms' means, which for a mean metric is also ``d``; see
 :func:`bootstrap_intervals`).
 
-**A row** (:func:`coverage_row`): the share of replications whose interval holds μ (coverage),
+**A row** (:func:`coverage_row`, at a ``confidence`` of 95 % unless it says otherwise): the share
+of replications whose interval holds μ (coverage),
 its Monte Carlo standard error ``√(c(1 − c)/R)``, the share whose interval excludes 0 (with μ = 0
 the false-positive rate of a verdict, else its power) and the mean interval width, for the
 generalized interval (``coverage``, ``rejection_rate``, ``mean_width``), for ``d̄ ± t(0.975, ν)·SE``
@@ -56,12 +59,16 @@ __all__ = [
     "full_grid",
     "main",
     "simulate",
+    "skewed_grid",
 ]
 
 Array = NDArray[np.float64]
 
 #: The bootstrap's replicates, as the fine-tuning reports draw them.
 BOOTSTRAP_REPLICATES = 2000
+#: The two-sided level at which the learnability gate reads its one-sided 5 % test with
+#: Bonferroni over 13 candidates (the diamonds test's): 1 − 2·0.05/13.
+GATE_CONFIDENCE = 1 - 0.1 / 13
 
 
 @dataclass(frozen=True)
@@ -74,6 +81,7 @@ class Cell:
     seed_share: float
     interaction_share: float
     difference: float = 0.0
+    effects: str = "normal"
 
     @property
     def components(self) -> VarianceComponents:
@@ -86,13 +94,24 @@ class Cell:
         )
 
 
+def _standardised(effects: str, rng: np.random.Generator, shape: tuple[int, ...]) -> Array:
+    """Draws of mean 0 and variance 1 from the ``effects`` distribution (module docstring)."""
+    if effects == "normal":
+        return rng.standard_normal(shape)
+    if effects == "lognormal":  # exp(N(0, 1)): mean e^½, variance (e − 1)e
+        return (rng.lognormal(0.0, 1.0, shape) - math.exp(0.5)) / math.sqrt((math.e - 1) * math.e)
+    if effects == "chi2":  # χ²₁: mean 1, variance 2
+        return (rng.chisquare(1, shape) - 1) / math.sqrt(2)
+    raise ValueError(f"effects must be 'normal', 'lognormal' or 'chi2', got {effects!r}")
+
+
 def simulate(cell: Cell, replications: int, rng: np.random.Generator) -> Array:
     """(R, S, I) replications of ``d`` for ``cell`` (module docstring)."""
     truth = cell.components
     shape = (replications, cell.seeds, cell.items)
     seed = math.sqrt(truth.seed) * rng.standard_normal((replications, cell.seeds, 1))
-    item = math.sqrt(truth.item) * rng.standard_normal((replications, 1, cell.items))
-    resid = math.sqrt(truth.resid) * rng.standard_normal(shape)
+    item = math.sqrt(truth.item) * _standardised(cell.effects, rng, (replications, 1, cell.items))
+    resid = math.sqrt(truth.resid) * _standardised(cell.effects, rng, shape)
     data: Array = cell.difference + seed + item + resid
     return data
 
@@ -123,10 +142,16 @@ def _chunks(total: int, size: int) -> Iterator[int]:
 
 
 def coverage_row(
-    cell: Cell, replications: int, *, seed: int = 0, bootstrap: bool = False
+    cell: Cell,
+    replications: int,
+    *,
+    seed: int = 0,
+    bootstrap: bool = False,
+    confidence: float = 0.95,
 ) -> dict[str, Any]:
     """The row of ``cell`` over ``replications`` data sets drawn from ``default_rng(seed)``
-    (module docstring); the bootstrap's columns only when ``bootstrap``."""
+    (module docstring), its intervals at ``confidence``; the bootstrap's columns (95 % alone)
+    only when ``bootstrap``."""
     rng = np.random.default_rng(seed)
     resamples = draw_resamples(cell.seeds, cell.items, replicates=BOOTSTRAP_REPLICATES)
     chunk = max(1, 2_000_000 // (cell.seeds * cell.items))
@@ -141,15 +166,17 @@ def coverage_row(
         d = simulate(cell, size, rng)  # (n, S, I)
         estimate = d.mean(axis=(1, 2))
         ms_seed, ms_item, ms_resid = mean_squares(d)
-        half = generalized_half_widths(ms_seed, ms_item, ms_resid, cell.seeds, cell.items)
+        half = generalized_half_widths(
+            ms_seed, ms_item, ms_resid, cell.seeds, cell.items, confidence
+        )
         add("", estimate - half, estimate + half)
         variance = np.maximum(ms_seed + ms_item - ms_resid, 0) / (cell.seeds * cell.items)
         df = np.maximum(satterthwaite_df(ms_seed, ms_item, ms_resid, cell.seeds, cell.items), 1e-6)
-        t_half = stats.t.ppf(0.975, df) * np.sqrt(variance)
+        t_half = stats.t.ppf(1 - (1 - confidence) / 2, df) * np.sqrt(variance)
         add("satterthwaite_", estimate - t_half, estimate + t_half)
         if bootstrap:
             add("bootstrap_", *bootstrap_intervals(d, resamples))
-    row: dict[str, Any] = {**asdict(cell), "replications": replications}
+    row: dict[str, Any] = {**asdict(cell), "confidence": confidence, "replications": replications}
     for name, parts in totals.items():
         held, rejected, width = np.concatenate(parts, axis=1)
         coverage = float(held.mean())
@@ -176,6 +203,18 @@ def full_grid() -> list[Cell]:
         for share in SEED_SHARES
         for interaction in INTERACTION_SHARES
         if share < 1 or interaction == 0.5
+    ]
+
+
+def skewed_grid() -> list[Cell]:
+    """The cells with skewed item and interaction effects, μ = 0: 3 and 6 seeds, 100 and 2,000
+    items, seed shares 0-0.9, the rest shared equally by the items and the interaction."""
+    return [
+        Cell(seeds, items, share, 0.5, effects=effects)
+        for effects in ("lognormal", "chi2")
+        for seeds in (3, 6)
+        for items in (100, 2000)
+        for share in (0.0, 0.5, 0.75, 0.9)
     ]
 
 
@@ -214,6 +253,16 @@ def main(argv: list[str] | None = None) -> None:
         row = coverage_row(at_mde, args.replications, seed=len(rows))
         rows.append(row)
         print(f"power at the MDE {mde:.3f} of {cell}: {row['rejection_rate']:.3f}")
+    print("skewed: effects seeds items seed_share  coverage at 95 %, 90 %, the gate's level")
+    for number, cell in enumerate(skewed_grid()):
+        levels = [coverage_row(cell, args.replications, seed=10_000 + number, confidence=level)
+                  for level in (0.95, 0.90, GATE_CONFIDENCE)]  # fmt: skip
+        rows += levels
+        print(
+            f"{cell.effects:9s} {cell.seeds:5d} {cell.items:5d} {cell.seed_share:10.2f}  "
+            + "  ".join(f"{row['coverage']:.3f}" for row in levels),
+            flush=True,
+        )
     print(f"{time.perf_counter() - started:.0f} s")
     if args.out is not None:
         args.out.write_text(json.dumps(rows, indent=1) + "\n")

@@ -46,8 +46,11 @@ independent, so that
     V* = max(0, MS_seed/W_seed + MS_item/W_item − MS_resid/W_resid) / (S·I),
 
 and the interval is ``d̄ ± h`` with ``h`` the ``confidence`` quantile of ``|Z|·√V*``,
-``Z ~ N(0, 1)``. The quantile is taken over :data:`FIDUCIAL_DRAWS` draws of ``(Z, W)`` from a
-generator seeded with :data:`FIDUCIAL_SEED`: the same data give the same interval every time.
+``Z ~ N(0, 1)``: the root of ``E_W[erf(h/√(2V*))] = confidence``, Z integrated exactly and the
+expectation over W taken at :data:`FIDUCIAL_POINTS` points of a scrambled Sobol sequence seeded
+with :data:`FIDUCIAL_SEED` (the same data give the same interval every time). Its error is under
+0.01 % of ``h`` (checked against 2^22 plain Monte Carlo draws and against 2^16 points); the
+16,384 plain draws used before numtok-compare 0.1 left 1-2 % (issue 60).
 With one dominant mean square ``h`` is the t interval with its df (exact for seeds alone:
 ``d̄_s.`` are then i.i.d.); in between it is wider than Satterthwaite's where Satterthwaite
 undercovers. Its coverage over 3–8 seeds, 100–2,000 items and seed shares 0–100 % is in
@@ -57,7 +60,8 @@ undercovers. Its coverage over 3–8 seeds, 100–2,000 items and seed shares 0�
 given whether a higher score is better) when it excludes 0, "not shown" when it holds 0, and
 "no verdict" with fewer than two seeds or items.
 
-**The minimal detectable effect** at power P is ``(t(1 − α/2, ν) + t(P, ν))·SE``: the usual
+**The minimal detectable effect** at power P is ``(t(1 − α/2, ν) + t(P, ν))·SE`` (reported with
+ν where ν ≥ 1 only: below it the t quantiles explode and say nothing): the usual
 approximation that treats SE as known but takes both quantiles from the design's own ν, not
 z's 2.80. **Planning**: :meth:`VarianceComponents.minimal_detectable_effect` evaluates the same
 formula for another design (S', I') from the components (negative estimates read as 0), with ν
@@ -88,10 +92,11 @@ from typing import Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy import stats
+from scipy import special, stats
+from scipy.stats import qmc
 
 __all__ = [
-    "FIDUCIAL_DRAWS",
+    "FIDUCIAL_POINTS",
     "FIDUCIAL_SEED",
     "CrossedDifference",
     "Equivalence",
@@ -110,9 +115,10 @@ Array = NDArray[np.float64]
 Verdict = Literal["better", "worse", "not shown", "no verdict"]
 EquivalenceVerdict = Literal["equivalent", "different", "undecided", "no verdict"]
 
-#: Draws of ``(Z, W_seed, W_item, W_resid)`` behind every generalized interval.
-FIDUCIAL_DRAWS = 2**14
-#: The seed of the generator that draws them: the same data give the same interval.
+#: Quasi-random points of ``(W_seed, W_item, W_resid)`` behind every generalized interval; Z is
+#: integrated exactly. The half-width is within 0.01 % of its limit (tests/test_crossed.py).
+FIDUCIAL_POINTS = 2**12
+#: The seed of the scrambled sequence: the same data give the same interval.
 FIDUCIAL_SEED = 20_241_104
 
 # ----------------------------------------------------------------------------------------------
@@ -169,15 +175,15 @@ def mean_squares(differences: Array) -> tuple[Array, Array, Array]:
 
 
 @functools.cache
-def _fiducial_draws(seeds: int, items: int) -> tuple[Array, Array, Array, Array]:
-    """``(|Z|, 1/W_seed, 1/W_item, 1/W_resid)``, each (FIDUCIAL_DRAWS,), ``W_k = χ²(df_k)/df_k``."""
-    rng = np.random.default_rng(FIDUCIAL_SEED)
-    z = np.abs(rng.standard_normal(FIDUCIAL_DRAWS))
-    inverses = [
-        df / rng.chisquare(df, FIDUCIAL_DRAWS)
-        for df in (seeds - 1, items - 1, (seeds - 1) * (items - 1))
-    ]
-    return z, inverses[0], inverses[1], inverses[2]
+def _fiducial_inverses(seeds: int, items: int) -> Array:
+    """``1/W_k`` for k = seed, item, resid at :data:`FIDUCIAL_POINTS` points (3, N):
+    ``W_k = χ²(df_k)/df_k`` at the inverse CDF of a scrambled Sobol sequence (randomised
+    quasi-Monte Carlo; seeded by :data:`FIDUCIAL_SEED`)."""
+    sobol = qmc.Sobol(3, scramble=True, seed=FIDUCIAL_SEED)
+    # A point at 0 would give W = 0; the sequence's smallest step is 2^-32.
+    u = np.clip(sobol.random_base2(int(math.log2(FIDUCIAL_POINTS))), 2.0**-40, 1 - 2.0**-40)
+    dfs = (seeds - 1, items - 1, (seeds - 1) * (items - 1))
+    return np.stack([df / stats.chi2.ppf(u[:, k], df) for k, df in enumerate(dfs)])
 
 
 def generalized_half_widths(
@@ -189,24 +195,41 @@ def generalized_half_widths(
     confidence: float = 0.95,
 ) -> Array:
     """The half-width ``h`` of the generalized interval ``d̄ ± h`` (module docstring) for each
-    triple of mean squares (broadcast together), vectorised for simulation studies: the
-    ``confidence`` quantile (the ⌈confidence·N⌉-th smallest of N draws) of ``|Z|·√V*``."""
+    triple of mean squares (broadcast together), vectorised for simulation studies: the root of
+    ``mean_W[erf(h / √(2 V*))] = confidence``, where ``erf(h/√(2V*)) = P(|Z| ≤ h/√V*)``
+    integrates Z exactly and the mean runs over the :data:`FIDUCIAL_POINTS` quasi-random points
+    of ``W``. The left side is concave in h (a mixture of half-normal CDFs), so Newton's method
+    from h = 0 rises to the root without overshooting it."""
     s, i, r = np.broadcast_arrays(
         *(np.asarray(v, dtype=np.float64) for v in (ms_seed, ms_item, ms_resid))
     )
-    z, inv_seed, inv_item, inv_resid = _fiducial_draws(seeds, items)
-    rank = math.ceil(confidence * FIDUCIAL_DRAWS) - 1
+    inv_seed, inv_item, inv_resid = _fiducial_inverses(seeds, items)
     flat = [v.reshape(-1, 1) for v in (s, i, r)]
     out = np.empty(flat[0].shape[0])
-    chunk = 256  # rows of (chunk, FIDUCIAL_DRAWS) at a time: 32 MiB
+    chunk = 256  # rows of (chunk, FIDUCIAL_POINTS) at a time
     for start in range(0, out.size, chunk):
         rows = slice(start, start + chunk)
         v = flat[0][rows] * inv_seed + flat[1][rows] * inv_item - flat[2][rows] * inv_resid
-        np.maximum(v, 0, out=v)
-        np.sqrt(v, out=v)
-        v *= z
-        out[rows] = np.partition(v, rank, axis=1)[:, rank] / math.sqrt(seeds * items)
+        sd = np.sqrt(np.maximum(v, 0) / (seeds * items))  # (rows, N)
+        with np.errstate(divide="ignore"):
+            scale = np.where(sd > 0, 1 / (math.sqrt(2) * sd), np.inf)  # 1/(√2·sd)
+        h = np.zeros(sd.shape[0])
+        for _ in range(_NEWTON_STEPS):
+            with np.errstate(invalid="ignore"):  # 0·inf where h = 0 and sd = 0: erf(inf) = 1
+                x = np.nan_to_num(h[:, None] * scale, nan=np.inf, posinf=np.inf)
+            gap = confidence - special.erf(x).mean(axis=1)
+            slope = (2 / math.sqrt(math.pi) * np.exp(-(x**2)) * np.where(
+                np.isfinite(scale), scale, 0)).mean(axis=1)  # fmt: skip
+            step = np.where((gap > 0) & (slope > 0), gap / np.where(slope > 0, slope, 1), 0)
+            h += step
+            if np.all(step <= 1e-12 * np.maximum(h, 1e-300)):
+                break
+        out[rows] = h
     return out.reshape(s.shape)
+
+
+#: Newton's steps at most; from h = 0 it converges to 1e-12 in about 10 (tests/test_crossed.py).
+_NEWTON_STEPS = 100
 
 
 # ----------------------------------------------------------------------------------------------
@@ -458,6 +481,9 @@ def crossed_difference(
         reason = f"the {confidence:.0%} interval excludes 0"
     else:
         verdict, reason = "not shown", f"the {confidence:.0%} interval holds 0"
+    # Below one degree of freedom the t quantiles say nothing (t(0.975, 0.1) is about 1.7e12):
+    # no df and no MDE, where the interval itself still comes from the mean squares.
+    sized = se > 0 and df >= 1
     return CrossedDifference(
         difference=estimate,
         seeds=seeds,
@@ -466,10 +492,10 @@ def crossed_difference(
         verdict=verdict,
         reason=reason,
         se=se,
-        df=df if se > 0 else None,
+        df=df if sized else None,
         low=low,
         high=high,
-        mde=_mde(se, df, confidence, power) if se > 0 else None,
+        mde=_mde(se, df, confidence, power) if sized else None,
         squares=squares,
         components=None if squares is None else VarianceComponents.of(squares),
     )
