@@ -79,13 +79,17 @@ class Comparison(ModelSource, Protocol):
         ...
 
 
+def _job_directories(comparison: Comparison, run_dir: Path) -> dict[Job, Path]:
+    """Every job of ``comparison``, in its order, with its folder in ``run_dir``."""
+    return {job: comparison.directory(run_dir, job) for job in comparison.jobs()}
+
+
 def work_left(comparison: Comparison, run_dir: Path) -> Work:
     """Every training step and scored item of ``comparison`` not yet stored in ``run_dir``."""
-    jobs = comparison.jobs()
+    directories = _job_directories(comparison, run_dir)
     return remaining_work(
-        jobs, {job: comparison.directory(run_dir, job) for job in jobs},
-        steps=comparison.steps, items=comparison.scored_items(),
-        test_splits=comparison.test_splits,
+        list(directories), directories, steps=comparison.steps,
+        items=comparison.scored_items(), test_splits=comparison.test_splits,
     )  # fmt: skip
 
 
@@ -132,16 +136,20 @@ def run_comparison(
     started = prepare_run_dir(config, run_dir)
     say(f"numtok: arms {', '.join(config.arms)}, seeds {list(config.seeds)}, {config.steps} "
         f"steps; run folder {run_dir}")  # fmt: skip
-    jobs = comparison.jobs()
+    directories = _job_directories(comparison, run_dir)
+    jobs = list(directories)
+    test_splits = comparison.test_splits
     with open_executor(workers) as executor:
         comparison.prepare(run_dir, executor, show_progress)
-        work = work_left(comparison, run_dir)
+        work = remaining_work(
+            jobs, directories, steps=comparison.steps, items=comparison.scored_items(),
+            test_splits=test_splits,
+        )  # fmt: skip
         with progress_bar(
             show_progress, work.steps + work.items, "training steps + scored items", "it"
         ) as bar:
             phases = run_phases(
-                comparison, jobs, {job: comparison.directory(run_dir, job) for job in jobs},
-                choose=comparison.choose, test_splits=comparison.test_splits,
+                comparison, jobs, directories, choose=comparison.choose, test_splits=test_splits,
                 executor=executor, bar=bar, log=(lambda _: None) if show_progress else say,
             )  # fmt: skip
     described = comparison.rows(phases)

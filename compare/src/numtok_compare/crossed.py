@@ -213,13 +213,14 @@ def generalized_half_widths(
         sd = np.sqrt(np.maximum(v, 0) / (seeds * items))  # (rows, N)
         with np.errstate(divide="ignore"):
             scale = np.where(sd > 0, 1 / (math.sqrt(2) * sd), np.inf)  # 1/(√2·sd)
+        # d/dh erf(h·scale) = (2/√π)·scale·exp(−(h·scale)²); a point with sd = 0 adds nothing.
+        density_scale = 2 / math.sqrt(math.pi) * np.where(sd > 0, scale, 0)
         h = np.zeros(sd.shape[0])
         for _ in range(_NEWTON_STEPS):
             with np.errstate(invalid="ignore"):  # 0·inf where h = 0 and sd = 0: erf(inf) = 1
                 x = np.nan_to_num(h[:, None] * scale, nan=np.inf, posinf=np.inf)
             gap = confidence - special.erf(x).mean(axis=1)
-            slope = (2 / math.sqrt(math.pi) * np.exp(-(x**2)) * np.where(
-                np.isfinite(scale), scale, 0)).mean(axis=1)  # fmt: skip
+            slope = (np.exp(-(x**2)) * density_scale).mean(axis=1)
             step = np.where((gap > 0) & (slope > 0), gap / np.where(slope > 0, slope, 1), 0)
             h += step
             if np.all(step <= 1e-12 * np.maximum(h, 1e-300)):

@@ -22,7 +22,7 @@ import json
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -146,7 +146,7 @@ class FinetuneComparison:
 
     config: FinetuneConfig
     prepared: Prepared
-    validation_only: bool = field(default=False)
+    validation_only: bool = False
 
     def models(self, seed: int) -> FinetuneComparison:
         return self
