@@ -668,7 +668,10 @@ def test_reanalyse_rebuilds_the_committed_pre_registered_run_with_this_analysis(
     seeds = FinetuneConfig(seeds=tuple(results["design"]["seeds"]))
     (warning,) = preflight_warnings(seeds, tmp_path / "again", 0.02)
     assert warning.startswith("was − CE: the MDE of this design is 0.0268 log_mae (from ")
-    assert warning.endswith("it needs 10 seeds at 1,000 items, or 28,674 items at 6 seeds")
+    assert warning.endswith(
+        "it needs 10 seeds at 1,000 items, or 28,674 items at 6 seeds (at the components' 95 % "
+        "limits 6–50 seeds, 826–any number items)"
+    )
     assert preflight_warnings(seeds, tmp_path / "again", 0.03) == []
 
 
@@ -813,12 +816,19 @@ def test_a_target_effect_plans_the_seeds_and_items_that_reach_it(
     design and the fewest seeds (at this many items) and items (at this many seeds) that reach
     the target; checked against the crossed analysis of the same per-item scores."""
     from numtok.cli import main
-    from numtok_compare.crossed import crossed_difference
+    from numtok_compare.crossed import crossed_difference, seeds_needed
 
     rows = DOCS / "compare-arithmetic-fresh-rows.json"
     flags = ["--out", str(tmp_path / "plan"), "--target-effect", "0.02"]
     assert main(["compare", "--reanalyse", str(rows), *flags]) == 0
-    assert "was − CE: MDE now 0.0268; seeds needed at 1,000 items: 10;" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert (
+        "was − CE: MDE now 0.0268; seeds needed at 1,000 items: 10 (at the components' 95 % "
+        "limits 6–50); items needed at 6 seeds: 28,674 (at the components' 95 % limits "
+        "826–not reachable)" in printed
+    )
+    report = (tmp_path / "plan" / "report.md").read_text()
+    assert "| 0.027 | 10 at 1,000 items (6–50) | 28,674 (826–not reachable) |" in report
     plan = json.loads((tmp_path / "plan" / "results.json").read_text())["planning"]
     (entry,) = plan["arms"]
     stored = json.loads(rows.read_text())
@@ -836,6 +846,11 @@ def test_a_target_effect_plans_the_seeds_and_items_that_reach_it(
     needed = entry["seeds_needed"]
     assert components.minimal_detectable_effect(needed, 1000) <= 0.02
     assert components.minimal_detectable_effect(needed - 1, 1000) > 0.02
+    low, high = components.at_confidence_limits(6, 1000)
+    assert entry["seeds_needed_range"] == [
+        seeds_needed(low, 0.02, items=1000),
+        seeds_needed(high, 0.02, items=1000),
+    ]
     items = entry["items_needed"]
     assert components.minimal_detectable_effect(6, items) <= 0.02
     assert components.minimal_detectable_effect(6, items - 1) > 0.02

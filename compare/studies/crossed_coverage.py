@@ -34,7 +34,7 @@ import json
 import math
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +58,7 @@ __all__ = [
     "coverage_row",
     "full_grid",
     "main",
+    "power_cells",
     "simulate",
     "skewed_grid",
 ]
@@ -206,6 +207,21 @@ def full_grid() -> list[Cell]:
     ]
 
 
+def power_cells() -> list[Cell]:
+    """The cells whose power at the MDE is simulated (μ set to the MDE their components give):
+    the seeds 90 % of the variance, and half seeds, half items and interaction (the shares of
+    the diamonds test's differences), at 3, 4, 6 and 8 seeds; the interaction alone at 8 seeds;
+    and the diamonds-like shares with lognormal effects at 3 and 6 seeds."""
+    first = [Cell(3, 100, 0.9, 0.0), Cell(3, 2000, 0.5, 0.5), Cell(8, 500, 0.0, 1.0)]
+    by_seeds = [
+        Cell(seeds, items, share, interaction)
+        for seeds in (4, 6, 8)
+        for items, share, interaction in ((100, 0.9, 0.0), (2000, 0.5, 0.5))
+    ]
+    skewed = [Cell(seeds, 100, 0.75, 0.5, effects="lognormal") for seeds in (3, 6)]
+    return first + by_seeds + skewed
+
+
 def skewed_grid() -> list[Cell]:
     """The cells with skewed item and interaction effects, μ = 0: 3 and 6 seeds, 100 and 2,000
     items, seed shares 0-0.9, the rest shared equally by the items and the interaction."""
@@ -247,9 +263,9 @@ def main(argv: list[str] | None = None) -> None:
             f" | {row['satterthwaite_coverage']:.3f} | {boot_text}",
             flush=True,
         )
-    for cell in (Cell(3, 100, 0.9, 0.0), Cell(3, 2000, 0.5, 0.5), Cell(8, 500, 0.0, 1.0)):
+    for cell in power_cells():
         mde = cell.components.minimal_detectable_effect(cell.seeds, cell.items)
-        at_mde = Cell(cell.seeds, cell.items, cell.seed_share, cell.interaction_share, mde)
+        at_mde = replace(cell, difference=mde)
         row = coverage_row(at_mde, args.replications, seed=len(rows))
         rows.append(row)
         print(f"power at the MDE {mde:.3f} of {cell}: {row['rejection_rate']:.3f}")

@@ -17,11 +17,11 @@ scratch do: :mod:`numtok_compare.crossed` analyses both).
   :data:`~numtok_compare.item_metrics.MEAN_METRICS`, the per-item scores of the arm minus
   CE's, paired by seed and item (``base``'s one row paired with every seed of CE), analysed as
   the crossed seed × item design they are (:func:`numtok_compare.crossed.crossed_difference`:
-  the generalized 95 % interval, Satterthwaite's degrees of freedom, the MDE at 80 % power from
-  them). RMSE is tested as MSE; Pearson's r is not tested (not a mean of per-item scores). The
-  verdict ("better", "worse", "not shown") is read from that interval alone, and only where the
-  gate passed for both sides; else "no verdict", with the reason. One seed gives no interval and
-  no verdict.
+  the generalized 95 % interval, Satterthwaite's degrees of freedom, the MDE (nominally 80 %
+  power; less with few seeds, docs/statistics.md) from them). RMSE is tested as MSE; Pearson's
+  r is not tested (not a mean of per-item scores). The verdict ("better", "worse", "not
+  shown") is read from that interval alone, and only where the gate passed for both sides;
+  else "no verdict", with the reason. One seed gives no interval and no verdict.
 * **The learnability gate, per comparison** (:func:`learnability_gate`, on validation, with the
   run's metric): an arm that has not learnt the task answers with its loss's point estimate of
   the answers' marginal (CE the mode, an L1 loss the median), so comparing it ranks losses by

@@ -25,7 +25,10 @@ def planning(
     test splits were not scored): its variance components, the MDE of this run's design, and
     the fewest seeds (at this many items) and items (at this many seeds) whose MDE is at most
     ``target_effect`` (:func:`~numtok_compare.crossed.seeds_needed`, ``items_needed``;
-    None: not reachable, for items when the seed component alone keeps the MDE above it);
+    None: not reachable, for items when the seed component alone keeps the MDE above it); and
+    both again at the components' 95 % confidence limits
+    (:meth:`~numtok_compare.crossed.VarianceComponents.at_confidence_limits`), the range the
+    run's own estimates allow (``seeds_needed_range``, ``items_needed_range``: [fewest, most]);
     ``items``: each split's number of items."""
     check_number("target_effect", target_effect, minimum=0.0, inclusive=False)
     metric = per_item_metric(design.metric)
@@ -38,11 +41,14 @@ def planning(
             continue
         components = VarianceComponents(**e["components"])
         seeds, count = len(design.seeds), items[split]
+        limits = components.at_confidence_limits(seeds, count)
         arms.append({
             "arm": e["arm"], "components": e["components"],
             "mde": components.minimal_detectable_effect(seeds, count),
             "seeds_needed": seeds_needed(components, target_effect, items=count),
             "items_needed": items_needed(components, target_effect, seeds=seeds),
+            "seeds_needed_range": [seeds_needed(c, target_effect, items=count) for c in limits],
+            "items_needed_range": [items_needed(c, target_effect, seeds=seeds) for c in limits],
             "items": count,
         })  # fmt: skip
     return {"target_effect": target_effect, "split": split, "metric": metric,

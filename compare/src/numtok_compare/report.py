@@ -98,6 +98,15 @@ def _baseline_name(entry: Mapping[str, Any]) -> str:
     return str(entry["baseline_arm"])
 
 
+#: The minimal detectable effect, as the reports define it: the t formula's nominal power, and
+#: the power the interval read has at it (docs/statistics.md: simulated for the crossed
+#: interval, the noncentral t for the paired-seed one).
+_MDE_WORDS = (
+    "MDE: (t(0.975, ν) + t(0.8, ν))·SE, nominally found with 80 % power; with few seeds less "
+    "often (at 3 seeds 62–71 % by the crossed interval, simulated, and 77 % by the paired-seed "
+    "t; docs/statistics.md)"
+)
+
 #: How the differences are analysed, in the report's words: the crossed design (every seed
 #: answers the same items) and items nested in seeds (each seed drew its own).
 _ANALYSIS_WORDS = {
@@ -150,8 +159,8 @@ def _primary_lines(
     lines += [
         f"{_metric_name(design.metric)} of the {readout} readout on {split}, each arm minus CE, "
         f"paired by {words['pairing']} ({len(design.seeds)} seeds). One 95 % interval per "
-        f"difference, {words['analysis']} (df: {words['df']}; MDE: the difference "
-        "this design finds with 80 % power); the verdict is read from that interval alone, and "
+        f"difference, {words['analysis']} (df: {words['df']}; {_MDE_WORDS}); the verdict is "
+        "read from that interval alone, and "
         f"only where both arms learnt on validation (the gate below).{equivalence}",
         "",
     ]
@@ -306,8 +315,8 @@ def _split_lines(
         lines.append(f"| training {name} | {scored['value']:.4g} | " + " | ".join(cells) + " |")
     lines += ["", "Differences (arm − CE, and where a regression head ran every token arm − the "
               f"head; paired by {_ANALYSIS_WORDS[nested]['pairing']}; "
-              f"{_ANALYSIS_WORDS[nested]['analysis']}; MDE: the difference this design finds "
-              "with 80 % power; RMSE is tested as MSE, Pearson's r not at all).", "",
+              f"{_ANALYSIS_WORDS[nested]['analysis']}; {_MDE_WORDS}; RMSE is tested as MSE, "
+              "Pearson's r not at all).", "",
               f"| arm | readout | baseline | metric | {DIFFERENCE_HEADER}",
               "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for entry in entries:
@@ -533,26 +542,33 @@ def _planning_lines(plan: Mapping[str, Any]) -> list[str]:
         f"For a target effect of {target:g} in {plan['metric']} (arm − CE on {plan['split']}), "
         "from each comparison's variance components (seed, item, seed × item; the crossed "
         "analysis' ANOVA estimates): the MDE of a design of this size, and the fewest seeds at "
-        f"this many items, and items at {seeds} seeds, whose MDE at 80 % power is at most the "
-        'target ("not reachable": the seed component alone keeps the MDE above it).',
+        f'this many items, and items at {seeds} seeds, whose MDE is at most the target ("not '
+        'reachable": the seed component alone keeps the MDE above it); in brackets the same '
+        "at the components' 95 % confidence limits, the range this run's own estimates allow "
+        "(with few seeds the seed component is known to within a factor of ten or more).",
         "",
         "| arm − CE | σ² seed | σ² item | σ² seed × item | MDE now | seeds needed | items needed |",
         "|---|---|---|---|---|---|---|",
     ]
     for entry in plan["arms"]:
         c = entry["components"]
-        needed = [("not reachable" if n is None else f"{n:,}") for n in
-                  (entry["seeds_needed"], entry["items_needed"])]  # fmt: skip
+        seeds_low, seeds_high = entry["seeds_needed_range"]
+        items_low, items_high = entry["items_needed_range"]
         lines.append(
             f"| {entry['arm']} | {c['seed']:.3g} | {c['item']:.3g} | {c['resid']:.3g} | "
-            f"{_number(entry['mde'])} | {needed[0]} (at {entry['items']:,} items) | "
-            f"{needed[1]} |"
+            f"{_number(entry['mde'])} | {_needed(entry['seeds_needed'])} at "
+            f"{entry['items']:,} items ({_needed(seeds_low)}–{_needed(seeds_high)}) | "
+            f"{_needed(entry['items_needed'])} ({_needed(items_low)}–{_needed(items_high)}) |"
         )
     if plan["mde_above"]:
         lines += ["", f"**The MDE of this design is above the target** for "
                   f"{', '.join(plan['mde_above'])}: a run of this size would likely miss an "
                   "effect of that size."]  # fmt: skip
     return lines
+
+
+def _needed(count: int | None) -> str:
+    return "not reachable" if count is None else f"{count:,}"
 
 
 def registration_of(rows: Mapping[str, Any], source: Path) -> tuple[Path, dict[str, Any]] | None:

@@ -70,15 +70,21 @@ def summary_lines(results: Mapping[str, Any]) -> list[str]:
         lines.append(f"planning for a target effect of {plan['target_effect']:g} "
                      f"({plan['metric']}, {plan['split']}):")  # fmt: skip
         for entry in plan["arms"]:
-            seeds = entry["seeds_needed"]
-            items = entry["items_needed"]
+            seeds, items = (
+                f"{_count(entry[f'{kind}_needed'])} (at the components' 95 % limits "
+                + "–".join(_count(n) for n in entry[f"{kind}_needed_range"])
+                + ")"
+                for kind in ("seeds", "items")
+            )
             lines.append(
                 f"  {entry['arm']} − CE: MDE now {_positive(entry['mde'])}; seeds needed at "
-                f"{entry['items']:,} items: {'not reachable' if seeds is None else seeds}; "
-                f"items needed at {plan['seeds']} seeds: "
-                f"{'not reachable' if items is None else f'{items:,}'}"
+                f"{entry['items']:,} items: {seeds}; items needed at {plan['seeds']} seeds: {items}"
             )
     return lines
+
+
+def _count(value: int | None) -> str:
+    return "not reachable" if value is None else f"{value:,}"
 
 
 def _positive(value: float | None) -> str:

@@ -418,6 +418,10 @@ def preflight_warnings(
         if entry["arm"] not in plan["mde_above"]:
             continue
         seeds, count = entry["seeds_needed"], entry["items_needed"]
+        seeds_range, items_range = (
+            "–".join("any number" if n is None else f"{n:,}" for n in entry[f"{kind}_needed_range"])
+            for kind in ("seeds", "items")
+        )
         warnings.append(
             f"{entry['arm']} − CE: the MDE of this design is {entry['mde']:.4f} {plan['metric']} "
             f"(from {stored}'s {plan['split']} components), above --target-effect "
@@ -425,7 +429,8 @@ def preflight_warnings(
             f"{'more seeds than any number' if seeds is None else f'{seeds} seeds'} at "
             f"{entry['items']:,} items, or "
             f"{'more items than any number' if count is None else f'{count:,} items'} at "
-            f"{plan['seeds']} seeds"
+            f"{plan['seeds']} seeds (at the components' 95 % limits {seeds_range} seeds, "
+            f"{items_range} items)"
         )
     return warnings
 
