@@ -62,6 +62,26 @@ def test_a_tokenizer_json_without_every_digit(
     )
 
 
+def test_a_tokenizer_config_json_is_read_as_its_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """save_pretrained's tokenizer_config.json names the folder it is in (it used to be read as a
+    tokenizer.json: a JSON error); a folder with nothing else loadable is the folder's error."""
+    build_gpt2_tokenizer().save_pretrained(tmp_path / "gpt2")
+    status, out, err = run(capsys, str(tmp_path / "gpt2" / "tokenizer_config.json"))
+    assert status == 0, err
+    assert (status, out) == run(capsys, str(tmp_path / "gpt2"))[:2]
+    (tmp_path / "settings-alone").mkdir()
+    (tmp_path / "settings-alone" / "tokenizer_config.json").write_text("{}\n")
+    status, out, err = run(capsys, str(tmp_path / "settings-alone" / "tokenizer_config.json"))
+    assert status == 2 and out == ""
+    (line,) = err.splitlines()
+    assert line.startswith(
+        f"numtok: error: argument path: {tmp_path / 'settings-alone'}: transformers could not "
+        "load the tokenizer saved there: "
+    ), line
+
+
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [

@@ -1,11 +1,12 @@
 """The ``numtok`` command.
 
 ``numtok vocab PATH`` checks a tokenizer before training: what
-:meth:`numtok.NumberVocab.describe` finds in a local tokenizer folder, a ``tokenizer.json``, or a
-folder of GPT-2's files (``vocab.json``/``encoder.json`` + ``merges.txt``/``vocab.bpe``)
-(number tokens by digit length, minus signs and decimal points, what was skipped and why); it
-exits with status 1 when some of the digits 0-9 have no token of their own. A path that holds no
-tokenizer it can read is one error line naming the path and what it lacks.
+:meth:`numtok.NumberVocab.describe` finds in a local tokenizer folder (or its
+``tokenizer_config.json``), a ``tokenizer.json``, or a folder of GPT-2's files
+(``vocab.json``/``encoder.json`` + ``merges.txt``/``vocab.bpe``) (number tokens by digit length,
+minus signs and decimal points, what was skipped and why); it exits with status 1 when some of
+the digits 0-9 have no token of their own. A path that holds no tokenizer it can read is one
+error line naming the path and what it lacks.
 
 The experiment commands (``numtok compare``, ``demo``, ``repro``, ``list`` and ``model``: does a
 number loss help on my task?) belong to the experiment harness, the numtok-compare package, which
@@ -68,12 +69,15 @@ def _one_line(error: BaseException) -> str:
 def _load_tokenizer(path: Path) -> Any:
     """A Hugging Face tokenizer from a local folder (``from_pretrained``, no download; or GPT-2's
     ``vocab.json``/``encoder.json`` + ``merges.txt``/``vocab.bpe``) or a ``tokenizer.json``
-    file; a :class:`TokenizerPathError` naming ``path`` and what it lacks otherwise."""
+    file (a ``tokenizer_config.json`` is read as its folder); a :class:`TokenizerPathError`
+    naming ``path`` and what it lacks otherwise."""
     if not path.exists():
         raise TokenizerPathError(
             f"{path} does not exist: give a tokenizer folder or a tokenizer.json"
         )
-    if path.is_file():
+    if path.is_file() and path.name == "tokenizer_config.json":
+        path = path.parent  # save_pretrained's settings, not a tokenizer: read its folder
+    elif path.is_file():
         return _tokenizer_file(path)
     if not path.is_dir():
         raise TokenizerPathError(
