@@ -1,7 +1,8 @@
 """Every ``numtok`` command's bad paths are one error line naming the path and what is wrong with
 it (status 2), found before any slow work: ``demo`` and ``compare``'s ``--out`` and
 ``--cache-dir``, ``model``'s folder. (``vocab``'s are in test_cli_vocab.py, ``compare``'s in
-test_compare.py.)"""
+test_compare.py.) A flag value the command's parser refuses is one line and a pointer to
+``--help``, not the command's whole usage."""
 
 from __future__ import annotations
 
@@ -99,3 +100,38 @@ def test_an_out_in_a_folder_without_write_permission_is_one_line(tmp_path: Path)
         f"numtok: error: the run folder {locked / 'run'} cannot be made: no permission to write "
         f"in {locked}; choose another --out"
     ]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["compare", "--seeds", "0"],
+         "argument --seeds: expected at least one seed, got '0'; e.g. --seeds 3 or --seeds 0,1,2"),
+        (["compare"], "one of the arguments --data --preset --reanalyse is required"),
+        (["demo", "--steps", "x"], "argument --steps: invalid int value: 'x'"),
+        (["demo", "--bogus", "1"], "unrecognized arguments: --bogus 1"),
+        (["model", "gpt9"], "argument name: invalid choice: 'gpt9' (choose from 'smollm2')"),
+        (["list", "--all"], "unrecognized arguments: --all"),
+    ],
+)  # fmt: skip
+def test_a_refused_flag_is_one_line_and_a_pointer_to_help(
+    capsys: pytest.CaptureFixture[str], arguments: list[str], message: str
+) -> None:
+    """argparse printed the command's whole usage (numtok compare's: 19 lines) before the error."""
+    with pytest.raises(SystemExit) as stopped:
+        main(arguments)
+    assert stopped.value.code == 2
+    command = f"numtok {arguments[0]}"
+    assert capsys.readouterr().err.splitlines() == [
+        f"{command}: error: {message}",
+        f"see: {command} --help",
+    ]
+
+
+def test_the_help_of_each_command_is_its_usage_in_full(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        main(["compare", "--help"])
+    assert stopped.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: numtok compare [-h] (--data DATA | --preset PRESET")
+    assert "[--seeds SEEDS]" in out and "\n  --seeds SEEDS " in out and "see: " not in out

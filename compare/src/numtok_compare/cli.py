@@ -72,7 +72,8 @@ _SIZE_FLAGS = {
 # The flags of a comparison trained from scratch that fine-tuning has no use for, and those of
 # numtok compare's fine-tuning runs that name no setting.
 _FROM_SCRATCH_ONLY = ("task", "workers", "cache_dir")
-_FINE_TUNING_ONLY = ("preregister", "hypothesis", "primary", "margin", "target_effect")
+_FINE_TUNING_ONLY = ("preregister", "hypothesis", "primary", "deviation", "margin",
+                     "margin_against", "target_effect")  # fmt: skip
 RJOKES = "rjokes"
 
 
@@ -112,6 +113,23 @@ def _arm_weights(text: str) -> tuple[tuple[str, float], ...]:
             )
         pairs.append((arm.strip(), weight))
     return tuple(pairs)
+
+
+class _OneLineErrors(argparse.ArgumentParser):
+    """The parser of each command: a bad flag or value is one line and a pointer to ``--help``,
+    where argparse prints the command's whole usage first (``numtok compare``'s is 19 lines). A
+    flag the command does not know is its error too (argparse leaves it to ``numtok``'s parser)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\nsee: {self.prog} --help\n")
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, unknown = super().parse_known_args(args, namespace)
+        if unknown:
+            self.error(f"unrecognized arguments: {' '.join(unknown)}")
+        return parsed, unknown
 
 
 def _add_demo_flags(parser: argparse.ArgumentParser) -> None:
@@ -203,7 +221,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="numtok",
         description="Number Token Loss comparisons (numtok-compare): does a number loss help?",
     )
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineErrors)
     demo = commands.add_parser(
         "demo",
         help="the rJokes regression comparison (CE, NTL, a regression head) with its data "
