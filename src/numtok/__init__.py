@@ -1,5 +1,15 @@
 """numtok: the Number Token Loss for language models, right on every tokenizer."""
 
+import warnings
+
+with warnings.catch_warnings():
+    # torch imported without numpy (the core needs torch alone) warns "Failed to initialize
+    # NumPy: No module named 'numpy'" while it imports; nothing numtok imports uses numpy.
+    warnings.filterwarnings(
+        "ignore", "Failed to initialize NumPy: No module named 'numpy", UserWarning
+    )
+    import torch  # noqa: F401
+
 from numtok.hf import NTLossForTrainer, patch_model, unpatch_model
 from numtok.losses.fused import CEWithNTLOutput, CrossEntropyWithNTL, cross_entropy_with_ntl
 from numtok.losses.head import LinearNumberTokenLoss, linear_number_token_loss
