@@ -130,10 +130,21 @@ demo: $(DEMO_STAMP)
 
 # The sdist and the wheel a user installs, into dist/: the sdist from the tracked files, the wheel
 # built from the sdist (so the sdist is checked to hold what the wheel needs). tests/test_wheel.py
-# (slow) installs such a wheel into a fresh environment outside the checkout and runs it.
-wheel: $(STAMP)
+# (slow) installs such a wheel into a fresh environment outside the checkout and runs it. Built by
+# `build` in a small environment of its own (.venv-build, `build` alone), not the dev one: each
+# build gets setuptools (pyproject.toml's build-system) from the package index in an isolated
+# environment.
+BUILD_VENV := .venv-build
+
+$(BUILD_VENV)/.installed: Makefile
+	$(PYTHON) -m venv $(BUILD_VENV)
+	$(BUILD_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(BUILD_VENV)/bin/python -m pip install --quiet build
+	touch $@
+
+wheel: $(BUILD_VENV)/.installed
 	rm -rf dist
-	$(PY) -m build --no-isolation --outdir dist .
+	$(BUILD_VENV)/bin/python -m build --outdir dist .
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
@@ -166,4 +177,4 @@ gpu-wheels:
 		--implementation py --abi none --platform any -d benchmarks/wheels $(GPU_WHEELS)
 
 clean:
-	rm -rf $(VENV) $(FLOOR_VENV) $(NEWEST_VENV) .pytest_cache .mypy_cache .ruff_cache site dist
+	rm -rf $(VENV) $(FLOOR_VENV) $(NEWEST_VENV) $(BUILD_VENV) .pytest_cache .mypy_cache .ruff_cache site dist

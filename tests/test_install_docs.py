@@ -1,6 +1,7 @@
 """What a user installs (issue 46, item 2): the ``examples`` extra holds what the README's quick
 start and ``examples/*.py`` import beyond torch, the README's install steps say how to get torch's
-CPU build and name that extra, and the Makefile's comment says what it installs."""
+CPU build and name that extra, and the Makefile's comment says what it installs. ``make wheel``
+builds without the dev environment."""
 
 from __future__ import annotations
 
@@ -106,3 +107,24 @@ def test_the_makefile_comment_says_what_it_installs() -> None:
     if re.search(r"pinned to the\s+(#\s+)?CPU wheel", header):
         assert "whl/cpu" in torch.group(1)
     assert CPU_INDEX in " ".join(line.lstrip("# ") for line in header.splitlines())
+
+
+def _rule(makefile: str, target: str) -> tuple[str, str]:
+    """A Makefile rule's prerequisites and recipe."""
+    rule = re.search(rf"^{re.escape(target)}:(.*)\n((?:\t.*\n)+)", makefile, re.M)
+    assert rule is not None, f"no rule for {target}"
+    return rule.group(1), rule.group(2)
+
+
+def test_make_wheel_builds_in_a_small_environment_of_its_own() -> None:
+    """It needed the dev environment (.venv, some GB) to run ``python -m build --no-isolation``."""
+    makefile = (ROOT / "Makefile").read_text()
+    prerequisites, recipe = _rule(makefile, "wheel")
+    assert prerequisites.split() == ["$(BUILD_VENV)/.installed"]
+    assert "$(PY)" not in recipe and "$(BUILD_VENV)/bin/python -m build " in recipe
+    assert "--no-isolation" not in recipe  # setuptools comes into each build's own environment
+    _, setup = _rule(makefile, "$(BUILD_VENV)/.installed")
+    installs = re.findall(r"-m pip install --quiet (.+)", setup)
+    assert installs == ["--upgrade pip", "build"]
+    venv = re.search(r"^BUILD_VENV := (\S+)$", makefile, re.M)
+    assert venv is not None and f"{venv.group(1)}/" in (ROOT / ".gitignore").read_text().split()
