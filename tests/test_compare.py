@@ -516,33 +516,60 @@ def test_the_parsed_share_stands_beside_every_metric() -> None:
     assert {e["metric"] for e in table} >= {"parsed_share", "mae", "pearson"}
 
 
+def _git(folder: Path, *arguments: str) -> None:
+    identity = ("-c", "user.name=t", "-c", "user.email=t@t")
+    subprocess.run(["git", *identity, *arguments], cwd=folder, check=True, capture_output=True)
+
+
+def _commit(path: Path) -> None:
+    """Commit ``path`` in a git repository of its own folder (made if there is none)."""
+    if not (path.parent / ".git").exists():
+        _git(path.parent, "init", "-q")
+    _git(path.parent, "add", path.name)
+    _git(path.parent, "commit", "-q", "-m", "register")
+
+
 def test_a_preregistration_is_written_once_and_held_against_the_run(tmp_path: Path) -> None:
     path = tmp_path / "plan.json"
-    record = {"hypothesis": "h", "arms": ["ce", "was"], "settings": {"steps": 60, "seeds": [3]}}
+    code = {"commit": "a", "source": "0123456789abcdef"}
+    record = {"hypothesis": "h", "arms": ["ce", "was"], "settings": {"steps": 60, "seeds": [3]},
+              "code": code}  # fmt: skip
     write_preregistration(path, record)
     with pytest.raises(ValueError, match="written once, never replaced"):
         write_preregistration(path, record)
-    assert check_preregistration(path, record)["hypothesis"] == "h"
-    # The code it was written with is recorded, not held: committing the file is a new commit.
-    assert check_preregistration(path, {**record, "code": {"commit": "other"}})["hypothesis"] == "h"
+    # Not committed: git cannot date it before the run, so the run is refused...
+    with pytest.raises(ValueError, match=r"plan.json is not committed in git as it is"):
+        check_preregistration(path, record)
+    assert git_provenance(path)["commit"] is None  # not in git
+    # ... unless a deviation says why, and then the difference is returned for the report.
+    stored, differences = check_preregistration(path, record, deviation="a dry run")
+    assert stored["hypothesis"] == "h" and len(differences) == 1
+    _commit(path)
+    committed = git_provenance(path)
+    assert committed["commit"] and committed["committed"]
+    assert check_preregistration(path, record) == (stored, [])
+    # The commit is recorded, not held (committing the file makes a new commit); the source is.
+    assert check_preregistration(path, {**record, "code": {**code, "commit": "b"}})[1] == []
+    with pytest.raises(ValueError, match=r"code: registered with source 0123456789abcdef, this"):
+        check_preregistration(path, {**record, "code": {**code, "source": "fedcba9876543210"}})
     changed = {**record, "settings": {"steps": 61, "seeds": [3]}}
-    with pytest.raises(ValueError, match=r"settings.steps: registered 60, this run 61"):
+    with pytest.raises(ValueError, match=r"steps: registered 60, this run 61.*--deviation"):
         check_preregistration(path, changed)
+    assert check_preregistration(path, changed, deviation="more steps")[1] == [
+        "settings.steps: registered 60, this run 61"
+    ]
+    with pytest.raises(ValueError, match=r"settings.steps"):  # a blank reason is none
+        check_preregistration(path, changed, deviation="  ")
     # A setting added after the registration was written: registered at its default.
     later = {**record, "settings": {**record["settings"], "readout_tolerance": FAST_TOLERANCE}}
-    assert check_preregistration(path, later)["hypothesis"] == "h"
+    assert check_preregistration(path, later)[1] == []
     other = {**record, "settings": {**record["settings"], "readout_tolerance": 0.01}}
     with pytest.raises(ValueError, match=r"settings.readout_tolerance: registered 0.001, this run"):
         check_preregistration(path, other)
-    assert git_provenance(path)["commit"] is None  # not in git
-    run = lambda *a: subprocess.run(["git", *a], cwd=tmp_path, check=True, capture_output=True)  # noqa: E731
-    run("init", "-q")
-    run("-c", "user.name=t", "-c", "user.email=t@t", "add", "plan.json")
-    run("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "plan")
-    committed = git_provenance(path)
-    assert committed["commit"] and committed["committed"]
     path.write_text(path.read_text() + " ")
     assert git_provenance(path)["commit"] is None  # changed since it was committed
+    with pytest.raises(ValueError, match=r"not committed in git as it is"):
+        check_preregistration(path, record)
 
 
 def test_compare_preregisters_then_runs_only_the_registered_run(
@@ -557,10 +584,18 @@ def test_compare_preregisters_then_runs_only_the_registered_run(
     assert main([*arguments, "--hypothesis", "WAS lowers log-MAE", "--primary", "was"]) == 0
     assert "commit it" in capsys.readouterr().out and not (tmp_path / "run").exists()
     stored = json.loads(plan.read_text())
-    assert stored["primary_endpoint"]["difference"] == "was - ce"
+    assert stored["primary_endpoints"] == [
+        {"arm": "was", "readout": "greedy", "baseline": "ce", "baseline_readout": "greedy",
+         "metric": "log_mae", "split": "test", "equivalence_margin": None}
+    ]  # fmt: skip
     assert stored["splits"]["sizes"]["test"] == 4 and stored["seeds"] == [0, 1]
     assert re.fullmatch("[0-9a-f]{16}", stored["splits"]["content_digest"])
     assert stored["code"]["numtok"] == numtok.__version__ and "commit" in stored["code"]
+    assert re.fullmatch("[0-9a-f]{16}", stored["code"]["source"])
+    with pytest.raises(SystemExit):
+        main(arguments)  # not committed yet
+    assert "plan.json is not committed in git as it is" in capsys.readouterr().err
+    _commit(plan)
     with pytest.raises(SystemExit):
         main([*arguments, "--steps", "3"])  # not the registered 2 (the last flag wins)
     error = capsys.readouterr().err
@@ -569,8 +604,51 @@ def test_compare_preregisters_then_runs_only_the_registered_run(
     assert main(arguments) == 0
     report = (tmp_path / "run" / "report.md").read_text()
     assert report.startswith("# Fine-tuning") and "**Pre-registered** in `plan.json`" in report
+    assert "The run checked its settings, data, model and code (source " in report
+    assert "they matched. The settings these rows record are the registered ones" in report
     assert "Hypothesis: WAS lowers log-MAE" in report
     assert report.index("Pre-registered") < report.index("## Primary endpoint")
+
+
+def test_a_registered_run_with_other_data_or_code_is_refused_unless_a_deviation_says_why(
+    tiny_llama_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """Issue 60: a registered comparison whose data file or code changed after the registration
+    does not start; with --deviation it runs, and its report lists the differences and the
+    reason."""
+    from numtok.cli import main
+    from numtok_compare import provenance
+
+    data = _write(tmp_path / "sums.jsonl", _sums(40))
+    plan = tmp_path / "plan.json"
+    arguments = _compare(tiny_llama_dir, data, tmp_path / "run", "--arms", "ce,was", "--max-value",
+                         "none", "--preregister", str(plan))  # fmt: skip
+    assert main([*arguments, "--hypothesis", "WAS lowers log-MAE", "--primary", "was"]) == 0
+    _commit(plan)
+    capsys.readouterr()
+    changed = _sums(40)
+    changed[0] = {**changed[0], "answer": changed[0]["answer"] + 1}  # one answer corrected
+    _write(data, changed)
+    with pytest.raises(SystemExit):
+        main(arguments)
+    error = capsys.readouterr().err
+    assert "is not the one" in error and "splits.digest: registered" in error
+    assert "--deviation TEXT" in error and not (tmp_path / "run").exists()
+    _write(data, _sums(40))
+    registered_source = json.loads(plan.read_text())["code"]["source"]
+    monkeypatch.setattr(provenance, "source_digest", lambda: "f" * 16)
+    with pytest.raises(SystemExit):
+        main(arguments)
+    error = capsys.readouterr().err
+    assert f"code: registered with source {registered_source}, this run's is {'f' * 16}" in error
+    assert main([*arguments, "--deviation", "a patched harness, to test the refusal"]) == 0
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "**The run deviated from it**" in report
+    assert f"code: registered with source {registered_source}" in report
+    assert "Deviation stated: a patched harness, to test the refusal" in report
+    rows = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert rows["registration_check"]["deviation"] == "a patched harness, to test the refusal"
 
 
 def test_compare_runs_every_preset_and_refuses_the_flags_of_the_other_kind(
@@ -717,8 +795,9 @@ def test_reanalyse_refuses_in_one_line(
 
 def test_a_margin_tests_equivalence_under_the_same_gate(tmp_path: Path) -> None:
     """--margin: two one-sided tests within ±m of the run's tested metric, for every comparison
-    of that metric; "equivalent" where the 90 % interval lies inside, "different" where outside,
-    withheld by the gate like the difference; the report shows them in the primary table."""
+    of that metric against the margin's baseline arm (and no other); "equivalent" where the 90 %
+    interval lies inside, "different" where outside, withheld by the gate like the difference;
+    the report shows them in the primary table of that baseline alone."""
     from numtok_compare.crossed import equivalence
     from numtok_compare.design import Design
     from numtok_compare.finetune.config import FinetuneConfig
@@ -729,7 +808,9 @@ def test_a_margin_tests_equivalence_under_the_same_gate(tmp_path: Path) -> None:
     answers["validation"]["near"] = {"greedy": answers["validation"]["ce"]["greedy"] + 0.01}
     gate = learnability_gate(answers["validation"], constants, references["validation"], 3, "mae",
                              constants["median"])  # fmt: skip
-    entries = comparisons(answers, references, 3, constants["median"], gate, margin=("mae", 1.0))
+    entries = comparisons(
+        answers, references, 3, constants["median"], gate, margin=("mae", 1.0, "ce")
+    )
     test = {e["arm"]: e for e in entries if (e["split"], e["metric"]) == ("test", "mae")}
     assert test["near"]["equivalence"]["verdict"] == "equivalent"
     assert test["mse"]["equivalence"]["verdict"] == "different"  # MSE's errors 5 lower
@@ -742,6 +823,10 @@ def test_a_margin_tests_equivalence_under_the_same_gate(tmp_path: Path) -> None:
         expected.low, expected.high,
     )  # fmt: skip
     assert all("equivalence" not in e for e in entries if e["metric"] != "mae")
+    against_head = comparisons(
+        answers, references, 3, constants["median"], gate, margin=("mae", 1.0, "head")
+    )
+    assert not any("equivalence" in e for e in against_head)  # no head: nothing tested
     design = Design(
         title="t",
         trained="x.",
@@ -767,6 +852,13 @@ def test_a_margin_tests_equivalence_under_the_same_gate(tmp_path: Path) -> None:
     )
     assert "| mse | -5.083 |" in report and "| **better** | **different** |" in report
     assert "| near | +0.000 |" in report and "| not shown | **equivalent** |" in report
+    assert "Equivalence within ±1 (mae) of each arm − CE (the comparisons the margin" in report
+    with_head = {**rows, "design": {**design.to_dict(), "arms": ["ce", "mse", "near", "head"]}}
+    assert Design.from_dict(with_head["design"]).equivalence_baseline == "head"
+    with pytest.raises(ValueError, match=r"margin_baseline must be 'ce', or 'head' where"):
+        FinetuneConfig(margin=1.0, margin_baseline="head")
+    assert FinetuneConfig(margin=1.0).equivalence_baseline == "ce"
+    assert "margin_baseline" not in FinetuneConfig(margin=1.0).to_dict()  # fingerprints kept
     with pytest.raises(ValueError, match=r"margin must be a finite number > 0, got 0\.0"):
         FinetuneConfig(margin=0.0)
 
@@ -794,8 +886,9 @@ def test_the_committed_rjokes_reports_are_their_rows_reanalysed(tmp_path: Path, 
 def test_the_committed_diamonds_test_is_its_rows_reanalysed(tmp_path: Path) -> None:
     """docs/smollm2-diamonds-test.md is its preface, then what --reanalyse writes from
     docs/smollm2-diamonds-test-rows.json below the report's title, byte for byte: the
-    registration found and matched; its two endpoints, (b) NTL-WAS − CE not shown and (a)
-    NTL-WAS − head undecided at ±50, both in the primary section."""
+    registration found; its two endpoints, (b) NTL-WAS − CE not shown (no equivalence: the margin
+    was registered for (a)) and (a) NTL-WAS − head undecided at ±50, both in the primary
+    section."""
     from numtok_compare.report import reanalyse
 
     reanalyse(DOCS / "smollm2-diamonds-test-rows.json", tmp_path)
@@ -803,8 +896,12 @@ def test_the_committed_diamonds_test_is_its_rows_reanalysed(tmp_path: Path) -> N
     assert title == "# Fine-tuning smollm2 on diamonds-hundreds"
     page = (DOCS / "smollm2-diamonds-test.md").read_text()
     assert page.endswith("\n\n" + body.lstrip("\n"))
-    assert "before the run began (2026-12-04T17:03:30+00:00); the run's settings" in body
-    assert "| was | +1.527 | [-65.397, +68.451] | 2.4 | 75.869 |" in body
+    assert "before the run began (2026-12-04T17:03:30+00:00; both by the committer's" in body
+    # Its rows predate the run's recorded check: the report says so and checks the settings.
+    assert "These rows do not record the run's own check of its data, model and code" in body
+    assert "The settings these rows record are the registered ones (checked by this" in body
+    # The registered margin was for (a), NTL-WAS − the head: only that row is tested against it.
+    assert "[-65.397, +68.451] | 2.4 | 75.869 | 1.000 / 1.000 | not shown |\n" in body
     assert "| was (expected) | +193.781 | [-349.066, +736.627] | 3.2 | 562.629 |" in body
     assert "| not shown | undecided | [-181.600, +569.162] |" in body
 

@@ -170,16 +170,16 @@ def comparisons(
     unparsed: float,
     gate: Mapping[str, Any],
     *,
-    margin: tuple[str, float] | None = None,
+    margin: tuple[str, float, str] | None = None,
 ) -> list[dict[str, Any]]:
     """One entry per (split, arm, readout, ``baseline_arm`` and its readout ``baseline``, metric
     of :data:`MEAN_METRICS`) of :func:`_baselines`' pairs: ``arm − baseline_arm`` by the crossed
     analysis, its ``verdict`` ("better", "worse", "not shown" or "no verdict") and ``reason``
     (module docstring), and ``parsed_share`` of both sides (``arm``, ``baseline``). ``gate`` is
-    :func:`learnability_gate`'s. ``margin``: ``(metric, m)``, and every entry of that metric also
-    holds ``equivalence`` within ±m (:func:`numtok_compare.crossed.equivalence`: its
-    ``verdict`` "equivalent", "different" or "undecided", ``low`` and ``high`` of the 90 %
-    interval, ``reason``), under the same gate."""
+    :func:`learnability_gate`'s. ``margin``: ``(metric, m, baseline_arm)``, and every entry of
+    that metric against that baseline arm also holds ``equivalence`` within ±m
+    (:func:`numtok_compare.crossed.equivalence`: its ``verdict`` "equivalent", "different" or
+    "undecided", ``low`` and ``high`` of the 90 % interval, ``reason``), under the same gate."""
     learnt = {(e["arm"], e["readout"]): e["learnt"] for e in gate["arms"]}
     entries = []
     for split, by_arm in answers.items():
@@ -197,7 +197,7 @@ def comparisons(
 def _compared(
     key: tuple[str, str, str, str, str], rows: NDArray[np.float64],
     baseline_rows: NDArray[np.float64], references: NDArray[np.float64], seeds: int,
-    unparsed: float, learnt: Mapping[tuple[str, str], bool], margin: tuple[str, float] | None,
+    unparsed: float, learnt: Mapping[tuple[str, str], bool], margin: tuple[str, float, str] | None,
 ) -> list[dict[str, Any]]:  # fmt: skip
     split, arm, readout, baseline_arm, baseline = key
     rows = np.broadcast_to(rows, (seeds, rows.shape[-1]))  # base: one row for every seed
@@ -213,7 +213,7 @@ def _compared(
         unshown = ("learning not shown on validation for " + " and ".join(unlearnt)
                    if unlearnt else None)  # fmt: skip
         verdict, reason = _gated(entry["interval_verdict"], entry["reason"], unshown)
-        if margin is not None and metric == margin[0]:
+        if margin is not None and (metric, baseline_arm) == (margin[0], margin[2]):
             entry["equivalence"] = _equivalence(scores, baseline_scores, margin[1], unshown, nested)
         entries.append(
             {"split": split, "arm": arm, "readout": readout, "baseline_arm": baseline_arm,

@@ -117,6 +117,7 @@ def run_comparison(
     command: str | None = None,
     log: Callable[[str], None] | None = None,
     preregistered: tuple[Path, dict[str, Any]] | None = None,
+    registration_check: Mapping[str, Any] | None = None,
     target_effect: float | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) ``comparison`` in ``run_dir`` and write its report; returns the results
@@ -124,7 +125,8 @@ def run_comparison(
     process); ``show_progress``: a bar on stderr over the training steps and scored items
     left, else a ``log`` line (default: stderr) per finished job; ``command``: the command line,
     recorded in the report; ``preregistered``: the registration file the run matched and its
-    record; ``target_effect``: the report plans a next run for it."""
+    record, and ``registration_check`` what the run's check against it found (recorded in the
+    rows); ``target_effect``: the report plans a next run for it."""
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers must be a positive int, got {workers!r}")
     began = time.perf_counter()
@@ -163,6 +165,7 @@ def run_comparison(
         "workers": workers,
         "config": config.to_dict(),
         "preregistration": None if preregistered is None else str(preregistered[0]),
+        "registration_check": None if registration_check is None else dict(registration_check),
         "started": started,
         **phase_rows(phases, config.seeds, splits),
         **described,

@@ -37,6 +37,9 @@ class RunConfig:
 
     #: The arms a task offers, in report order; set by each task's config.
     ARMS: ClassVar[tuple[str, ...]] = ()
+    #: Settings added after runs were stored: left out of :meth:`to_dict` while unset (empty or
+    #: None), so that a run without them keeps the settings and fingerprint it had before.
+    LATER_SETTINGS: ClassVar[tuple[str, ...]] = ("training_args",)
 
     seeds: tuple[int, ...] = (0, 1, 2)
     arms: tuple[str, ...] = ("ce", "was", "mse")
@@ -142,13 +145,14 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """The settings as JSON holds them (tuples as lists, ``arm_weights``' pairs as lists),
-        so that a run folder's stored settings compare equal to the same config's;
-        ``training_args`` only when set, so that a run without them keeps the settings (and
+        so that a run folder's stored settings compare equal to the same config's; the
+        :data:`LATER_SETTINGS` only when set, so that a run without them keeps the settings (and
         fingerprint) it had before the setting existed."""
         data = asdict(self)
         data["arm_weights"] = [list(entry) for entry in self.arm_weights]
-        if not self.training_args:
-            del data["training_args"]
+        for name in self.LATER_SETTINGS:
+            if data[name] in ({}, [], (), None):
+                del data[name]
         return {key: list(value) if isinstance(value, tuple) else value
                 for key, value in data.items()}  # fmt: skip
 

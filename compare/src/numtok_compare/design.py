@@ -19,7 +19,9 @@ class Design:
     first); the primary ``metric`` (one of :data:`~numtok_compare.item_metrics.ITEM_METRICS`,
     also the gate's) and ``readout``; ``max_value``, the largest answer the distribution
     readouts enumerate (None: none); ``margin``, the equivalence margin of the primary
-    comparisons in units of the tested metric (None: no equivalence test)."""
+    comparisons against ``margin_baseline`` in units of the tested metric (None: no equivalence
+    test; rows written before ``margin_baseline`` existed read as its default,
+    :attr:`equivalence_baseline`)."""
 
     title: str
     trained: str
@@ -30,6 +32,15 @@ class Design:
     readout: str
     max_value: int | None
     margin: float | None = None
+    margin_baseline: str | None = None
+
+    @property
+    def equivalence_baseline(self) -> str | None:
+        """The arm whose primary comparisons the margin tests: ``margin_baseline``, else the
+        regression head where the run has one, else CE; None without a margin."""
+        if self.margin is None:
+            return None
+        return self.margin_baseline or ("head" if "head" in self.arms else "ce")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

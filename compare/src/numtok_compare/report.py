@@ -42,7 +42,7 @@ from numtok_compare.item_metrics import (
     per_item_metric,
 )
 from numtok_compare.planning import planning
-from numtok_compare.provenance import git_provenance
+from numtok_compare.provenance import git_provenance, registered_arm
 from numtok_compare.report_format import json_safe, signed
 
 __all__ = [
@@ -107,6 +107,13 @@ _MDE_WORDS = (
     "t; docs/statistics.md)"
 )
 
+#: Above the validation split's tables: the split that chose the settings claims nothing.
+_EXPLORATORY = (
+    "**Exploratory.** Validation ran the learnability gate and chose λ where the run chose it, "
+    "and a run's budget is set on it: its differences and verdicts below describe the data that "
+    "chose the settings and claim nothing. The test splits' are the results."
+)
+
 #: How the differences are analysed, in the report's words: the crossed design (every seed
 #: answers the same items) and items nested in seeds (each seed drew its own).
 _ANALYSIS_WORDS = {
@@ -150,8 +157,11 @@ def _primary_lines(
             "",
         ]
         split = "validation"
+    against = {"ce": "CE", "head": "the head"}.get(design.equivalence_baseline or "", "")
     equivalence = "" if design.margin is None else (
-        f" Equivalence within ±{design.margin:g} ({metric}): two one-sided tests at 5 %, the "
+        f" Equivalence within ±{design.margin:g} ({metric}) of each arm − {against} (the "
+        "comparisons the margin was set for; no other is called equivalent): two one-sided "
+        "tests at 5 %, the "
         "90 % interval inside the margin (\"equivalent\"), outside it (\"different\") or across "
         "it (\"undecided\"), under the same gate."
     )  # fmt: skip
@@ -168,7 +178,9 @@ def _primary_lines(
     against_ce = [((arm, readout), ("ce", readout)) for arm in arms if arm != "head"]
     if has_head and not registered:  # the head's own readout against CE's
         against_ce.append((("head", "head"), ("ce", readout)))
-    lines += _primary_table("arm − CE", against_ce, entries, split, metric, design.margin)
+    margins = {baseline: design.margin if baseline == design.equivalence_baseline else None
+               for baseline in ("ce", "head")}  # fmt: skip
+    lines += _primary_table("arm − CE", against_ce, entries, split, metric, margins["ce"])
     if has_head and readout != "head":  # the regression claim
         against_head = [((arm, readout), ("head", "head"))
                         for arm in (arms if registered else ("ce", *arms))
@@ -176,7 +188,7 @@ def _primary_lines(
         lines += ["", f"Each token arm's {readout} readout against the regression head (the "
                   "paper's claim that a token head trained with NTL matches a regression head):",
                   ""]  # fmt: skip
-        lines += _primary_table("arm − head", against_head, entries, split, metric, design.margin)
+        lines += _primary_table("arm − head", against_head, entries, split, metric, margins["head"])
     return lines
 
 
@@ -282,8 +294,10 @@ def _split_lines(
     nested: bool,
 ) -> list[str]:
     best = _best_constant(constants, metric_of_run)
-    lines = [f"## {split}", "", "Mean ± std over seeds, every seed in brackets; the last column: "
-             f"whether the mean {metric_of_run} beats every constant answer's "
+    exploratory = [_EXPLORATORY, ""] if split == "validation" else []
+    lines = [f"## {split}", "", *exploratory,
+             "Mean ± std over seeds, every seed in brackets; the last column: whether the mean "
+             f"{metric_of_run} beats every constant answer's "
              f"({_number(best)}, table below). Every error metric scores an unparsed answer as "
              f"the training median ({unparsed:.4g}); exact accuracy counts it wrong.", "",
              "| arm | readout | " + " | ".join(ITEM_METRICS) + " | beats the constants |",
@@ -345,12 +359,13 @@ def _run_lines(rows: Mapping[str, Any]) -> list[str]:
 
 
 def _preregistration_lines(
-    preregistered: tuple[Path, dict[str, Any]] | None, started: str | None
+    preregistered: tuple[Path, dict[str, Any]] | None, rows: Mapping[str, Any]
 ) -> list[str]:
     if preregistered is None:
         return ["Not pre-registered (`--preregister FILE`): read every difference as "
                 "exploratory.", ""]  # fmt: skip
     path, record = preregistered
+    started = rows.get("started")
     provenance = git_provenance(path)
     if provenance["committed"] is None:
         status = "**not committed in git as it is**: it does not prove it came before the run"
@@ -365,15 +380,49 @@ def _preregistration_lines(
         status = (
             f"committed in {provenance['commit'][:12]} at {provenance['committed']}, "
             + ("before" if before else "**after**")
-            + f" the run began ({started})"
+            + f" the run began ({started}; both by the committer's and the machine's clocks)"
         )
     return [
-        f"**Pre-registered** in `{path.name}` (sha256 {provenance['sha256'][:16]}), {status}; "
-        "the run's settings, data and model match it.",
+        f"**Pre-registered** in `{path.name}` (sha256 {provenance['sha256'][:16]}), {status}. "
+        + _registration_check(rows.get("registration_check"))
+        + " "
+        + _settings_check(record.get("settings", {}), rows.get("config", {})),
         "",
         f"Hypothesis: {record['hypothesis']}",
         "",
     ]
+
+
+def _registration_check(check: Mapping[str, Any] | None) -> str:
+    """What the run's own check against its registration found, as its rows record it."""
+    if check is None:
+        return (
+            "These rows do not record the run's own check of its data, model and code against "
+            "it (the version that ran refused a run whose settings, data or model differed, and "
+            "did not hold the code)."
+        )
+    if not check["differences"]:
+        return (
+            f"The run checked its settings, data, model and code (source {check['source']}) "
+            f"against it when it started ({check['checked']}): they matched."
+        )
+    return (
+        f"**The run deviated from it** (checked {check['checked']}): "
+        + "; ".join(check["differences"])
+        + f". Deviation stated: {check['deviation']}"
+    )
+
+
+def _settings_check(registered: Mapping[str, Any], run: Mapping[str, Any]) -> str:
+    """The rows' settings against the registration's, checked as this report is written."""
+    differing = [key for key in sorted(registered) if run.get(key) != registered[key]]
+    if not differing:
+        return "The settings these rows record are the registered ones (checked by this report)."
+    details = "; ".join(
+        f"{key}: registered {json.dumps(registered[key])}, rows {json.dumps(run.get(key))}"
+        for key in differing
+    )
+    return f"**The settings these rows record differ from the registered ones**: {details}."
 
 
 def _reference_values(truth: Sequence[Any]) -> NDArray[np.float64]:
@@ -453,7 +502,12 @@ def analyse_and_write(
         answers["validation"], constants, references["validation"], seeds, design.metric, unparsed
     )
     table = metric_table(answers, references, seeds, unparsed)
-    margin = None if design.margin is None else (per_item_metric(design.metric), design.margin)
+    baseline = design.equivalence_baseline
+    margin = (
+        None
+        if design.margin is None or baseline is None
+        else (per_item_metric(design.metric), design.margin, baseline)
+    )
     entries = comparisons(answers, references, seeds, unparsed, gate, margin=margin)
     scored_constants = _constants(constants, references)
     results = json_safe({
@@ -469,10 +523,10 @@ def analyse_and_write(
     })  # fmt: skip
     (run_dir / "results.json").write_text(json.dumps(results, indent=1, allow_nan=False))
     lines = [f"# {design.title}", "", *_run_lines(rows)]
-    lines += _preregistration_lines(preregistered, rows.get("started"))
+    lines += _preregistration_lines(preregistered, rows)
     compared_arms = [arm for arm in design.arms if arm != "ce"]
     if preregistered is not None:  # the registered arm alone is primary
-        compared_arms = [preregistered[1]["primary_endpoint"]["difference"].split(" ")[0]]
+        compared_arms = [registered_arm(preregistered[1])]
     lines += _primary_lines(
         design, entries, compared_arms, len(answers) > 1, nested, preregistered is not None
     )

@@ -55,8 +55,8 @@ _SETTINGS = {
     "batch_size": "--batch-size", "learning_rate": "--learning-rate",
     "head_learning_rate": "--head-learning-rate", "adaptation": "--adaptation",
     "lora_rank": "--lora-rank", "metric": "--metric", "readout": "--readout", "margin": "--margin",
-    "device": "--device", "threads": "--threads", "max_new_tokens": "--max-new-tokens",
-    "readout_tolerance": "--readout-tolerance",
+    "margin_baseline": "--margin-against", "device": "--device", "threads": "--threads",
+    "max_new_tokens": "--max-new-tokens", "readout_tolerance": "--readout-tolerance",
 }  # fmt: skip
 
 
@@ -140,7 +140,12 @@ def add_compare_arguments(
     parser.add_argument(
         "--margin", type=float,
         help="also test equivalence within ±M of --metric (MSE for rmse) for the primary "
-        "comparisons, two one-sided tests at 5 %% (pre-registrable)",
+        "comparisons against --margin-against, two one-sided tests at 5 %% (pre-registrable)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--margin-against", choices=("ce", "head"),
+        help="with --margin: the arm whose comparisons it tests (default: the regression head "
+        "where --arms has one, else ce)",
     )  # fmt: skip
     parser.add_argument(
         "--max-value", default="auto",
@@ -169,7 +174,16 @@ def add_compare_arguments(
     )  # fmt: skip
     parser.add_argument("--hypothesis", help="with --preregister: what the run tests")
     parser.add_argument(
-        "--primary", help="with --preregister: the arm of the primary endpoint (ARM − CE)"
+        "--primary",
+        help="with --preregister: the arm of the primary endpoints (ARM − CE, and "
+        "ARM − head where a regression head runs)",
+    )
+    parser.add_argument(
+        "--deviation",
+        metavar="TEXT",
+        help="with a --preregister FILE that exists: run even where this run differs from it "
+        "(settings, data, model, code, or a file not committed), stating why; the report prints "
+        "the differences and TEXT",
     )
     parser.add_argument(
         "--validation-only", action="store_true",
@@ -257,6 +271,11 @@ def _check_paths(args: argparse.Namespace) -> None:
         why = why_not_creatable(args.out)
         if why is not None:
             raise ValueError(f"--out {args.out} cannot be the run folder: {why}")
+    if args.deviation is not None and (args.preregister is None or not args.preregister.exists()):
+        raise ValueError(
+            "--deviation states why a run differs from its pre-registration: give it with the "
+            "--preregister FILE the run is held to (an existing file)"
+        )
     if args.preregister is not None:
         if args.preregister.is_dir():
             raise ValueError(f"--preregister {args.preregister} is a folder, not a file")
@@ -346,7 +365,7 @@ def run_compare(
                   "command again (without --hypothesis and --primary) to train")  # fmt: skip
             return 0
         if args.preregister is not None:
-            check_registered(config, prepared, args.preregister)
+            check_registered(config, prepared, args.preregister, deviation=args.deviation)
         run_dir = args.out or Path("runs") / f"compare-{config.fingerprint()}"
         prepare_run_dir(config, run_dir)
     except (ValueError, TypeError, ModuleNotFoundError, DataError) as error:
@@ -366,7 +385,7 @@ def run_compare(
     # A progress bar, or (--no-progress, e.g. into a log file) a line every ten steps.
     results = run_finetune(
         config, run_dir, data_dir=args.data_dir, preregistered=args.preregister,
-        prepared=prepared, validation_only=args.validation_only,
+        deviation=args.deviation, prepared=prepared, validation_only=args.validation_only,
         show_progress=not args.no_progress and is_main_process(),
         log=_log_lines(not args.no_progress or not is_main_process()),
         command=command, target_effect=args.target_effect,

@@ -18,6 +18,7 @@ seed of CE.
 
 from __future__ import annotations
 
+import datetime
 import json
 import tempfile
 import time
@@ -41,6 +42,7 @@ from numtok_compare.finetune.preregistration import check_preregistration, prere
 from numtok_compare.finetune.rows import run_rows
 from numtok_compare.item_metrics import answer_values, item_metrics
 from numtok_compare.objectives import NUMBER_LOSS_ARMS
+from numtok_compare.provenance import registered_arm
 from numtok_compare.runner.parallel import Executor
 from numtok_compare.runner.phases import Arm, Job, Phases, Work
 from numtok_compare.runner.run_folder import save_atomically
@@ -104,15 +106,27 @@ def preregistration_of(
     )  # fmt: skip
 
 
-def check_registered(config: FinetuneConfig, prepared: Prepared, path: Path) -> dict[str, Any]:
-    """The pre-registration in ``path`` if it names this run (its hypothesis and primary arm,
-    and this run's settings, data and model); otherwise a ValueError saying what differs."""
+def check_registered(
+    config: FinetuneConfig, prepared: Prepared, path: Path, *, deviation: str | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The pre-registration in ``path`` and the run's check against it (``{"differences",
+    "deviation", "source", "checked"}``, as the rows record it), if it names this run (its
+    hypothesis and primary arm, and this run's settings, data, model and code, the file
+    committed) or ``deviation`` states why it runs anyway; otherwise a ValueError saying what
+    differs."""
     stored = json.loads(path.read_text())
-    primary = str(stored.get("primary_endpoint", {}).get("difference", "")).split(" ")[0]
     record = preregistration_of(
-        config, prepared, hypothesis=str(stored.get("hypothesis", "")), primary_arm=primary
-    )
-    return check_preregistration(path, record)
+        config, prepared, hypothesis=str(stored.get("hypothesis", "")),
+        primary_arm=registered_arm(stored),
+    )  # fmt: skip
+    stored, differences = check_preregistration(path, record, deviation=deviation)
+    check = {
+        "differences": differences,
+        "deviation": deviation.strip() if differences and deviation else None,
+        "source": record["code"]["source"],
+        "checked": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    return stored, check
 
 
 def _check_model(run_dir: Path, prepared: Prepared) -> None:
@@ -278,6 +292,7 @@ def run_finetune(
     *,
     data_dir: Path | str | None = None,
     preregistered: Path | None = None,
+    deviation: str | None = None,
     prepared: Prepared | None = None,
     validation_only: bool = False,
     show_progress: bool = False,
@@ -286,7 +301,8 @@ def run_finetune(
     target_effect: float | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) every phase of ``config`` in ``run_dir`` and write the report; returns
-    the results. ``preregistered``: the pre-registration file this run must match;
+    the results. ``preregistered``: the pre-registration file this run must match, unless
+    ``deviation`` states why it runs anyway (:func:`check_registered`);
     ``prepared``: :func:`prepare`'s result when the caller has it already;
     ``validation_only``: stop before the test phase (for choosing settings: the test splits stay
     unseen, and a later run of the same settings in the same folder scores them);
@@ -295,11 +311,12 @@ def run_finetune(
     run for it (seeds and items needed)."""
     torch.set_num_threads(config.threads)
     prepared = prepared or prepare(config, data_dir)
-    registration = None
+    registration = check = None
     if preregistered is not None:
-        registration = (Path(preregistered), check_registered(config, prepared, preregistered))
+        stored, check = check_registered(config, prepared, preregistered, deviation=deviation)
+        registration = (Path(preregistered), stored)
     return run_comparison(
         FinetuneComparison(config, prepared, validation_only), run_dir,
         show_progress=show_progress, command=command, log=log, preregistered=registration,
-        target_effect=target_effect,
+        registration_check=check, target_effect=target_effect,
     )  # fmt: skip

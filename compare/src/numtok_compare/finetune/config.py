@@ -101,8 +101,21 @@ class FinetuneConfig(RunConfig):
     readout_tolerance: float = FAST_TOLERANCE
     max_new_tokens: int = 8
     #: Equivalence within ±``margin`` of the tested metric (MSE for RMSE) for the primary
-    #: comparisons (two one-sided tests at 5 %; None: none). Pre-registrable: it is a setting.
+    #: comparisons against ``margin_baseline`` (two one-sided tests at 5 %; None: none).
+    #: Pre-registrable: it is a setting.
     margin: float | None = None
+    #: The arm the margin's comparisons are against: "ce" or "head" (None: the regression head
+    #: where the run has one, the paper's "matches a regression head", else CE).
+    margin_baseline: str | None = None
+
+    LATER_SETTINGS: ClassVar[tuple[str, ...]] = (*RunConfig.LATER_SETTINGS, "margin_baseline")
+
+    @property
+    def equivalence_baseline(self) -> str | None:
+        """The arm whose comparisons the margin tests for equivalence (None: no margin)."""
+        if self.margin is None:
+            return None
+        return self.margin_baseline or ("head" if "head" in self.arms else "ce")
 
     @property
     def evaluation_splits(self) -> tuple[str, ...]:
@@ -161,6 +174,13 @@ class FinetuneConfig(RunConfig):
         for name in ("head_learning_rate", "margin"):
             if getattr(self, name) is not None:
                 check_number(name, getattr(self, name), minimum=0.0, inclusive=False)
+        if self.margin_baseline not in (None, "ce", "head") or (
+            self.margin_baseline == "head" and "head" not in self.arms
+        ):
+            raise ValueError(
+                "margin_baseline must be 'ce', or 'head' where the arms include the regression "
+                f"head (arms {list(self.arms)}), got {self.margin_baseline!r}"
+            )
         if self.weight_grid and self.arm_weights:
             raise ValueError(
                 "weight_grid chooses every number-loss arm's λ on validation; arm_weights fixes "

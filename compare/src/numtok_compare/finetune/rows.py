@@ -40,6 +40,7 @@ def design_of(config: FinetuneConfig, notes: Sequence[str], chosen: Mapping[str,
         readout=config.readout,
         max_value=config.max_value,
         margin=config.margin,
+        margin_baseline=config.equivalence_baseline,
     )
 
 
