@@ -461,3 +461,63 @@ def test_the_check_reads_figures_references_and_markers() -> None:
         "4 min (no results file named)",
         "7 min (no results file named)",  # no caption: the paragraph before is not the table's
     ]
+
+
+# ----------------------------------------------------------------------------------------------
+# Result sentences
+
+#: The pages whose results a reader acts on (issue 60): every interval in them names its rows.
+RESULT_PAGES = ("README.md", "docs/should-i-use-ntl.md", "docs/compare.md")
+_ENDPOINT = r"[−+\-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
+#: An interval as the pages write a result: ``[−0.027, +0.013]``.
+INTERVAL = re.compile(rf"\[\s?(?P<low>{_ENDPOINT}),\s?(?P<high>{_ENDPOINT})\s?\]")
+#: A Markdown link to a page of docs/ (relative to the page), its anchor dropped.
+PAGE_LINK = re.compile(r"\]\((?P<page>[^)#\s]+\.md)(?:#[^)]*)?\)")
+
+
+def _shown(text: str) -> tuple[float, int]:
+    """The value and the decimals of an endpoint as written (``−0.027`` → (−0.027, 3))."""
+    plain = text.replace("−", "-").replace(",", "")
+    return float(plain), len(plain.split(".")[1]) if "." in plain else 0
+
+
+def interval_violations(page: Path, text: str | None = None) -> list[str]:
+    """``file:line: [low, high]`` for every interval of a result page whose block names no
+    results file and links no page of docs/ that holds both its ends to the precision shown
+    (the linked page is where its rows are named)."""
+    problems = []
+    relative = page.relative_to(ROOT).as_posix()
+    for block in blocks(page.read_text() if text is None else text):
+        written = block.text + "\n" + block.context
+        files, _ = references(written, page)
+        linked = [(page.parent / m.group("page")).resolve() for m in PAGE_LINK.finditer(written)]
+        sources = files + [path for path in linked if path.is_file()]
+        body = prose(block.text)
+        for interval in INTERVAL.finditer(body):
+            ends = [_shown(interval.group(name)) for name in ("low", "high")]
+            held = any(
+                all(_near(numbers_in(source), abs(v), 0.5 * 10**-d + 1e-12) for v, d in ends)
+                for source in sources
+            )
+            if not held:
+                line = block.line + body.count("\n", 0, interval.start())
+                problems.append(f"{relative}:{line}: {interval.group(0)}")
+    return problems
+
+
+def test_every_result_interval_names_the_rows_it_rests_on() -> None:
+    problems = [p for page in RESULT_PAGES for p in interval_violations(ROOT / page)]
+    assert not problems, (
+        "intervals in the result pages whose block names no results file or linked page that "
+        "holds them:\n" + "\n".join(problems)
+    )
+
+
+def test_the_interval_check_finds_an_interval_without_its_rows() -> None:
+    text = (
+        "Fresh test: −0.007 [−0.027, +0.013] ([the test](compare-arithmetic-fresh.md)).\n\n"
+        "A claim: +0.5 [+0.1, +0.9], from nowhere.\n\n"
+        "Misquoted: −0.007 [−0.027, +0.9137] ([the test](compare-arithmetic-fresh.md)).\n"
+    )
+    found = interval_violations(DOCS / "probe.md", text)
+    assert [p.split(": ", 1)[1] for p in found] == ["[+0.1, +0.9]", "[−0.027, +0.9137]"]
