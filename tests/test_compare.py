@@ -177,8 +177,8 @@ def test_compare_runs_reports_and_resumes_from_the_command_line(
     assert warning.startswith("warning: two seeds: ")
     assert plan.startswith("plan: arms base, ce, was × seeds [0, 1]") and "4 arms to train" in plan
     assert re.fullmatch(
-        r"estimate: \d+ min for the 8 training steps and \d+ scored examples left \(a probe: "
-        r"[\d.]+ s a CE step, [\d.]+ s an example\)",
+        r"estimate: [\d.]+ min \([\d.]+ training the 8 steps left, [\d.]+ scoring the \d+ "
+        r"examples left; a probe: [\d.]+ s a CE step, [\d.]+ s an example\)",
         estimate,
     )
     results = _strict_json(out / "results.json")
@@ -224,7 +224,7 @@ def test_compare_chooses_lambda_on_validation(
     assert main([*arguments, "--validation-only"]) == 0
     # The estimate counts what this run will do: 6 arms × the validation split, no test split.
     validation = len(read_user_data(data).splits["validation"])
-    assert f"and {6 * validation} scored examples left" in capsys.readouterr().err
+    assert f"scoring the {6 * validation} examples left" in capsys.readouterr().err
     assert not list(out.rglob("test.json")) and len(list(out.rglob("model.pt"))) == 6
     assert "**Not measured: the test splits were not scored**" in (out / "report.md").read_text()
     assert list(_strict_json(out / "results.json")["answers"]) == ["validation"]
@@ -608,6 +608,29 @@ def test_compare_preregisters_then_runs_only_the_registered_run(
     assert "they matched. The settings these rows record are the registered ones" in report
     assert "Hypothesis: WAS lowers log-MAE" in report
     assert report.index("Pre-registered") < report.index("## Primary endpoint")
+
+
+def test_estimate_probes_and_prints_the_time_then_stops(
+    tiny_llama_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--estimate: the model and the data are read, a probe times training and scoring, the
+    estimate splits the two, and nothing is trained or written (issue 60: --dry-run gave no
+    time)."""
+    from numtok.cli import main
+
+    data = _write(tmp_path / "sums.jsonl", _sums(40))
+    arguments = _compare(tiny_llama_dir, data, tmp_path / "run", "--arms", "ce,was",
+                         "--max-value", "none", "--estimate")  # fmt: skip
+    assert main(arguments) == 0
+    captured = capsys.readouterr()
+    estimate = next(line for line in captured.err.splitlines() if line.startswith("estimate:"))
+    assert re.fullmatch(
+        r"estimate: \d+\.\d min \(\d+\.\d training the 8 steps left, \d+\.\d scoring the "
+        r"\d+ examples left; a probe: \d+\.\d\d s a CE step, \d+\.\d\d s an example\)",
+        estimate,
+    ), estimate
+    assert "an estimate only: nothing trained or written" in captured.out
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_registered_run_with_other_data_or_code_is_refused_unless_a_deviation_says_why(

@@ -73,7 +73,7 @@ _SIZE_FLAGS = {
 # numtok compare's fine-tuning runs that name no setting.
 _FROM_SCRATCH_ONLY = ("task", "workers", "cache_dir")
 _FINE_TUNING_ONLY = ("preregister", "hypothesis", "primary", "deviation", "margin",
-                     "margin_against", "target_effect")  # fmt: skip
+                     "margin_against", "target_effect", "estimate")  # fmt: skip
 RJOKES = "rjokes"
 
 
@@ -258,6 +258,13 @@ def _parser() -> argparse.ArgumentParser:
         )  # fmt: skip
         add_compare_arguments(command, _seeds, _arms, _arm_weights, source_required=required)
         _add_dry_run_flag(command)
+        command.add_argument(
+            "--estimate",
+            action="store_true",
+            help="load the model and the data, time a probe (a few CE steps, a batch scored), "
+            "print the plan and the time estimate of training and scoring, and stop: nothing is "
+            "trained or written (a fine-tuning comparison; seconds to a minute)",
+        )
         _add_size_flags(command)
         _add_from_scratch_flags(command)
     return parser

@@ -335,7 +335,8 @@ def run_compare(
     if args.dry_run:
         print(f"{args.preset or 'compare'}: {config.plan()}")
         print("a dry run: the settings and flags are checked; the model and the data are read "
-              "when the run starts, and nothing is trained or written")  # fmt: skip
+              "when the run starts, and nothing is trained or written (--estimate instead of "
+              "--dry-run reads them and prints the time the run will take)")  # fmt: skip
         return 0
     from numtok_compare.comparison import work_left
     from numtok_compare.finetune.comparison import (
@@ -367,7 +368,8 @@ def run_compare(
         if args.preregister is not None:
             check_registered(config, prepared, args.preregister, deviation=args.deviation)
         run_dir = args.out or Path("runs") / f"compare-{config.fingerprint()}"
-        prepare_run_dir(config, run_dir)
+        if not args.estimate:
+            prepare_run_dir(config, run_dir)
     except (ValueError, TypeError, ModuleNotFoundError, DataError) as error:
         fail(str(error))
     work = work_left(FinetuneComparison(config, prepared, args.validation_only), run_dir)
@@ -377,11 +379,15 @@ def run_compare(
     if work.steps + work.items:
         minutes, step_seconds, example_seconds = estimate_minutes(config, prepared, work)
         print(
-            f"estimate: {minutes:.0f} min for the {work.steps:,} training steps and "
-            f"{work.items:,} scored examples left (a probe: {step_seconds:.2f} s a CE step, "
+            f"estimate: {minutes:.1f} min ({work.steps * step_seconds / 60:.1f} training the "
+            f"{work.steps:,} steps left, {work.items * example_seconds / 60:.1f} scoring the "
+            f"{work.items:,} examples left; a probe: {step_seconds:.2f} s a CE step, "
             f"{example_seconds:.2f} s an example)",
             file=sys.stderr,
         )
+    if args.estimate:
+        print(f"an estimate only: nothing trained or written ({run_dir} is the run folder)")
+        return 0
     # A progress bar, or (--no-progress, e.g. into a log file) a line every ten steps.
     results = run_finetune(
         config, run_dir, data_dir=args.data_dir, preregistered=args.preregister,
