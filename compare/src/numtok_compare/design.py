@@ -4,11 +4,22 @@ run (:mod:`numtok_compare.planning`) read it from the rows."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["Design"]
+__all__ = ["Design", "equivalence_baseline"]
+
+
+def equivalence_baseline(
+    margin: float | None, margin_baseline: str | None, arms: Sequence[str]
+) -> str | None:
+    """The arm whose primary comparisons a margin tests: ``margin_baseline``, else the
+    regression head where ``arms`` has one (the paper's "matches a regression head"), else CE;
+    None without a margin."""
+    if margin is None:
+        return None
+    return margin_baseline or ("head" if "head" in arms else "ce")
 
 
 @dataclass(frozen=True)
@@ -36,11 +47,8 @@ class Design:
 
     @property
     def equivalence_baseline(self) -> str | None:
-        """The arm whose primary comparisons the margin tests: ``margin_baseline``, else the
-        regression head where the run has one, else CE; None without a margin."""
-        if self.margin is None:
-            return None
-        return self.margin_baseline or ("head" if "head" in self.arms else "ce")
+        """:func:`equivalence_baseline` of this design's margin and arms."""
+        return equivalence_baseline(self.margin, self.margin_baseline, self.arms)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -43,7 +43,7 @@ from numtok_compare.item_metrics import (
 )
 from numtok_compare.planning import planning
 from numtok_compare.provenance import git_provenance, registered_arm
-from numtok_compare.report_format import json_safe, signed
+from numtok_compare.report_format import json_safe, needed, signed
 
 __all__ = [
     "analyse_and_write",
@@ -610,19 +610,15 @@ def _planning_lines(plan: Mapping[str, Any]) -> list[str]:
         items_low, items_high = entry["items_needed_range"]
         lines.append(
             f"| {entry['arm']} | {c['seed']:.3g} | {c['item']:.3g} | {c['resid']:.3g} | "
-            f"{_number(entry['mde'])} | {_needed(entry['seeds_needed'])} at "
-            f"{entry['items']:,} items ({_needed(seeds_low)}–{_needed(seeds_high)}) | "
-            f"{_needed(entry['items_needed'])} ({_needed(items_low)}–{_needed(items_high)}) |"
+            f"{_number(entry['mde'])} | {needed(entry['seeds_needed'])} at "
+            f"{entry['items']:,} items ({needed(seeds_low)}–{needed(seeds_high)}) | "
+            f"{needed(entry['items_needed'])} ({needed(items_low)}–{needed(items_high)}) |"
         )
     if plan["mde_above"]:
         lines += ["", f"**The MDE of this design is above the target** for "
                   f"{', '.join(plan['mde_above'])}: a run of this size would likely miss an "
                   "effect of that size."]  # fmt: skip
     return lines
-
-
-def _needed(count: int | None) -> str:
-    return "not reachable" if count is None else f"{count:,}"
 
 
 def registration_of(rows: Mapping[str, Any], source: Path) -> tuple[Path, dict[str, Any]] | None:

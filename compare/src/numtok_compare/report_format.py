@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["hardware", "json_safe", "signed"]
+__all__ = ["hardware", "json_safe", "needed", "signed"]
 
 
 def hardware(device: str, threads: int) -> dict[str, Any]:
@@ -49,3 +49,8 @@ def signed(value: float | None, digits: int = 3) -> str:
     if value is None or not math.isfinite(value):
         return "n/a"
     return f"{round(value, digits) or 0.0:+.{digits}f}"
+
+
+def needed(count: int | None) -> str:
+    """A planning figure (seeds or items needed): ``1,234``, or "not reachable" for None."""
+    return "not reachable" if count is None else f"{count:,}"

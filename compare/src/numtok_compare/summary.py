@@ -9,7 +9,7 @@ from typing import Any
 
 from numtok_compare.design import Design
 from numtok_compare.item_metrics import per_item_metric
-from numtok_compare.report_format import signed
+from numtok_compare.report_format import needed, signed
 
 __all__ = ["summary_lines"]
 
@@ -71,8 +71,8 @@ def summary_lines(results: Mapping[str, Any]) -> list[str]:
                      f"({plan['metric']}, {plan['split']}):")  # fmt: skip
         for entry in plan["arms"]:
             seeds, items = (
-                f"{_count(entry[f'{kind}_needed'])} (at the components' 95 % limits "
-                + "–".join(_count(n) for n in entry[f"{kind}_needed_range"])
+                f"{needed(entry[f'{kind}_needed'])} (at the components' 95 % limits "
+                + "–".join(needed(n) for n in entry[f"{kind}_needed_range"])
                 + ")"
                 for kind in ("seeds", "items")
             )
@@ -81,10 +81,6 @@ def summary_lines(results: Mapping[str, Any]) -> list[str]:
                 f"{entry['items']:,} items: {seeds}; items needed at {plan['seeds']} seeds: {items}"
             )
     return lines
-
-
-def _count(value: int | None) -> str:
-    return "not reachable" if value is None else f"{value:,}"
 
 
 def _positive(value: float | None) -> str:

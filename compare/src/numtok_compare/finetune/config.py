@@ -9,6 +9,7 @@ from typing import ClassVar
 from numtok.readout import FAST_TOLERANCE, MAX_DIGITS, check_tolerance
 from numtok_compare.checks import check_number
 from numtok_compare.config import RunConfig, check_non_negative_int, check_positive_int
+from numtok_compare.design import equivalence_baseline
 from numtok_compare.item_metrics import ENDPOINT_METRICS
 from numtok_compare.objectives import NUMBER_LOSS_ARMS
 
@@ -112,10 +113,9 @@ class FinetuneConfig(RunConfig):
 
     @property
     def equivalence_baseline(self) -> str | None:
-        """The arm whose comparisons the margin tests for equivalence (None: no margin)."""
-        if self.margin is None:
-            return None
-        return self.margin_baseline or ("head" if "head" in self.arms else "ce")
+        """The arm whose comparisons the margin tests for equivalence (None: no margin;
+        :func:`~numtok_compare.design.equivalence_baseline`)."""
+        return equivalence_baseline(self.margin, self.margin_baseline, self.arms)
 
     @property
     def evaluation_splits(self) -> tuple[str, ...]:
