@@ -693,6 +693,8 @@ def test_compare_runs_every_preset_and_refuses_the_flags_of_the_other_kind(
     for arguments, message in (
         (["--preset", "smoke", "--adaptation", "lora"],
          "--adaptation does not apply to the arithmetic task of 'smoke'"),
+        (["--preset", "smoke", "--choose-on-validation", "0.3,1"],
+         "--choose-on-validation does not apply to the arithmetic task of 'smoke'"),
         (["--preset", "smoke", "--hypothesis", "x"],
          "--hypothesis does not apply to 'smoke'" + fine_tuning_only),
         (["--preset", "smoke", "--max-value", "9"],

@@ -27,7 +27,6 @@ import os
 import shlex
 import sys
 from collections.abc import Sequence
-from dataclasses import fields
 from pathlib import Path
 from types import ModuleType
 from typing import Any, NoReturn
@@ -36,29 +35,6 @@ from numtok_compare.extras import require_extra
 
 __all__ = ["main"]
 
-# Settings that have a flag, one spelling for every preset: config field -> flag. A flag whose
-# setting the chosen preset's config lacks is an error that names both.
-_FLAGS = {
-    "task": "--task",
-    "seeds": "--seeds",
-    "arms": "--arms",
-    "ntl_weight": "--ntl-weight",
-    "arm_weights": "--arm-weights",
-    "weight_grid": "--choose-on-validation",
-    "steps": "--steps",
-    "batch_size": "--batch-size",
-    "learning_rate": "--learning-rate",
-    "head_learning_rate": "--head-learning-rate",
-    "adaptation": "--adaptation",
-    "lora_rank": "--lora-rank",
-    "metric": "--metric",
-    "readout": "--readout",
-    "max_new_tokens": "--max-new-tokens",
-    "readout_tolerance": "--readout-tolerance",
-    "device": "--device",
-    "threads": "--threads",
-    "model": "--model",
-}
 # The sizes of every task, one spelling (RunConfig.size_fields): each task's fields -> flag.
 _SIZE_FLAGS = {
     "train_questions": "--train-examples",
@@ -327,7 +303,9 @@ def _compare(
 
 
 def _flag_of(name: str) -> str:
-    return _FLAGS.get(name, "--" + name.replace("_", "-"))
+    from numtok_compare.config import FLAGS
+
+    return FLAGS.get(name, "--" + name.replace("_", "-"))
 
 
 def _model(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -373,7 +351,9 @@ def _experiments(parser: argparse.ArgumentParser, command: str) -> ModuleType:
 
 def _with_flag_hint(message: str) -> str:
     """Point at the flag that sets the setting a message is about."""
-    for name, flag in (_FLAGS | _SIZE_FLAGS).items():
+    from numtok_compare.config import FLAGS
+
+    for name, flag in (FLAGS | _SIZE_FLAGS).items():
         if message.startswith((f"{name} ", f"unknown {name}", f"each {name[:-1]}")):
             return f"{message} (set with {flag})"
     return message
@@ -416,37 +396,26 @@ def _fetch_rjokes(args: argparse.Namespace, harness: ModuleType) -> None:
 def _build_config(args: argparse.Namespace, preset_name: str, harness: ModuleType) -> Any:
     """A from-scratch preset's settings with the flags given on the command line; a flag whose
     setting the preset lacks (another task's, or fine-tuning's) is a ValueError."""
+    from numtok_compare.finetune.command import config_from_flags
+
     config = harness.check_preset(preset_name).config
-    is_rjokes = harness.reads_rjokes(config)
+    is_rjokes = config.reads_rjokes
     if args.task is not None and (args.task == RJOKES) != is_rjokes:
         kind = "an rJokes" if is_rjokes else "an arithmetic"
         raise ValueError(
             f"--task {args.task} does not fit the preset {preset_name!r} ({kind} preset); "
             "numtok list shows the presets of each task"
         )
-    known = {f.name for f in fields(config)}
-    overrides: dict[str, Any] = {}
-    if getattr(args, "training_args", None) is not None:
-        from numtok_compare.training_args import read_training_args
-
-        overrides |= read_training_args(args.training_args)  # the flags given override it
-    for name, flag in _FLAGS.items():
-        value = getattr(args, name, None)
-        if value is None or name == "task":
-            continue
-        if name not in known:
-            task = "rJokes" if is_rjokes else "arithmetic"
-            raise ValueError(f"{flag} does not apply to the {task} task of {preset_name!r}")
-        overrides[name] = value
-    if args.validation_only:
-        overrides["evaluate_on"] = "validation"
     for flag, value in (("--data-dir", args.data_dir), ("--cache-dir", args.cache_dir)):
         if value is not None and (flag == "--data-dir") != is_rjokes:
             raise ValueError(f"{flag} does not apply to the preset {preset_name!r}")
+    settings: dict[str, Any] = {}
+    if args.validation_only:
+        settings["evaluate_on"] = "validation"
     if args.task is not None and not is_rjokes:
-        overrides["task"] = args.task
-    sized = config.with_sizes(train_examples=args.train_examples, eval_examples=args.eval_examples)
-    return sized.with_overrides(**overrides)
+        settings["task"] = args.task
+    where = f"the {'rJokes' if is_rjokes else 'arithmetic'} task of {preset_name!r}"
+    return config_from_flags(args, config, where, **settings)
 
 
 def _default_workers(config: Any) -> int:
@@ -506,15 +475,13 @@ def _run_from_scratch(
         if why is not None:
             raise ValueError(f"--cache-dir {args.cache_dir} cannot be the cache folder: {why}")
         to_download = (
-            harness.reads_rjokes(config)
-            and args.data_dir is None
-            and harness.default_data_dir() is None
+            config.reads_rjokes and args.data_dir is None and harness.default_data_dir() is None
         )
         if to_download and not args.dry_run:
             _fetch_rjokes(args, harness)
             to_download = False
         if not to_download:
-            harness.check_prerequisites(config, args.data_dir)
+            config.check_prerequisites(args.data_dir)
         if args.dry_run:
             print(f"{preset_name}: {config.plan()}")
             if to_download:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 import torch
@@ -14,6 +15,7 @@ from numtok_compare.objectives import NUMBER_LOSS_ARMS
 from numtok_compare.training_args import check_training_args
 
 __all__ = [
+    "FLAGS",
     "RunConfig",
     "check_device",
     "check_non_negative_int",
@@ -22,6 +24,18 @@ __all__ = [
 
 
 _Config = TypeVar("_Config", bound="RunConfig")
+
+#: The settings the command line sets, one flag each whatever the comparison: setting -> flag.
+FLAGS = {
+    "task": "--task", "model": "--model", "arms": "--arms", "seeds": "--seeds",
+    "ntl_weight": "--ntl-weight", "arm_weights": "--arm-weights",
+    "weight_grid": "--choose-on-validation", "steps": "--steps", "batch_size": "--batch-size",
+    "learning_rate": "--learning-rate", "head_learning_rate": "--head-learning-rate",
+    "adaptation": "--adaptation", "lora_rank": "--lora-rank", "metric": "--metric",
+    "readout": "--readout", "margin": "--margin", "margin_baseline": "--margin-against",
+    "max_new_tokens": "--max-new-tokens", "readout_tolerance": "--readout-tolerance",
+    "device": "--device", "threads": "--threads",
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -109,6 +123,16 @@ class RunConfig:
         check_device(self.device)
         if self.training_args:
             check_training_args(self.training_args, "training_args")
+
+    @property
+    def reads_rjokes(self) -> bool:
+        """Whether the run reads the rJokes files (:mod:`numtok_compare.tasks.rjokes`)."""
+        return False
+
+    def check_prerequisites(self, data_dir: Path | None) -> None:
+        """What the run needs besides its settings (its data files, a generator, an extra),
+        checked before any work: a ValueError or ModuleNotFoundError saying what is missing
+        (``data_dir``: the rJokes folder given on the command line)."""
 
     def weight_of(self, arm: str) -> float:
         """λ of ``arm``: its entry in ``arm_weights``, else ``ntl_weight``."""

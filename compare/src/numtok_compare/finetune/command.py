@@ -21,12 +21,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:  # the command line builds its parser without the harness's dependencies
+    from numtok_compare.config import RunConfig
     from numtok_compare.finetune.config import FinetuneConfig
 
 __all__ = [
     "COMPARE_DEFAULTS",
     "add_compare_arguments",
     "compare_config",
+    "config_from_flags",
     "distribution_bound",
     "preflight_warnings",
     "run_compare",
@@ -48,16 +50,6 @@ COMPARE_DEFAULTS: dict[str, Any] = {
 #: The largest answer the distribution readouts enumerate by default (``--max-value auto``):
 #: beyond it a readout scores more than ~1,100 continuations per example.
 AUTO_MAX_VALUE = 999
-
-_SETTINGS = {
-    "model": "--model", "arms": "--arms", "seeds": "--seeds", "ntl_weight": "--ntl-weight",
-    "arm_weights": "--arm-weights", "weight_grid": "--choose-on-validation", "steps": "--steps",
-    "batch_size": "--batch-size", "learning_rate": "--learning-rate",
-    "head_learning_rate": "--head-learning-rate", "adaptation": "--adaptation",
-    "lora_rank": "--lora-rank", "metric": "--metric", "readout": "--readout", "margin": "--margin",
-    "margin_baseline": "--margin-against", "device": "--device", "threads": "--threads",
-    "max_new_tokens": "--max-new-tokens", "readout_tolerance": "--readout-tolerance",
-}  # fmt: skip
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -225,26 +217,48 @@ def _max_value(text: str, data: Path | None) -> dict[str, Any]:
     return {"max_value": value, "max_digits": max(1, len(str(value)))}
 
 
-def compare_config(args: argparse.Namespace, base: FinetuneConfig | None) -> FinetuneConfig:
-    """The settings of ``numtok compare``: a preset's (``base``) or :data:`COMPARE_DEFAULTS`
-    with ``--data``, then ``--training-args``' file, then every other flag given."""
+def config_from_flags(
+    args: argparse.Namespace, base: RunConfig | None, where: str, **settings: Any
+) -> Any:
+    """The settings of a comparison's command line, in this order: a preset's (``base``; None:
+    ``--data`` with :data:`COMPARE_DEFAULTS`), ``--training-args``' file, every flag of
+    :data:`~numtok_compare.config.FLAGS` given (``--task`` aside: it chooses the preset), then
+    ``settings``, and the sizes of ``--train-examples`` and ``--eval-examples`` (checked first:
+    a size the task does not have is the error a command line gives first). A flag whose
+    setting ``base`` lacks is a ValueError naming it and ``where`` (what the run is)."""
+    from numtok_compare.config import FLAGS
     from numtok_compare.finetune.config import FinetuneConfig
 
-    known = {f.name for f in fields(FinetuneConfig)}
-    settings: dict[str, Any] = {}
+    known = {f.name for f in fields(type(base) if base is not None else FinetuneConfig)}
+    given: dict[str, Any] = {}
     if base is None:
-        settings = {**COMPARE_DEFAULTS, "data": str(args.data), "model": "smollm2"}
-    if args.training_args is not None:
+        given = {**COMPARE_DEFAULTS, "data": str(args.data), "model": "smollm2"}
+    if getattr(args, "training_args", None) is not None:
         from numtok_compare.training_args import read_training_args
 
-        settings |= read_training_args(args.training_args)
-    for name, flag in _SETTINGS.items():
-        value = getattr(args, flag.removeprefix("--").replace("-", "_"))
-        if value is not None and name in known:
-            settings[name] = value
-    settings.update(_max_value(args.max_value, args.data))
-    config = FinetuneConfig(**settings) if base is None else base.with_overrides(**settings)
-    return config.with_sizes(train_examples=args.train_examples, eval_examples=args.eval_examples)
+        given |= read_training_args(args.training_args)
+    for name, flag in FLAGS.items():
+        value = getattr(args, flag.removeprefix("--").replace("-", "_"), None)
+        if value is None or name == "task":
+            continue
+        if name not in known:
+            raise ValueError(f"{flag} does not apply to {where}")
+        given[name] = value
+    given |= settings
+    sizes = {"train_examples": args.train_examples, "eval_examples": args.eval_examples}
+    if base is None:
+        return FinetuneConfig(**given).with_sizes(**sizes)
+    return base.with_sizes(**sizes).with_overrides(**given)
+
+
+def compare_config(args: argparse.Namespace, base: FinetuneConfig | None) -> FinetuneConfig:
+    """The settings of ``numtok compare`` fine-tuning: :func:`config_from_flags` with
+    ``--max-value``."""
+    where = f"the fine-tuning preset {args.preset!r}"
+    config: FinetuneConfig = config_from_flags(
+        args, base, where, **_max_value(args.max_value, args.data)
+    )
+    return config
 
 
 def _log_lines(quiet: bool) -> Callable[[str], None]:

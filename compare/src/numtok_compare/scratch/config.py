@@ -5,6 +5,7 @@ rJokes (:class:`RJokesConfig`), checked before any work starts."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 from numtok.readout import check_max_digits
@@ -12,6 +13,8 @@ from numtok_compare.checks import check_number
 from numtok_compare.config import RunConfig, check_non_negative_int, check_positive_int
 from numtok_compare.objectives import ARMS as ARITHMETIC_ARMS
 from numtok_compare.tasks.mathematics import check_evaluate_on, check_task, evaluation_splits
+from numtok_compare.tasks.mathematics_compat import load_mathematics_dataset
+from numtok_compare.tasks.rjokes import find_data_dir
 
 __all__ = [
     "EVALUATION_SPLITS",
@@ -76,6 +79,9 @@ class ExperimentConfig(TrainingConfig):
     def size_fields(self) -> dict[str, tuple[str, ...]]:
         return {"train_examples": ("train_questions",), "eval_examples": ("eval_questions",)}
 
+    def check_prerequisites(self, data_dir: Path | None) -> None:
+        load_mathematics_dataset()  # the generator and what it imports
+
     @property
     def splits(self) -> tuple[str, ...]:
         """The splits this run scores, in report order."""
@@ -114,6 +120,13 @@ class RJokesConfig(TrainingConfig):
 
     def size_fields(self) -> dict[str, tuple[str, ...]]:
         return {"eval_examples": ("eval_jokes",)}  # every training joke is trained on
+
+    @property
+    def reads_rjokes(self) -> bool:
+        return True
+
+    def check_prerequisites(self, data_dir: Path | None) -> None:
+        find_data_dir(data_dir)
 
     def validate(self) -> None:
         if self.task != "rjokes":
