@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from numtok_compare.finetune.examples import encode
 from numtok_compare.runner.batches import Encoded
@@ -35,21 +35,44 @@ from numtok_compare.tasks.arithmetic import SPLITS as ARITHMETIC_SPLITS
 from numtok_compare.tasks.arithmetic import arithmetic_splits
 from numtok_compare.tasks.jsonl import DataError, read_user_data
 
-if TYPE_CHECKING:  # the settings name their task in FINETUNE_TASKS: they import this module
-    from numtok_compare.finetune.config import FinetuneConfig
-
 __all__ = [
     "FINETUNE_TASKS",
     "HIGHEST_SCORE",
     "JOKE_QUESTION",
     "FinetuneData",
     "FinetuneTask",
+    "TaskSettings",
     "load_finetune_data",
 ]
 
 #: rJokes scores run from 0 to this.
 HIGHEST_SCORE = 11
 JOKE_QUESTION = f"How funny is this joke, on a scale from 0 to {HIGHEST_SCORE}?\n\n"
+
+
+class TaskSettings(Protocol):
+    """What a task's loader reads of the run's settings
+    (:class:`~numtok_compare.finetune.config.FinetuneConfig`, which names its task in
+    :data:`FINETUNE_TASKS`)."""
+
+    @property
+    def task(self) -> str: ...
+    @property
+    def data(self) -> str: ...
+    @property
+    def train_examples(self) -> int: ...
+    @property
+    def validation_examples(self) -> int: ...
+    @property
+    def test_examples(self) -> int: ...
+    @property
+    def harder_examples(self) -> int: ...
+    @property
+    def max_prompt_tokens(self) -> int: ...
+    @property
+    def max_new_tokens(self) -> int: ...
+    @property
+    def evaluation_splits(self) -> tuple[str, ...]: ...
 
 
 @dataclass
@@ -77,7 +100,7 @@ class FinetuneData:
 
 
 def _arithmetic(
-    config: FinetuneConfig, tokenizer: Any, _data_dir: Path | str | None, _context: int | None
+    config: TaskSettings, tokenizer: Any, _data_dir: Path | str | None, _context: int | None
 ) -> FinetuneData:
     wanted = ("train", "validation", *config.evaluation_splits)
     last = max(ARITHMETIC_SPLITS.index(split) for split in wanted)
@@ -96,7 +119,7 @@ def _arithmetic(
 
 def _diamonds(
     unit: str,
-    config: FinetuneConfig,
+    config: TaskSettings,
     tokenizer: Any,
     _data_dir: Path | str | None,
     _context: int | None,
@@ -124,7 +147,7 @@ def _joke_question(tokenizer: Any, joke: str, max_tokens: int) -> tuple[str, boo
 
 
 def _rjokes(
-    config: FinetuneConfig, tokenizer: Any, data_dir: Path | str | None, _context: int | None
+    config: TaskSettings, tokenizer: Any, data_dir: Path | str | None, _context: int | None
 ) -> FinetuneData:
     from numtok_compare.tasks.rjokes import evaluation_subset, load_rjokes
 
@@ -154,7 +177,7 @@ def _rjokes(
 
 
 def _jsonl(
-    config: FinetuneConfig, tokenizer: Any, _data_dir: Path | str | None, context: int | None
+    config: TaskSettings, tokenizer: Any, _data_dir: Path | str | None, context: int | None
 ) -> FinetuneData:
     data = read_user_data(config.data)
     hasher = hashlib.sha256()
@@ -171,7 +194,7 @@ def _jsonl(
 
 
 def _check_context(
-    config: FinetuneConfig,
+    config: TaskSettings,
     splits: dict[str, list[Encoded]],
     sources: Mapping[str, Sequence[str]],
     context: int | None,
@@ -190,7 +213,7 @@ def _check_context(
                 )
 
 
-Loader = Callable[["FinetuneConfig", Any, "Path | str | None", "int | None"], FinetuneData]
+Loader = Callable[[TaskSettings, Any, "Path | str | None", "int | None"], FinetuneData]
 
 
 @dataclass(frozen=True)
@@ -243,7 +266,7 @@ FINETUNE_TASKS: dict[str, FinetuneTask] = {
 
 
 def load_finetune_data(
-    config: FinetuneConfig,
+    config: TaskSettings,
     tokenizer: Any,
     data_dir: Path | str | None = None,
     *,
