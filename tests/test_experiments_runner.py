@@ -1,9 +1,13 @@
 """The runner of every comparison on toy models (one weight, a few SGD steps): the phases and
 what they store, the choice of λ from validation alone, resuming, the weights it keeps and drops,
-and the rows built from the phases."""
+the rows built from the phases, and scoring shared by the processes of a torchrun launch."""
 
 from __future__ import annotations
 
+import json
+import multiprocessing
+import os
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,9 +15,12 @@ from typing import Any, ClassVar
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from torch import nn
 
 from numtok_compare.config import RunConfig
+from numtok_compare.runner import run_folder
 from numtok_compare.runner.parallel import open_executor
 from numtok_compare.runner.phases import (
     TEST,
@@ -31,9 +38,11 @@ from numtok_compare.runner.run_folder import (
     WEIGHTS,
     load_trainable_state,
     save_atomically,
-    stored_by_the_main_process,
+    share_path,
+    stored_from_every_process,
     trainable_state,
 )
+from numtok_compare.runner.scoring import WHOLE, Share, joined_shares
 from numtok_compare.runner.training_log import Progress, TrainingLog
 
 
@@ -60,7 +69,7 @@ class ToyArm:
 
     def fit(self, directory: Path, progress: Progress | None) -> TrainingLog:
         optimizer = torch.optim.SGD(self.answerer.parameters(), lr=CONFIG.learning_rate)
-        (directory / CHECKPOINTS / "checkpoint-2").mkdir(parents=True)
+        (directory / CHECKPOINTS / "checkpoint-2").mkdir(parents=True, exist_ok=True)
         history = []
         for step in range(CONFIG.steps):
             loss = (self.answerer.weight.sum() - self.target) ** 2
@@ -98,11 +107,14 @@ class ToyModels:
             load_trainable_state(model, torch.load(directory / WEIGHTS, weights_only=True))
         return model
 
-    def score(self, answerer: nn.Linear, split: str, progress: Progress) -> dict[str, Any]:
-        self.calls.append(f"score {split}")
+    def score(
+        self, answerer: nn.Linear, split: str, progress: Progress, share: Share = WHOLE
+    ) -> dict[str, Any]:
+        items = list(share.of(range(SPLITS[split]), 1))
+        self.calls.append(f"score {split} {items}")
         weight = float(answerer.weight.detach().sum())
-        progress(SPLITS[split])
-        return {"answers": {"value": [weight + item for item in range(SPLITS[split])]}}
+        progress(len(items))
+        return {"answers": {"value": [weight + item for item in items]}}
 
 
 @dataclass
@@ -197,7 +209,7 @@ def test_validation_only_keeps_the_weights_a_later_test_phase_reads(tmp_path: Pa
     later: list[str] = []
     tested, _, _ = _run(tmp_path, later, test_splits=("test",))
     # Nothing is trained or scored on validation again: each build is a load's rebuild.
-    assert "score validation" not in later
+    assert not any(call.startswith("score validation") for call in later)
     assert sum(c.startswith("build") for c in later) == sum(c.startswith("load") for c in later)
     assert [c for c in later if c.startswith("load")] == [
         "load 0 ce", "load 0 was", "load 0 base", "load 1 ce", "load 1 was"
@@ -223,25 +235,107 @@ def test_rows_hold_each_arm_at_its_chosen_lambda_in_seed_order(tmp_path: Path) -
     assert rows["choice"] is phases.choice
 
 
-def test_under_torchrun_the_first_process_scores_and_the_others_read_its_file(
+@given(st.integers(0, 40), st.integers(1, 6), st.integers(1, 5))
+def test_the_shares_are_whole_batches_in_order(items: int, batch_size: int, count: int) -> None:
+    shares = [Share(index, count).of(range(items), batch_size) for index in range(count)]
+    assert [item for share in shares for item in share] == list(range(items))
+    assert all(share[0] % batch_size == 0 for share in shares if share)
+    batches = [-(-len(share) // batch_size) for share in shares]
+    assert max(batches) - min(batches) <= 1
+    assert Share().of(range(items), batch_size) == range(items)
+
+
+def test_the_shares_scores_join_per_item_and_refuse_a_value_of_the_whole_split() -> None:
+    first = {"answers": {"greedy": [1.0, None]}, "texts": ["1", "a"], "readout": "greedy"}
+    second = {"answers": {"greedy": [3.0]}, "texts": ["3"], "readout": "greedy"}
+    assert joined_shares([first, second]) == {
+        "answers": {"greedy": [1.0, None, 3.0]}, "texts": ["1", "a", "3"], "readout": "greedy"
+    }  # fmt: skip
+    with pytest.raises(ValueError, match=r"score\['minutes'\]"):
+        joined_shares([{**first, "minutes": 1.0}, {**second, "minutes": 2.0}])
+
+
+def _run_as(rank: int, run_dir: Path, send: Any) -> None:
+    """A forked process of a two-process launch: run the phases as ``rank`` and send back what
+    it did."""
+    os.environ["RANK"] = str(rank)
+    calls: list[str] = []
+    phases, lines, reported = _run(run_dir, calls)
+    send.send((phases, lines, reported, calls))
+
+
+def test_under_torchrun_every_process_scores_its_share_and_the_first_stores_them_joined(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """RANK 0 computes and stores; any other rank never computes, waits for the file (written
-    here by a thread, as the first process would) and returns what it holds."""
-    import json
-    import threading
+    """Two processes (RANK 0 and 1 of WORLD_SIZE 2, forked) run the phases in one folder: each
+    scores its half of each split's items, and the first stores exactly what one process scoring
+    every item stores (but the minutes)."""
+    alone, _, _ = _run(tmp_path / "one", [])
+    monkeypatch.setattr(run_folder, "POLL_SECONDS", 0.01)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    context = multiprocessing.get_context("fork")
+    pipes = [context.Pipe(duplex=False) for _ in range(2)]
+    processes = [context.Process(target=_run_as, args=(rank, tmp_path / "two", send))
+                 for rank, (_, send) in enumerate(pipes)]  # fmt: skip
+    for process in processes:
+        process.start()
+    try:
+        assert all(receive.poll(60) for receive, _ in pipes), "a process did not finish"
+        done = [receive.recv() for receive, _ in pipes]
+    finally:
+        for process in processes:
+            process.kill()
+            process.join()
+    # Each trained every job and scored its share: of 3 validation items 1 (the first) or 2,
+    # of 2 test items 1; its progress counts them.
+    for (_, lines, reported, _), validated in zip(done, (1, 2), strict=True):
+        assert sum(line.endswith("trained and validation scored") for line in lines) == 7
+        assert reported == 6 * 4 + 7 * validated + 5 * 1
+    assert done[0][3].count("score validation [0]") == 7
+    assert done[1][3].count("score validation [1, 2]") == 7
+    assert [done[0][3].count("score test [0]"), done[1][3].count("score test [1]")] == [5, 5]
 
-    path = tmp_path / "validation.json"
-    monkeypatch.setenv("RANK", "0")
-    assert stored_by_the_main_process(lambda: {"answers": [1]}, path) == {"answers": [1]}
-    assert json.loads(path.read_text()) == {"answers": [1]}
+    def timeless(stored: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in stored.items() if k not in ("train_minutes", "score_minutes")}
 
-    def never() -> dict[str, Any]:
-        raise AssertionError("a process other than the first scored")
+    for rank in (0, 1):  # the first stored them and returned them; the other read them back
+        shared = done[rank][0]
+        assert [timeless(v) for v in shared.validation.values()] == [
+            timeless(v) for v in alone.validation.values()
+        ]
+        assert [timeless(v) for v in shared.test.values()] == [
+            timeless(v) for v in alone.test.values()
+        ]
+    assert not list((tmp_path / "two").rglob("*.part*"))  # the shares are deleted once joined
+    one = json.loads((_directories(tmp_path / "one")[Job(1, "ce", 0.0)] / TEST).read_text())
+    two = json.loads((_directories(tmp_path / "two")[Job(1, "ce", 0.0)] / TEST).read_text())
+    assert list(two) == list(one) and timeless(two) == timeless(one)
 
-    later = tmp_path / "test.json"
+
+def test_a_process_waiting_for_the_first_says_so_and_reads_its_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The second of two processes stores its share, waits (saying so on stderr) for the file
+    the first writes (here a thread does), returns what it holds and deletes its share."""
+    monkeypatch.setattr(run_folder, "POLL_SECONDS", 0.01)
+    monkeypatch.setattr(run_folder, "NOTICE_SECONDS", 0.02)
     monkeypatch.setenv("RANK", "1")
-    writer = threading.Timer(0.05, lambda: later.write_text('{"splits": {}}'))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    path = tmp_path / "validation.json"
+    part = share_path(path, Share(1, 2))
+
+    def first() -> None:
+        assert json.loads(part.read_text()) == {"answers": {"value": [2, 3]}}
+        path.write_text('{"answers": {"value": [0, 1, 2, 3]}}')
+
+    def never(scored: dict[str, Any]) -> dict[str, Any]:
+        raise AssertionError("a process other than the first stored the scores")
+
+    writer = threading.Timer(0.2, first)
     writer.start()
-    assert stored_by_the_main_process(never, later, poll_seconds=0.01) == {"splits": {}}
+    stored = stored_from_every_process(
+        lambda share: {"answers": {"value": list(share.of(range(4), 1))}}, never, path
+    )
     writer.join()
+    assert stored == {"answers": {"value": [0, 1, 2, 3]}} and not part.exists()
+    assert "process 1 has waited 0 min for" in capsys.readouterr().err

@@ -46,6 +46,7 @@ from numtok_compare.provenance import registered_arm
 from numtok_compare.runner.parallel import Executor
 from numtok_compare.runner.phases import Arm, Job, Phases, Work
 from numtok_compare.runner.run_folder import save_atomically
+from numtok_compare.runner.scoring import WHOLE, Share
 from numtok_compare.runner.training_log import Progress
 from numtok_compare.stats import constant_answers
 
@@ -204,8 +205,10 @@ class FinetuneComparison:
         p = self.prepared
         return load_arm(self.config, job, p.model_dir, p.data.splits["train"], directory)
 
-    def score(self, answerer: Trained, split: str, progress: Progress) -> dict[str, Any]:
-        examples = self.prepared.data.splits[split]
+    def score(
+        self, answerer: Trained, split: str, progress: Progress, share: Share = WHOLE
+    ) -> dict[str, Any]:
+        examples = share.of(self.prepared.data.splits[split], self.config.eval_batch_size)
         scored = score_split(answerer, self.prepared.tokenizer, self.config, examples)
         progress(len(examples))
         return scored

@@ -34,7 +34,7 @@ def score_split(
     trained: Trained, tokenizer: Any, config: FinetuneConfig, examples: Sequence[Encoded]
 ) -> dict[str, Any]:
     """``{"answers": {readout: [value or None per example]}, "texts": [greedy text, ...]}`` of
-    one trained arm on one split (the head arm: ``head`` answers, no texts); with
+    one trained arm on ``examples`` (the head arm: ``head`` answers, no texts); with
     ``config.max_value``, also ``"unexplored": [pruned mass per example]``."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if trained.head is not None:
@@ -48,6 +48,11 @@ def score_split(
             trained.model, tokenizer, examples, config.eval_batch_size, config.max_new_tokens
         )
         return {"answers": {"greedy": storable([last_number(t) for t in texts])}, "texts": texts}
+    if not examples:  # a process's share of a split with fewer batches than processes
+        nothing: dict[str, list[float | None]] = {
+            readout: [] for readout in ("greedy", "expected", "median", "mode")
+        }
+        return {"answers": nothing, "texts": [], "unexplored": []}
     read = predict_numbers(
         trained.model, tokenizer, [list(e.prompt) for e in examples],
         max_digits=config.max_digits, max_value=config.max_value,

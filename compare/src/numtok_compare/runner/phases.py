@@ -11,6 +11,10 @@
 3. **Test.** Each seed's arm at its chosen λ is rebuilt from its ``model.pt`` and scored once on
    the test splits; ``test.json`` stores the answers, and ``model.pt`` is deleted.
 
+Under ``torchrun`` every process trains each arm (DDP) and scores its share of each split's items
+(:func:`~numtok_compare.runner.run_folder.stored_from_every_process`); the first joins the shares
+and stores what one process would have.
+
 What differs between comparisons is their :class:`Models`: how a job's arm is built (the model
 initialised from the seed, and how it trains), rebuilt once trained, and scored on a split. Jobs
 run in this process or in worker processes (:class:`~numtok_compare.runner.parallel.Executor`): a
@@ -32,7 +36,14 @@ import torch
 
 from numtok_compare.config import RunConfig
 from numtok_compare.runner.parallel import Executor, report_progress
-from numtok_compare.runner.run_folder import WEIGHTS, drop_checkpoints, stored_by_the_main_process
+from numtok_compare.runner.run_folder import (
+    WEIGHTS,
+    drop_checkpoints,
+    process_share,
+    share_path,
+    stored_from_every_process,
+)
+from numtok_compare.runner.scoring import WHOLE, Share
 from numtok_compare.runner.training_log import Progress, TrainingLog, median_step_seconds
 
 __all__ = [
@@ -98,9 +109,13 @@ class Models(Protocol):
         from ``directory`` loaded; an arm that does not train: as built)."""
         ...
 
-    def score(self, answerer: Any, split: str, progress: Progress) -> dict[str, Any]:
-        """``{"answers": {readout: [answer or None per item]}, ...}`` on ``split`` (anything else
-        the comparison keeps per item beside them); ``progress`` hears of scored items."""
+    def score(
+        self, answerer: Any, split: str, progress: Progress, share: Share = WHOLE
+    ) -> dict[str, Any]:
+        """``{"answers": {readout: [answer or None per item]}, ...}`` on ``share`` of
+        ``split``'s items (:meth:`Share.of <numtok_compare.runner.scoring.Share.of>` of them and
+        the comparison's batch size), lists of one entry per item all through (anything else the
+        comparison keeps per item beside the answers); ``progress`` hears of scored items."""
         ...
 
 
@@ -125,17 +140,20 @@ def train_and_validate(
 ) -> dict[str, Any]:
     """Phase 1 for one job: train it in ``directory`` (resuming from its checkpoint) and score it
     on validation; store (and return) ``validation.json``, then drop the checkpoint.
-    ``progress`` hears of every training step and scored item. Under torchrun every process
-    trains and the first one scores (``run_folder.stored_by_the_main_process``)."""
+    ``progress`` hears of every training step and item this process scored. Under torchrun
+    every process trains and scores its share (``run_folder.stored_from_every_process``)."""
     directory.mkdir(parents=True, exist_ok=True)
+    # A share this process stored before its launch was interrupted may be of other weights (a
+    # resumed training need not retrace its steps exactly). Every process deletes its own before
+    # training, and none finishes training before all have started (DDP), so none is joined.
+    share_path(directory / VALIDATION, process_share()).unlink(missing_ok=True)
     began = time.perf_counter()
     arm = models.build(job)
     log = arm.fit(directory, progress)
     trained_minutes = (time.perf_counter() - began) / 60
+    began = time.perf_counter()
 
-    def validated() -> dict[str, Any]:
-        began = time.perf_counter()
-        scored = models.score(arm.answerer, "validation", progress)
+    def validated(scored: dict[str, Any]) -> dict[str, Any]:
         return {
             "seed": job.seed, "arm": job.arm, "weight": job.weight, **scored,
             "history": log.history, "seconds_per_step": median_step_seconds(log),
@@ -143,7 +161,11 @@ def train_and_validate(
             "score_minutes": (time.perf_counter() - began) / 60,
         }  # fmt: skip
 
-    stored = stored_by_the_main_process(validated, directory / VALIDATION)
+    stored = stored_from_every_process(
+        lambda share: models.score(arm.answerer, "validation", progress, share),
+        validated,
+        directory / VALIDATION,
+    )
     drop_checkpoints(directory)
     return stored
 
@@ -152,18 +174,22 @@ def score_test(
     models: Models, job: Job, directory: Path, splits: Sequence[str], progress: Progress
 ) -> dict[str, Any]:
     """Phase 3 for one job: rebuild it as training left it in ``directory`` and score it on the
-    test ``splits``; store (and return) ``test.json``."""
+    test ``splits`` (under torchrun, each process its share); store (and return)
+    ``test.json``."""
+    began = time.perf_counter()
 
-    def tested() -> dict[str, Any]:
-        began = time.perf_counter()
+    def scored(share: Share) -> dict[str, Any]:
         answerer = models.load(job, directory)
+        return {"splits": {split: models.score(answerer, split, progress, share)
+                           for split in splits}}  # fmt: skip
+
+    def tested(scored: dict[str, Any]) -> dict[str, Any]:
         return {
-            "seed": job.seed, "arm": job.arm, "weight": job.weight,
-            "splits": {split: models.score(answerer, split, progress) for split in splits},
+            "seed": job.seed, "arm": job.arm, "weight": job.weight, **scored,
             "score_minutes": (time.perf_counter() - began) / 60,
         }  # fmt: skip
 
-    return stored_by_the_main_process(tested, directory / TEST)
+    return stored_from_every_process(scored, tested, directory / TEST)
 
 
 def _validation_job(source: ModelSource, job: Job, directory: str) -> dict[str, Any]:

@@ -5,8 +5,10 @@ when its run first began;
 ``seed<N>/<arm>/`` holds one arm's checkpoints while it trains (``checkpoints/``, the
 ``transformers.Trainer``'s), then ``model.pt`` (the
 parameters training changed, :func:`trainable_state`) and what each phase of the runner stored
-(:mod:`numtok_compare.runner.phases`: ``validation.json``, ``test.json``). Every file is written
-atomically, so a killed process leaves the old file or the new one, never half of one.
+(:mod:`numtok_compare.runner.phases`: ``validation.json``, ``test.json``; under ``torchrun``, each
+process's share of them while they are scored, ``validation.part<rank>of<processes>.json``). Every
+file is written atomically, so a killed process leaves the old file or the new one, never half of
+one.
 """
 
 from __future__ import annotations
@@ -15,13 +17,16 @@ import datetime
 import json
 import os
 import shutil
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 from torch import nn
+
+from numtok_compare.runner.scoring import Share, joined_shares
 
 __all__ = [
     "CHECKPOINTS",
@@ -31,13 +36,17 @@ __all__ = [
     "is_main_process",
     "load_trainable_state",
     "prepare_run_dir",
+    "process_share",
     "save_atomically",
-    "stored_by_the_main_process",
+    "share_path",
+    "stored_from_every_process",
     "trainable_state",
     "why_not_creatable",
 ]
 
 CONFIG, STARTED, CHECKPOINTS, WEIGHTS = "config.json", "started.json", "checkpoints", "model.pt"
+#: How often a process waiting for another's file looks for it, and says on stderr that it waits.
+POLL_SECONDS, NOTICE_SECONDS = 0.5, 600.0
 
 
 class Settings(Protocol):
@@ -114,23 +123,70 @@ def save_atomically(obj: Any, path: Path) -> None:
 
 def is_main_process() -> bool:
     """False in every process of a ``torchrun`` or ``accelerate launch`` but the first
-    (``RANK`` > 0): every process runs the comparison and trains each arm with the others; the
-    first scores it and reports it."""
+    (``RANK`` > 0): every process runs the comparison, trains each arm with the others and
+    scores its share; the first stores the scores and reports them."""
     return int(os.environ.get("RANK", "0")) == 0
 
 
-def stored_by_the_main_process(
-    compute: Callable[[], dict[str, Any]], path: Path, *, poll_seconds: float = 0.5
+def process_share() -> Share:
+    """This process's share of a split's items: the ``RANK``-th of ``WORLD_SIZE`` under
+    ``torchrun`` or ``accelerate launch``, every item in a process launched alone."""
+    return Share(int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")))
+
+
+def share_path(path: Path, share: Share) -> Path:
+    """Where ``share``'s part of the results stored at ``path`` waits to be joined:
+    ``validation.part1of2.json`` beside ``validation.json``."""
+    return path.with_name(f"{path.stem}.part{share.index}of{share.count}{path.suffix}")
+
+
+def _wait_for(paths: Sequence[Path]) -> None:
+    """Return once every one of ``paths`` exists; until then, say on stderr every
+    :data:`NOTICE_SECONDS` which are missing. The wait has no end of its own: another process's
+    share may take hours, and torchrun ends every process of a launch when one fails."""
+    began = noticed = time.monotonic()
+    while missing := [path for path in paths if not path.exists()]:
+        if time.monotonic() - noticed >= NOTICE_SECONDS:
+            noticed = time.monotonic()
+            print(f"numtok: process {process_share().index} has waited "
+                  f"{(noticed - began) / 60:.0f} min for {', '.join(map(str, missing))}",
+                  file=sys.stderr)  # fmt: skip
+        time.sleep(POLL_SECONDS)
+
+
+def stored_from_every_process(
+    score: Callable[[Share], dict[str, Any]],
+    finish: Callable[[dict[str, Any]], dict[str, Any]],
+    path: Path,
 ) -> dict[str, Any]:
-    """``compute()`` in the main process, stored at ``path`` (JSON, atomically); every other
-    process waits for that file and reads it, instead of computing it again (scoring every item
-    on every process of a torchrun launch)."""
-    if is_main_process():
-        stored = compute()
+    """``finish(score(share))`` of every item, stored at ``path`` (JSON, atomically) and
+    returned. A process launched alone scores every item. Under ``torchrun`` every process
+    scores its share (:func:`process_share`), stores it at :func:`share_path` and says so on
+    stderr, with the seconds it took; the main process waits for every share, joins them in
+    order (:func:`joined_shares`: what one process would have scored), stores ``finish`` of
+    them at ``path`` and deletes the shares; the others wait for ``path`` and read it. A wait
+    says on stderr every :data:`NOTICE_SECONDS` what it is still waiting for."""
+    share = process_share()
+    if share.count == 1:
+        stored = finish(score(share))
         save_atomically(stored, path)
         return stored
-    while not path.exists():
-        time.sleep(poll_seconds)
+    shares = [share_path(path, Share(index, share.count)) for index in range(share.count)]
+    began = time.perf_counter()
+    save_atomically(score(share), shares[share.index])
+    print(f"numtok: process {share.index} of {share.count} scored its share of {path} in "
+          f"{time.perf_counter() - began:.1f} s", file=sys.stderr)  # fmt: skip
+    if is_main_process():
+        _wait_for(shares)
+        stored = finish(joined_shares([json.loads(part.read_text()) for part in shares]))
+        save_atomically(stored, path)
+        for part in shares:
+            part.unlink(missing_ok=True)  # its process may have deleted it, seeing ``path``
+        return stored
+    _wait_for([path])
+    # The main process deleted this share, unless it joined an older copy (left by an interrupted
+    # launch, of the same weights) before this one was written: nothing reads it now.
+    shares[share.index].unlink(missing_ok=True)
     found: dict[str, Any] = json.loads(path.read_text())
     return found
 

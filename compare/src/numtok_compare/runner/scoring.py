@@ -9,14 +9,18 @@ row: the decoder runs over them once, for one row, its keys and values are repea
 (:func:`prefix_cache`), and each row's own tokens attend to them at their own positions. That is
 the maths of running each row whole, so only the rounding differs; greedy decoding then runs ~45 %
 fewer prompt tokens through the decoder.
+
+Under ``torchrun`` each process scores its :class:`Share` of a split, whole batches, and the
+shares' scores joined in order (:func:`joined_shares`) are one process's.
 """
 
 from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 
@@ -24,7 +28,64 @@ from numtok.readout import cache_argument, returned_cache, shared_prefix_length
 from numtok_compare.regression_head import RegressionHead
 from numtok_compare.runner.batches import Encoded, prompt_batch, training_batch
 
-__all__ = ["causal_lm_of", "generate_answers", "head_predictions", "prefix_cache", "storable"]
+__all__ = [
+    "WHOLE",
+    "Share",
+    "causal_lm_of",
+    "generate_answers",
+    "head_predictions",
+    "joined_shares",
+    "prefix_cache",
+    "storable",
+]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Share:
+    """The items of a split one process scores: the ``index``-th of ``count`` contiguous runs
+    of whole batches (:data:`WHOLE`: every item). Each batch is then one that a single process
+    scoring every item reads too, padding and all, so a share's answers are that process's."""
+
+    index: int = 0
+    count: int = 1
+
+    def of(self, items: Sequence[T], batch_size: int) -> Sequence[T]:
+        """This share of ``items`` scored ``batch_size`` at a time: the batches dealt out in
+        order, as evenly as whole batches go (a share is empty when the split has fewer batches
+        than there are shares).
+
+        >>> [list(Share(index, 3).of(range(10), 2)) for index in range(3)]
+        [[0, 1], [2, 3, 4, 5], [6, 7, 8, 9]]
+        """
+        batches = -(-len(items) // batch_size)
+        first, end = (batches * k // self.count for k in (self.index, self.index + 1))
+        return items[first * batch_size : end * batch_size]
+
+
+WHOLE = Share()
+
+
+def joined_shares(scores: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The scores of a split's shares, in the shares' order, as one scoring of all its items:
+    lists (one entry per item) joined, dicts joined key by key. Any other value must be the same
+    in every share, else a ValueError: a value of the whole split (a time, say) is not the sum
+    of its shares'."""
+
+    def joined(values: Sequence[Any], where: str) -> Any:
+        first = values[0]
+        if all(isinstance(value, list) for value in values):
+            return [item for value in values for item in value]
+        if all(isinstance(value, dict) and value.keys() == first.keys() for value in values):
+            return {key: joined([value[key] for value in values], f"{where}[{key!r}]")
+                    for key in first}  # fmt: skip
+        if all(value == first for value in values):
+            return first
+        raise ValueError(f"the shares' scores cannot be joined: they differ at score{where}")
+
+    result: dict[str, Any] = joined(scores, "")
+    return result
 
 
 def causal_lm_of(model: Any) -> Any:

@@ -21,7 +21,7 @@ from numtok_compare.design import Design
 from numtok_compare.runner.parallel import Executor, Job, progress_bar, report_progress
 from numtok_compare.runner.phases import Job as ArmJob
 from numtok_compare.runner.phases import Phases
-from numtok_compare.runner.scoring import generate_answers
+from numtok_compare.runner.scoring import WHOLE, Share, generate_answers
 from numtok_compare.runner.training_log import Progress
 from numtok_compare.scratch.arm import TransformerModels
 from numtok_compare.scratch.comparison import RunDescription, ScratchComparison, step_costs
@@ -63,11 +63,14 @@ class ArithmeticTask(TransformerModels):
         self.tokenizer = character_tokenizer()
         self.examples = [encode_example(self.tokenizer, q, a) for q, a in data.train]
 
-    def score(self, answerer: nn.Module, split: str, progress: Progress) -> dict[str, Any]:
+    def score(
+        self, answerer: nn.Module, split: str, progress: Progress, share: Share = WHOLE
+    ) -> dict[str, Any]:
         """``{"answers": {"greedy": [the last number of the answer, or None]}, "texts": [the
-        generated answer]}`` for every question of ``split`` (no progress: the bar counts
-        training steps only)."""
-        examples = [encode_example(self.tokenizer, q, a) for q, a in self.data.evaluation[split]]
+        generated answer]}`` for every question of ``share`` of ``split`` (no progress: the bar
+        counts training steps only)."""
+        questions = share.of(self.data.evaluation[split], self.config.eval_batch_size)
+        examples = [encode_example(self.tokenizer, q, a) for q, a in questions]
         texts = generate_answers(
             answerer, self.tokenizer, examples, self.config.eval_batch_size, MAX_ANSWER_TOKENS
         )

@@ -22,7 +22,7 @@ from numtok_compare.regression_head import RegressionHead
 from numtok_compare.runner.batches import Encoded
 from numtok_compare.runner.parallel import Executor
 from numtok_compare.runner.phases import Job, Phases
-from numtok_compare.runner.scoring import head_predictions, storable
+from numtok_compare.runner.scoring import WHOLE, Share, head_predictions, storable
 from numtok_compare.runner.training_log import Progress
 from numtok_compare.scratch.arm import TransformerModels
 from numtok_compare.scratch.comparison import (
@@ -107,13 +107,16 @@ class RJokesTask(TransformerModels):
         self.jokes = scored_jokes(config, data)
         self.tokenizer, self.examples = prepare_training(config, data)
 
-    def score(self, answerer: nn.Module, split: str, progress: Progress) -> dict[str, Any]:
+    def score(
+        self, answerer: nn.Module, split: str, progress: Progress, share: Share = WHOLE
+    ) -> dict[str, Any]:
         """``{"answers": {readout: [score or None per joke]}}``, and for token arms ``"mass"``
         (the probability the distribution readouts cover) and ``"pruned"`` (what pruning left
-        out of the distribution) per joke, on ``split``'s scored jokes; ``progress`` hears of
-        every ``eval_batch_size`` scored jokes."""
+        out of the distribution) per joke, on ``share`` of ``split``'s scored jokes;
+        ``progress`` hears of every ``eval_batch_size`` scored jokes."""
         config = self.config
-        examples = _encoded(config, self.tokenizer, self.jokes[split])
+        jokes = share.of(self.jokes[split], config.eval_batch_size)
+        examples = _encoded(config, self.tokenizer, jokes)
         if isinstance(answerer, RegressionHead):
             head = head_predictions(
                 answerer, examples, config.eval_batch_size, self.tokenizer.pad_token_id,
