@@ -18,7 +18,7 @@ from numtok_compare.item_metrics import ENDPOINT_METRICS
 from numtok_compare.objectives import NUMBER_LOSS_ARMS
 from numtok_compare.tasks.rjokes import find_data_dir
 
-__all__ = ["ADAPTATIONS", "FINETUNE_ARMS", "READOUTS", "FinetuneConfig"]
+__all__ = ["ADAPTATIONS", "FINETUNE_ARMS", "FinetuneConfig"]
 
 #: ``base``: the model before fine-tuning (no training); ``ce``: cross-entropy on the answer;
 #: ``was``, ``mse``, ``number``: CE + λ·NTL-WAS, NTL-MSE, the number-level NTL; ``del``,
@@ -28,10 +28,6 @@ __all__ = ["ADAPTATIONS", "FINETUNE_ARMS", "READOUTS", "FinetuneConfig"]
 FINETUNE_ARMS = ("base", "ce", *NUMBER_LOSS_ARMS, "gls", "head")
 #: Full fine-tuning, or LoRA adapters on the attention's q and v projections.
 ADAPTATIONS = ("full", "lora")
-#: How an answer is read: the generated text (``greedy``); the mean, median or mode of the
-#: model's distribution over the numbers 0 to ``max_value`` (``expected``, ``median``, ``mode``);
-#: the regression head's output (``head``).
-READOUTS = ("greedy", "expected", "median", "mode", "head")
 
 
 @dataclass(frozen=True)
@@ -80,6 +76,9 @@ class FinetuneConfig(RunConfig):
     #: The splits scored once at the end (empty: ``test``, and for arithmetic ``test_harder``).
     test_splits: tuple[str, ...] = ()
     metric: str = "log_mae"
+    #: How an answer is read: the generated text (``greedy``); the mean, median or mode of the
+    #: model's distribution over the numbers 0 to ``max_value`` (``expected``, ``median``,
+    #: ``mode``); the regression head's output (``head``).
     readout: str = "greedy"
     #: rJokes: a joke is cut to its first ``max_prompt_tokens`` tokens.
     max_prompt_tokens: int = 64
