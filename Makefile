@@ -27,7 +27,7 @@ define install
 endef
 
 # The harness with every extra (a variable: a comma inside $(call ...) would split its arguments).
-HARNESS_ALL := -e './compare[demo,pretrained,tabular]'
+HARNESS_ALL := -e './compare[demo,pretrained,tabular,ray]'
 
 $(STAMP): pyproject.toml compare/pyproject.toml Makefile
 	$(call install,dev,$(HARNESS_ALL))

@@ -255,6 +255,17 @@ def test_an_arm_killed_while_training_continues_from_its_checkpoint(
     histories = [{(r["seed"], r["arm"]): r["history"] for r in run["runs"]}
                  for run in (straight, resumed)]  # fmt: skip
     assert histories[0] == histories[1] and len(histories[0][(0, arm)]) == 4
+    # The resumed arm says where it resumed, in its row and in the report; the others began at 0.
+    assert [run.get("resumed_at") for run in resumed["runs"]] == [
+        2 if run["arm"] == arm else None for run in resumed["runs"]
+    ]
+    report = (tmp_path / "resumed" / "report.md").read_text()
+    assert (
+        f"Resumed from a checkpoint (an interrupted run or a lost worker): seed 0 {arm} λ="
+        in (report)
+        and "at step 2." in report
+    )
+    assert "Resumed from" not in (tmp_path / "straight" / "report.md").read_text()
     assert not list((tmp_path / "resumed").rglob("checkpoint-*"))
 
 

@@ -232,3 +232,29 @@ def test_the_harness_installs_its_commands_as_entry_points() -> None:
     assert installed == dict.fromkeys(HARNESS_COMMANDS, main)
     (commands,) = (a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
     assert set(commands.choices) == set(HARNESS_COMMANDS)
+
+
+def test_the_local_executor_imports_no_ray_and_ray_is_named_where_missing(tmp_path: Path) -> None:
+    """A comparison on the local executor never imports Ray (numtok-compare's ``ray`` extra);
+    ``--executor ray`` without Ray stops in one line naming the extra, before any work."""
+    code = f"""
+        import sys
+        from numtok.cli import main
+
+        status = main(["compare", "--preset", "smoke", "--workers", "1", "--steps", "2",
+                       "--train-examples", "20", "--eval-examples", "2", "--seeds", "2",
+                       "--no-progress", "--cache-dir", {str(tmp_path / "cache")!r},
+                       "--out", {str(tmp_path / "run")!r}])
+        assert status == 0 and "ray" not in sys.modules, sorted(sys.modules)
+        sys.modules["ray"] = None
+        main(["compare", "--preset", "smollm2-arithmetic", "--executor", "ray", "--dry-run"])
+        """
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+        timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        "numtok: error: --executor ray needs ray, which numtok-compare's 'ray' extra installs: "
+        'pip install "./compare[ray]" in a checkout of numtok'
+    )

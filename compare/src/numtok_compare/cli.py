@@ -465,6 +465,9 @@ def _run_from_scratch(
     # Everything that can be wrong with the command is checked before any work starts.
     try:
         config = _build_config(args, preset_name, harness)
+        from numtok_compare.finetune.command import ray_cluster
+
+        cluster = ray_cluster(args, config)
         workers = args.workers if args.workers is not None else _default_workers(config)
         if workers < 1:
             raise ValueError(f"--workers must be at least 1, got {workers}")
@@ -498,6 +501,7 @@ def _run_from_scratch(
             config,
             run_dir,
             workers=workers,
+            cluster=cluster,
             data_dir=args.data_dir,
             cache_dir=args.cache_dir,
             show_progress=not args.no_progress,
@@ -509,6 +513,9 @@ def _run_from_scratch(
             file=sys.stderr,
         )
         return 130
+    except harness.JobsFailedError as error:
+        print(f"numtok: error: {error}", file=sys.stderr)
+        return 1
     print()
     print("\n".join(lines))
     print(f"run folder: {run_dir}")

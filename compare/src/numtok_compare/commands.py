@@ -12,6 +12,7 @@ from numtok_compare.presets import (
     PRESETS,
     check_preset,
 )
+from numtok_compare.runner.parallel import JobsFailedError, RayCluster
 from numtok_compare.runner.run_folder import prepare_run_dir
 from numtok_compare.scratch.arithmetic import run_experiment
 from numtok_compare.scratch.config import ExperimentConfig, RJokesConfig, TrainingConfig
@@ -28,6 +29,7 @@ __all__ = [
     "TASKS",
     "DownloadError",
     "FinetuneConfig",
+    "JobsFailedError",
     "RJokesConfig",
     "check_preset",
     "default_data_dir",
@@ -43,6 +45,7 @@ def run_and_summarise(
     run_dir: Path,
     *,
     workers: int,
+    cluster: RayCluster | None,
     data_dir: Path | None,
     cache_dir: Path | None,
     show_progress: bool,
@@ -52,14 +55,16 @@ def run_and_summarise(
     print."""
     if isinstance(config, RJokesConfig):
         results = run_rjokes(
-            config, run_dir, data_dir=data_dir, workers=workers, show_progress=show_progress,
+            config, run_dir, data_dir=data_dir, workers=workers, cluster=cluster,
+            show_progress=show_progress,
             command=command,
         )  # fmt: skip
         what = "rJokes"
     else:
         assert isinstance(config, ExperimentConfig)
         results = run_experiment(
-            config, run_dir, workers=workers, cache_dir=cache_dir, show_progress=show_progress,
+            config, run_dir, workers=workers, cluster=cluster, cache_dir=cache_dir,
+            show_progress=show_progress,
             command=command,
         )  # fmt: skip
         what = config.task

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import numtok
 from numtok_compare.report import analyse_and_write
 from numtok_compare.report_format import hardware, json_safe
-from numtok_compare.runner.parallel import Executor, open_executor, progress_bar
+from numtok_compare.runner.parallel import Executor, RayCluster, open_executor, progress_bar
 from numtok_compare.runner.phases import (
     Job,
     ModelSource,
@@ -113,6 +113,7 @@ def run_comparison(
     run_dir: Path,
     *,
     workers: int = 1,
+    cluster: RayCluster | None = None,
     show_progress: bool = False,
     command: str | None = None,
     log: Callable[[str], None] | None = None,
@@ -122,11 +123,13 @@ def run_comparison(
 ) -> dict[str, Any]:
     """Run (or resume) ``comparison`` in ``run_dir`` and write its report; returns the results
     (as ``results.json`` holds them). ``workers``: processes training jobs at once (1: this
-    process); ``show_progress``: a bar on stderr over the training steps and scored items
-    left, else a ``log`` line (default: stderr) per finished job; ``command``: the command line,
-    recorded in the report; ``preregistered``: the registration file the run matched and its
-    record, and ``registration_check`` what the run's check against it found (recorded in the
-    rows); ``target_effect``: the report plans a next run for it."""
+    process); ``cluster``: run the jobs as Ray tasks there instead
+    (:mod:`~numtok_compare.runner.ray_executor`); ``show_progress``: a bar on stderr over the
+    training steps and scored items left, else a ``log`` line (default: stderr) per finished
+    job; ``command``: the command line, recorded in the report; ``preregistered``: the
+    registration file the run matched and its record, and ``registration_check`` what the run's
+    check against it found (recorded in the rows); ``target_effect``: the report plans a next
+    run for it."""
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers must be a positive int, got {workers!r}")
     began = time.perf_counter()
@@ -141,7 +144,7 @@ def run_comparison(
     directories = _job_directories(comparison, run_dir)
     jobs = list(directories)
     test_splits = comparison.test_splits
-    with open_executor(workers) as executor:
+    with open_executor(workers, cluster, run_dir) as executor:
         comparison.prepare(run_dir, executor, show_progress)
         work = remaining_work(
             jobs, directories, steps=comparison.steps, items=comparison.scored_items(),
@@ -163,6 +166,7 @@ def run_comparison(
         "hardware": hardware(config.device, config.threads),
         "wall_seconds": time.perf_counter() - began,
         "workers": workers,
+        **({} if cluster is None else {"executor": {"ray": cluster.address or "local"}}),
         "config": config.to_dict(),
         "preregistration": None if preregistered is None else str(preregistered[0]),
         "registration_check": None if registration_check is None else dict(registration_check),

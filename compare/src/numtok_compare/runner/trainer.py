@@ -25,6 +25,7 @@
 from __future__ import annotations
 
 import shutil
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -180,14 +181,24 @@ class TrainerArm:
         return trainer
 
     def fit(self, directory: Path, progress: Progress | None) -> TrainingLog:
-        """Train (resuming from the last checkpoint in ``directory``), store the trained
-        parameters in ``model.pt``, and leave the model in eval mode."""
+        """Train (resuming from the last checkpoint in ``directory``, said on stderr with its
+        step), store the trained parameters in ``model.pt``, and leave the model in eval mode."""
         # The harness trains many arms: no bar for every checkpoint the Trainer writes.
         transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
         trainer = self.trainer(directory)
         watch = _Watch(progress)
         trainer.add_callback(watch)
-        trainer.train(resume_from_checkpoint=last_complete_checkpoint(directory / CHECKPOINTS))
+        checkpoint = last_complete_checkpoint(directory / CHECKPOINTS)
+        resumed_at = None
+        if checkpoint is not None:
+            resumed_at = int(checkpoint.rpartition("-")[2])
+            print(
+                f"numtok: seed {self.seed} {self.arm} λ={self.weight:g}: resuming at step "
+                f"{resumed_at} from its checkpoint in {directory}",
+                file=sys.stderr,
+                flush=True,
+            )
+        trainer.train(resume_from_checkpoint=checkpoint)
         self.model.eval()
         save_atomically(trainable_state(self.model), directory / WEIGHTS)
         history = [
@@ -195,4 +206,4 @@ class TrainerArm:
              "ce": entry.get("ce"), "ntl": entry.get("ntl")}
             for entry in trainer.state.log_history if "loss" in entry
         ]  # fmt: skip
-        return TrainingLog(history, watch.step_seconds)
+        return TrainingLog(history, watch.step_seconds, resumed_at)

@@ -22,10 +22,13 @@ _TIMING_WARMUP_STEPS = 5
 class TrainingLog:
     """``history``: one ``{"step", "loss", "ce", "ntl"}`` entry per ``log_every`` steps (averages
     over the interval; ``ce``/``ntl`` None where the arm's loss does not log them);
-    ``step_seconds``: the wall time of every step this process ran."""
+    ``step_seconds``: the wall time of every step this process ran; ``resumed_at``: the step of
+    the checkpoint training resumed from (a rerun after an interruption, or a retry after a lost
+    worker), None when it began at step 0."""
 
     history: list[dict[str, Any]]
     step_seconds: list[float]
+    resumed_at: int | None = None
 
 
 def median_step_seconds(log: TrainingLog) -> float:

@@ -18,7 +18,13 @@ from torch import nn
 from numtok import last_number
 from numtok_compare.comparison import run_comparison
 from numtok_compare.design import Design
-from numtok_compare.runner.parallel import Executor, Job, progress_bar, report_progress
+from numtok_compare.runner.parallel import (
+    Executor,
+    Job,
+    RayCluster,
+    progress_bar,
+    report_progress,
+)
 from numtok_compare.runner.phases import Job as ArmJob
 from numtok_compare.runner.phases import Phases
 from numtok_compare.runner.scoring import WHOLE, Share, generate_answers
@@ -202,6 +208,7 @@ def run_experiment(
     run_dir: Path,
     *,
     workers: int = 1,
+    cluster: RayCluster | None = None,
     cache_dir: Path | None = None,
     show_progress: bool = True,
     command: str | None = None,
@@ -210,10 +217,11 @@ def run_experiment(
     """Run (or resume) the comparison described by ``config`` in ``run_dir``
     (:func:`~numtok_compare.comparison.run_comparison`): writes ``results.json``,
     ``report.md`` and ``report.png`` and returns the results. ``cache_dir``: where generated
-    questions are kept (default :func:`~numtok_compare.tasks.default_cache_dir`)."""
+    questions are kept (default :func:`~numtok_compare.tasks.default_cache_dir`); ``workers``
+    and ``cluster``: :func:`~numtok_compare.comparison.run_comparison`'s."""
     load_mathematics_dataset()  # a missing dependency fails here, before any work
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     return run_comparison(
         ArithmeticRun(config, str(cache)), run_dir,
-        workers=workers, show_progress=show_progress, command=command, log=log,
+        workers=workers, cluster=cluster, show_progress=show_progress, command=command, log=log,
     )  # fmt: skip

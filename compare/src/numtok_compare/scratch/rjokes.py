@@ -20,7 +20,7 @@ from numtok_compare.comparison import run_comparison
 from numtok_compare.design import Design
 from numtok_compare.regression_head import RegressionHead
 from numtok_compare.runner.batches import Encoded
-from numtok_compare.runner.parallel import Executor
+from numtok_compare.runner.parallel import Executor, RayCluster
 from numtok_compare.runner.phases import Job, Phases
 from numtok_compare.runner.scoring import WHOLE, Share, head_predictions, storable
 from numtok_compare.runner.training_log import Progress
@@ -239,6 +239,7 @@ def run_rjokes(
     *,
     data_dir: Path | str | None = None,
     workers: int = 1,
+    cluster: RayCluster | None = None,
     show_progress: bool = True,
     command: str | None = None,
     log: Callable[[str], None] | None = None,
@@ -246,9 +247,10 @@ def run_rjokes(
     """Run (or resume) the rJokes comparison described by ``config`` in ``run_dir``
     (:func:`~numtok_compare.comparison.run_comparison`): writes ``results.json``,
     ``report.md`` and ``report.png`` and returns the results. ``data_dir``: the rJokes ``data/``
-    folder (default: :func:`~numtok_compare.tasks.rjokes.default_data_dir`)."""
+    folder (default: :func:`~numtok_compare.tasks.rjokes.default_data_dir`); ``workers`` and
+    ``cluster``: :func:`~numtok_compare.comparison.run_comparison`'s."""
     directory = find_data_dir(data_dir)
     return run_comparison(
         RJokesRun(config, str(directory)), run_dir,
-        workers=workers, show_progress=show_progress, command=command, log=log,
+        workers=workers, cluster=cluster, show_progress=show_progress, command=command, log=log,
     )  # fmt: skip
