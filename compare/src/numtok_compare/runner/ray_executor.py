@@ -109,13 +109,14 @@ class RayExecutor:
     def run(
         self, jobs: Sequence[Job], bar: Any, finished: Callable[[int, Any], None] | None = None
     ) -> list[Any]:
-        """Results in job order; ``finished(index, result)`` hears of each job as it ends. A job
-        that raised is reported after every other job ended (:class:`JobsFailedError`)."""
+        """Results in job order; ``finished(index, result)`` hears of each job as it ends. The jobs
+        that raised are reported, in job order, after every other job ended
+        (:class:`JobsFailedError`)."""
         tell = finished or (lambda _index, _result: None)
         references = [self.task.remote(self.queue, fn, args) for fn, args in jobs]
         index = {reference: position for position, reference in enumerate(references)}
         results: list[Any] = [None] * len(jobs)
-        failures: list[tuple[str, str]] = []
+        failures: dict[int, tuple[str, str]] = {}
         pending = list(references)
         try:
             while pending:
@@ -126,7 +127,7 @@ class RayExecutor:
                     try:
                         results[position] = ray.get(reference)
                     except ray.exceptions.RayError as error:
-                        failures.append((describe(*jobs[position]), _error_text(error)))
+                        failures[position] = (describe(*jobs[position]), _error_text(error))
                         continue
                     tell(position, results[position])
             self._drain(bar)
@@ -134,8 +135,8 @@ class RayExecutor:
             for reference in pending:
                 ray.cancel(reference, force=True)
             raise
-        if failures:
-            raise JobsFailedError(failures)
+        if failures:  # in the jobs' order, whichever failed first
+            raise JobsFailedError([failures[position] for position in sorted(failures)])
         return results
 
     def _drain(self, bar: Any) -> None:
