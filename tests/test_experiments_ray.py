@@ -228,3 +228,29 @@ def test_a_seed_whose_data_fails_is_reported_while_the_other_seed_finishes(
     )
     assert all((out / "seed0" / arm / "validation.json").exists() for arm in ("ce", "was"))
     assert not (out / "seed1" / "ce" / "validation.json").exists()
+
+
+def test_a_job_on_two_processes_trains_the_weights_of_one(
+    tiny_llama_dir: Path, tmp_path: Path
+) -> None:
+    """--job-processes 2: each job's Ray task launches torchrun, and its two processes (gloo on
+    CPU) with 2 examples each train the weights one process trains with batches of 4, within 1e-4
+    relative, as a comparison launched under torchrun does (test_experiments_torchrun.py); the
+    report is written from the first process's answers."""
+    import torch
+
+    flags = [*_flags(tiny_llama_dir), "--seeds", "1", "--validation-only"]
+    _run([*flags, "--batch-size", "4"], tmp_path / "one")
+    on_two = _run(
+        [*flags, "--batch-size", "2", "--executor", "ray", "--job-processes", "2"], tmp_path / "two"
+    )
+    assert on_two.stdout.count("trained and validation scored") == 2
+    for arm in ("ce", "was"):
+        one, two = (torch.load(tmp_path / name / "seed0" / arm / "model.pt", weights_only=True)
+                    for name in ("one", "two"))  # fmt: skip
+        assert one.keys() == two.keys()
+        assert any(float(one[key].abs().max()) > 0 for key in one if "lora_B" in key)
+        for key, weights in one.items():
+            scale = float(weights.abs().max())
+            torch.testing.assert_close(two[key], weights, rtol=0, atol=1e-4 * scale)
+    assert (tmp_path / "two" / "report.md").exists()

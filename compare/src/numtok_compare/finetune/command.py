@@ -197,16 +197,33 @@ def add_compare_arguments(
         help="with --executor ray: the running cluster to join (default: RAY_ADDRESS, else a "
         "Ray started on this machine); --out must be on storage every node sees",
     )
+    parser.add_argument(
+        "--job-processes", type=int, metavar="N",
+        help="with --executor ray: train each job on N processes (torchrun inside its Ray task; "
+        "N GPUs on --device cuda), for an arm too big for one GPU (default 1)",
+    )  # fmt: skip
 
 
 def ray_cluster(args: argparse.Namespace, config: RunConfig) -> RayCluster | None:
     """The Ray cluster ``--executor ray`` runs the jobs on (None: the local executor), each job
-    with ``config.threads`` CPUs and, on a CUDA device, one GPU; a ValueError for
-    ``--ray-address`` without it, a ModuleNotFoundError naming the extra where Ray is missing."""
+    on ``--job-processes`` processes of ``config.threads`` CPUs and, on a CUDA device, one GPU
+    each; a ValueError for ``--ray-address`` or ``--job-processes`` without it, a
+    ModuleNotFoundError naming the extra where Ray is missing."""
+    processes = getattr(args, "job_processes", None)
     if getattr(args, "executor", "local") != "ray":
-        if getattr(args, "ray_address", None) is not None:
-            raise ValueError("--ray-address applies to --executor ray only")
+        given = [
+            flag
+            for flag, value in (
+                ("--ray-address", getattr(args, "ray_address", None)),
+                ("--job-processes", processes),
+            )
+            if value is not None
+        ]
+        if given:
+            raise ValueError(f"{given[0]} applies to --executor ray only")
         return None
+    if processes is not None and processes < 1:
+        raise ValueError(f"--job-processes must be at least 1, got {processes}")
     from numtok_compare.extras import require_extra
     from numtok_compare.runner.parallel import RayCluster
 
@@ -217,7 +234,9 @@ def ray_cluster(args: argparse.Namespace, config: RunConfig) -> RayCluster | Non
         )
     require_extra("ray", "--executor ray")
     gpus = 1.0 if config.device.startswith("cuda") else 0.0
-    return RayCluster(args.ray_address, cpus=float(config.threads), gpus=gpus)
+    return RayCluster(
+        args.ray_address, cpus=float(config.threads), gpus=gpus, processes=processes or 1
+    )
 
 
 def distribution_bound(data: Path) -> tuple[int | None, int]:

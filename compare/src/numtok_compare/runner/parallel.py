@@ -41,12 +41,14 @@ _progress_sink: Any = None
 @dataclass(frozen=True)
 class RayCluster:
     """Where and how the jobs run as Ray tasks: ``address``, a running cluster's (None: Ray's
-    own choice, ``RAY_ADDRESS`` or a new instance on this machine); ``cpus`` and ``gpus``, each
-    job's resources; ``retries``, how often a job whose worker was lost runs again."""
+    own choice, ``RAY_ADDRESS`` or a new instance on this machine); ``processes``, how many
+    processes train each job (``torchrun`` inside its task), each with ``cpus`` CPUs and ``gpus``
+    GPUs; ``retries``, how often a job whose worker was lost runs again."""
 
     address: str | None = None
     cpus: float = 1.0
     gpus: float = 0.0
+    processes: int = 1
     retries: int = 3
 
 

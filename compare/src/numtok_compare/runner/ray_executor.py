@@ -3,7 +3,9 @@ running Ray cluster, with the interface of :class:`~numtok_compare.runner.parall
 
 * **Resources.** Each job is a task of ``cluster.cpus`` CPUs and ``cluster.gpus`` GPUs, which Ray
   schedules where they are free (with a GPU, Ray sets ``CUDA_VISIBLE_DEVICES``, so ``cuda`` is
-  the job's own device).
+  the job's own device). With ``cluster.processes`` above 1 the task asks for that many times
+  both and trains the job on as many processes, a ``torchrun`` launch of
+  :mod:`~numtok_compare.runner.distributed_job` (one arm of a model that needs several GPUs).
 * **A lost worker** (killed, preempted, out of memory) is a system failure: Ray runs the task
   again, up to ``cluster.retries`` times, and the job resumes from the last checkpoint the lost
   attempt wrote into the run folder (:class:`~numtok_compare.runner.trainer.TrainerArm`), not from
@@ -20,7 +22,13 @@ Importing this module imports Ray (numtok-compare's ``ray`` extra); nothing else
 
 from __future__ import annotations
 
+import ctypes
+import pickle
 import secrets
+import signal
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -31,6 +39,7 @@ import ray
 from ray.util.queue import Empty, Queue
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from numtok_compare.runner.distributed_job import ERROR, PROGRESS, RESULT
 from numtok_compare.runner.parallel import Job, JobsFailedError, RayCluster, set_progress_sink
 
 __all__ = ["RayExecutor", "check_shared_folder", "describe", "open_ray_executor"]
@@ -39,6 +48,8 @@ __all__ = ["RayExecutor", "check_shared_folder", "describe", "open_ray_executor"
 _PROBE = ".ray-shared-folder-check"
 #: Seconds between a job's progress messages to the driver.
 _SEND_EVERY = 0.5
+#: prctl's option that signals a process when its parent dies (linux/prctl.h).
+_PR_SET_PDEATHSIG = 1
 
 
 class _Throttled:
@@ -72,6 +83,48 @@ def _run_job(queue: Queue, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any
         sink.flush()
 
 
+def _end_with_this_process() -> None:
+    """In a child, before it runs: SIGTERM it when the process that started it dies (Linux's
+    PR_SET_PDEATHSIG), so that torchrun and its processes end with a killed Ray worker instead
+    of training on beside the job's retry."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _run_job_on_processes(
+    queue: Queue, fn: Callable[..., Any], args: tuple[Any, ...], processes: int
+) -> Any:
+    """A job in a Ray worker, trained on ``processes`` processes of a ``torchrun`` launch
+    (:mod:`~numtok_compare.runner.distributed_job`), its first process's progress sent on."""
+    with tempfile.TemporaryDirectory(prefix="numtok-job-") as folder:
+        job = Path(folder) / "job"
+        job.write_bytes(pickle.dumps((fn, args)))
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   f"--nproc-per-node={processes}", "-m", "numtok_compare.runner.distributed_job",
+                   str(job)]  # fmt: skip
+        launch = subprocess.Popen(command, preexec_fn=_end_with_this_process)
+        sink, sent = _Throttled(queue), 0
+        while True:
+            ended = launch.poll() is not None
+            done = job.with_name(job.name + PROGRESS)
+            total = int(done.read_text()) if done.exists() else 0
+            sink.put(total - sent)
+            sent = total
+            if ended:
+                break
+            time.sleep(_SEND_EVERY)
+        sink.flush()
+        error = job.with_name(job.name + ERROR)
+        if error.exists():
+            raise RuntimeError(error.read_text())
+        if launch.returncode != 0:
+            raise RuntimeError(
+                f"torchrun of the job's {processes} processes ended with status "
+                f"{launch.returncode} (their output is above)"
+            )
+        return pickle.loads(job.with_name(job.name + RESULT).read_bytes())
+
+
 def _read_probe(path: str) -> str | None:
     try:
         return Path(path).read_text()
@@ -101,9 +154,10 @@ class RayExecutor:
     def __init__(self, cluster: RayCluster) -> None:
         self.cluster = cluster
         self.queue = Queue(actor_options={"num_cpus": 0})
-        self.task = ray.remote(_run_job).options(
-            num_cpus=cluster.cpus, num_gpus=cluster.gpus, max_retries=cluster.retries,
-            retry_exceptions=False,
+        function = _run_job if cluster.processes == 1 else _run_job_on_processes
+        self.task = ray.remote(function).options(
+            num_cpus=cluster.cpus * cluster.processes, num_gpus=cluster.gpus * cluster.processes,
+            max_retries=cluster.retries, retry_exceptions=False,
         )  # fmt: skip
 
     def run(
@@ -113,7 +167,8 @@ class RayExecutor:
         that raised are reported, in job order, after every other job ended
         (:class:`JobsFailedError`)."""
         tell = finished or (lambda _index, _result: None)
-        references = [self.task.remote(self.queue, fn, args) for fn, args in jobs]
+        more = () if self.cluster.processes == 1 else (self.cluster.processes,)
+        references = [self.task.remote(self.queue, fn, args, *more) for fn, args in jobs]
         index = {reference: position for position, reference in enumerate(references)}
         results: list[Any] = [None] * len(jobs)
         failures: dict[int, tuple[str, str]] = {}
