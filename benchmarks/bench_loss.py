@@ -44,8 +44,17 @@ from anchors import (
     ntloss_available,
     vocabularies,
 )
-from bench_common import case_rows, provenance, summary_table, usable_cores
-from runner import Clock, Implementation, Inputs, in_fresh_process, peak_of_step, probe, run
+from bench_common import provenance, summary_table, usable_cores
+from runner import (
+    Clock,
+    Implementation,
+    Inputs,
+    case_rows,
+    in_fresh_process,
+    peak_of_step,
+    probe,
+    run,
+)
 from torch.autograd.function import once_differentiable
 
 from numtok import NumberVocab, number_token_loss

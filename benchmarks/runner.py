@@ -480,3 +480,52 @@ if __name__ == "__main__":
     torch.set_num_threads(int(thread_count))
     function = getattr(importlib.import_module(module_name), function_name)
     print(json.dumps(function(json.loads(spec_text))))
+
+
+def case_rows(
+    case_fields: dict[str, Any],
+    logits_bytes: int,
+    measured: Measured,
+    threads: int,
+    baseline: str,
+    meta: dict[str, Any],
+    with_memory: bool,
+    moved_bytes: int | None = None,
+) -> list[dict[str, Any]]:
+    """One row per variant and mode (forward, backward, full) of one case at one thread count:
+    medians with p20/p80, the ratio to ``baseline``'s median in the same mode, the CPU-time
+    ratio of the full step and its ratios to the anchors, the check's relative error, with
+    ``with_memory`` the peak memory and, with ``moved_bytes`` (the least a step must move: one
+    read and one write of the logits), the bandwidth that amounts to at the full step's median,
+    ``effective_gbps``."""
+    rows = []
+    samples = measured.samples[threads]
+    for name, timed in samples.items():
+        for mode in ("forward", "backward", "full"):
+            p20, median, p80 = quantiles(getattr(timed, mode))
+            row = {
+                **meta,
+                **case_fields,
+                "variant": name,
+                "mode": mode,
+                "rounds": len(timed.forward),
+                "median_ms": round(median, 2),
+                "p20_ms": round(p20, 2),
+                "p80_ms": round(p80, 2),
+                "baseline": baseline,
+                "time_ratio": round(median / samples[baseline].median_ms(mode), 3),
+                "check_relative_error": measured.errors[name],
+            }
+            if mode == "full":
+                row["cpu_median_ms"] = round(timed.median_ms("cpu"), 2)
+                row["cpu_time_ratio"] = round(
+                    timed.median_ms("cpu") / samples[baseline].median_ms("cpu"), 3
+                )
+                row["ratios_to_anchors"] = measured.ratios(threads, name)
+                if with_memory and name in measured.peaks:
+                    row["peak_extra_mib"] = round(measured.peaks[name] / 2**20, 1)
+                    row["peak_extra_x_logits"] = round(measured.peaks[name] / logits_bytes, 2)
+                if moved_bytes is not None:
+                    row["effective_gbps"] = round(moved_bytes / (median * 1e-3) / 1e9)
+            rows.append(row)
+    return rows

@@ -16,6 +16,7 @@ import datetime
 import sys
 import time
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -108,6 +109,18 @@ def _refuse_older_layout(run_dir: Path) -> None:
         )
 
 
+def _executor(
+    workers: int, cluster: RayCluster | None, run_dir: Path
+) -> AbstractContextManager[Executor]:
+    """The local executor of ``workers`` processes, or Ray's on ``cluster`` (which checks that
+    every node sees ``run_dir``)."""
+    if cluster is None:
+        return open_executor(workers)
+    from numtok_compare.runner.ray_executor import open_ray_executor
+
+    return open_ray_executor(cluster, run_dir)
+
+
 def run_comparison(
     comparison: Comparison,
     run_dir: Path,
@@ -144,7 +157,7 @@ def run_comparison(
     directories = _job_directories(comparison, run_dir)
     jobs = list(directories)
     test_splits = comparison.test_splits
-    with open_executor(workers, cluster, run_dir) as executor:
+    with _executor(workers, cluster, run_dir) as executor:
         comparison.prepare(run_dir, executor, show_progress)
         work = remaining_work(
             jobs, directories, steps=comparison.steps, items=comparison.scored_items(),

@@ -1,9 +1,10 @@
 """Jobs in worker processes with one shared progress bar.
 
 A run is a list of jobs (module-level functions and their arguments, so that spawned processes
-can unpickle them). :func:`open_executor` runs them in this process (``workers == 1``), in one
-pool of spawned processes kept for the whole run, or as Ray tasks (a :class:`RayCluster`;
-:mod:`~numtok_compare.runner.ray_executor`, imported only then); a job reports progress with
+can unpickle them). :func:`open_executor` runs them in this process (``workers == 1``) or in one
+pool of spawned processes kept for the whole run, and
+:func:`~numtok_compare.runner.ray_executor.open_ray_executor` as Ray tasks (on a
+:class:`RayCluster`; imported only then); a job reports progress with
 :func:`report_progress`, which reaches the bar of the process that waits for the jobs.
 """
 
@@ -16,7 +17,6 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 __all__ = [
@@ -143,17 +143,8 @@ class LocalExecutor:
 
 
 @contextmanager
-def open_executor(
-    workers: int, cluster: RayCluster | None = None, run_dir: Path | None = None
-) -> Iterator[Executor]:
-    """A :class:`LocalExecutor` with ``workers`` processes (1: this process), or with ``cluster``
-    Ray's, which first checks that every node sees ``run_dir``."""
-    if cluster is not None:
-        from numtok_compare.runner.ray_executor import open_ray_executor
-
-        with open_ray_executor(cluster, Path(run_dir or ".")) as executor:
-            yield executor
-        return
+def open_executor(workers: int) -> Iterator[Executor]:
+    """A :class:`LocalExecutor` with ``workers`` processes (1: this process)."""
     if workers == 1:
         yield LocalExecutor(None, None)
         return
