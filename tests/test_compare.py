@@ -893,15 +893,17 @@ def test_a_margin_tests_equivalence_under_the_same_gate(tmp_path: Path) -> None:
     [
         "rjokes-test",
         "number-losses-test",
+        "number-losses-rjokes-trainer",
         "number-losses-arithmetic",
         "number-losses-arithmetic-trainer",
     ],
 )
 def test_the_committed_rjokes_reports_are_their_rows_reanalysed(tmp_path: Path, name: str) -> None:
     """docs/rjokes-test-report.md (make demo's run), docs/number-losses-test-report.md (the
-    rjokes-losses preset), docs/number-losses-arithmetic-report.md (add_or_sub-losses) and its
-    rerun on the Trainer (-trainer-report.md) are what --reanalyse writes from their rows (paths
-    replaced by DATA and runs/...), byte for byte."""
+    rjokes-losses preset) and its rerun on the Trainer (number-losses-rjokes-trainer-report.md),
+    docs/number-losses-arithmetic-report.md (add_or_sub-losses) and its rerun on the Trainer
+    (-trainer-report.md) are what --reanalyse writes from their rows (paths replaced by DATA and
+    runs/...), byte for byte."""
     from numtok_compare.report import reanalyse
 
     reanalyse(DOCS / f"{name}-rows.json", tmp_path)

@@ -55,6 +55,7 @@ REPORT_PAGES = {
     "docs/number-losses-arithmetic-report.md": "numtok compare --preset add_or_sub-losses",
     "docs/number-losses-arithmetic-trainer-report.md": "numtok compare --preset add_or_sub-losses",
     "docs/number-losses-test-report.md": "numtok compare --preset rjokes-losses",
+    "docs/number-losses-rjokes-trainer-report.md": "numtok compare --preset rjokes-losses",
     "docs/rjokes-test-report.md": "numtok demo",
     "docs/compare-arithmetic-fresh.md": "numtok compare --preset smollm2-arithmetic-fresh",
     "docs/smollm2-rjokes-gate.md": "numtok compare --preset smollm2-rjokes",
