@@ -85,6 +85,22 @@ def _task_workers() -> list[int]:
     return found
 
 
+def _on_ray_until_a_checkpoint(flags: list[str], out: Path) -> subprocess.Popen[str]:
+    """The command on Ray, running, once seed 0's CE job has written its checkpoint at step 50
+    (``trainer_state.json`` is a checkpoint's last file: one without it is not resumed)."""
+    process = subprocess.Popen(
+        [*NUMTOK, *flags, "--executor", "ray", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    checkpoint = out / "seed0" / "ce" / "checkpoints" / "checkpoint-50" / "trainer_state.json"
+    deadline = time.monotonic() + 300
+    while not checkpoint.exists():
+        assert process.poll() is None, process.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, f"{checkpoint} did not appear"
+        time.sleep(0.01)
+    return process
+
+
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds Ray's workers through /proc")
 def test_a_worker_killed_in_training_is_retried_from_its_last_checkpoint(
     tiny_llama_dir: Path, tmp_path: Path
@@ -96,17 +112,7 @@ def test_a_worker_killed_in_training_is_retried_from_its_last_checkpoint(
     undisturbed = _run(flags, tmp_path / "undisturbed")
     assert "resuming" not in undisturbed.stderr
     out = tmp_path / "killed"
-    process = subprocess.Popen(
-        [*NUMTOK, *flags, "--executor", "ray", "--out", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    # trainer_state.json is the checkpoint's last file: a checkpoint without it is not resumed.
-    checkpoint = out / "seed0" / "ce" / "checkpoints" / "checkpoint-50" / "trainer_state.json"
-    deadline = time.monotonic() + 300
-    while not checkpoint.exists():
-        assert process.poll() is None, process.communicate()[1][-3000:]
-        assert time.monotonic() < deadline, f"{checkpoint} did not appear"
-        time.sleep(0.01)
+    process = _on_ray_until_a_checkpoint(flags, out)
     killed = _task_workers()
     assert killed, "no Ray worker was running a job"
     for pid in killed:
@@ -175,16 +181,7 @@ def test_ctrl_c_cancels_the_tasks_and_the_folder_resumes_without_ray(
     flags = [*_flags(tiny_llama_dir, steps=100), "--seeds", "1"]
     undisturbed = _run(flags, tmp_path / "undisturbed")
     out = tmp_path / "interrupted"
-    process = subprocess.Popen(
-        [*NUMTOK, *flags, "--executor", "ray", "--out", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    checkpoint = out / "seed0" / "ce" / "checkpoints" / "checkpoint-50" / "trainer_state.json"
-    deadline = time.monotonic() + 300
-    while not checkpoint.exists():
-        assert process.poll() is None, process.communicate()[1][-3000:]
-        assert time.monotonic() < deadline, f"{checkpoint} did not appear"
-        time.sleep(0.01)
+    process = _on_ray_until_a_checkpoint(flags, out)
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 130, stderr[-3000:]
