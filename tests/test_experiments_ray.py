@@ -71,18 +71,24 @@ def test_a_comparison_on_ray_gives_the_answers_and_report_of_one_process(
         assert rerun["answers"] == local["answers"]
 
 
-def _task_workers() -> list[int]:
-    """The processes of Ray workers running a job now (Ray titles them ``ray::_run_job``)."""
+def _processes(holding: bytes) -> list[int]:
+    """The processes whose command line holds ``holding``."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                title = (entry / "cmdline").read_bytes().split(b"\0")[0]
+                command = (entry / "cmdline").read_bytes()
             except OSError:
                 continue
-            if title.startswith(b"ray::_run_job"):
+            if holding in command:
                 found.append(int(entry.name))
     return found
+
+
+def _task_workers() -> list[int]:
+    """The processes of Ray workers running a job now (Ray titles them ``ray::_run_job`` or
+    ``ray::_run_job_on_processes``)."""
+    return _processes(b"ray::_run_job")
 
 
 def _on_ray_until_a_checkpoint(flags: list[str], out: Path) -> subprocess.Popen[str]:
@@ -251,3 +257,29 @@ def test_a_job_on_two_processes_trains_the_weights_of_one(
             scale = float(weights.abs().max())
             torch.testing.assert_close(two[key], weights, rtol=0, atol=1e-4 * scale)
     assert (tmp_path / "two" / "report.md").exists()
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the processes through /proc")
+def test_a_killed_worker_takes_its_jobs_processes_with_it_and_the_retry_resumes(
+    tiny_llama_dir: Path, tmp_path: Path
+) -> None:
+    """--job-processes 2: SIGKILL the Ray worker of a job training on two processes once it has a
+    checkpoint; its torchrun and both processes end with it (none trains on beside the retry),
+    and the retry resumes on two processes and finishes the run."""
+    flags = [*_flags(tiny_llama_dir, steps=100), "--seeds", "1", "--batch-size", "2",
+             "--job-processes", "2"]  # fmt: skip
+    out = tmp_path / "killed"
+    process = _on_ray_until_a_checkpoint(flags, out)
+    launched = _processes(b"numtok_compare.runner.distributed_job")
+    assert launched, "no process of the job's torchrun was found"
+    for pid in _task_workers():
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while set(launched) & set(_processes(b"numtok_compare.runner.distributed_job")):
+        assert time.monotonic() < deadline, "the killed job's processes still run"
+        time.sleep(0.1)
+    _, stderr = process.communicate(timeout=600)
+    assert process.returncode == 0, stderr[-3000:]
+    resumed = re.findall(r"seed 0 ce λ=\S+: resuming at step (\d+)", stderr)
+    assert len(resumed) == 2 and int(resumed[0]) >= 50, stderr[-3000:]  # one line a process
+    assert (out / "results.json").exists()
