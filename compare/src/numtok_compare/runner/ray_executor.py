@@ -23,6 +23,7 @@ Importing this module imports Ray (numtok-compare's ``ray`` extra); nothing else
 from __future__ import annotations
 
 import ctypes
+import json
 import pickle
 import secrets
 import signal
@@ -36,46 +37,32 @@ from pathlib import Path
 from typing import Any
 
 import ray
+import torch
 from ray.util.queue import Empty, Queue
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from numtok_compare.runner.distributed_job import ERROR, PROGRESS, RESULT
-from numtok_compare.runner.parallel import Job, JobsFailedError, RayCluster, set_progress_sink
+from numtok_compare.runner.parallel import (
+    Job,
+    JobsFailedError,
+    RayCluster,
+    ThrottledProgress,
+    set_progress_sink,
+)
 
 __all__ = ["RayExecutor", "check_shared_folder", "describe", "open_ray_executor"]
 
 #: The file the driver writes into the run folder for every node to read.
 _PROBE = ".ray-shared-folder-check"
-#: Seconds between a job's progress messages to the driver.
-_SEND_EVERY = 0.5
+#: Seconds between looks at a job's progress file (its processes write it as often).
+_LOOK_EVERY = 0.5
 #: prctl's option that signals a process when its parent dies (linux/prctl.h).
 _PR_SET_PDEATHSIG = 1
 
 
-class _Throttled:
-    """A job's progress, sent to the driver's queue at most every ``_SEND_EVERY`` seconds: each
-    send is a round trip to the queue's actor, which once a training step cost a 4000-step job
-    on 2 cores more than Ray's start-up."""
-
-    def __init__(self, queue: Queue) -> None:
-        self.queue = queue
-        self.unsent = 0
-        self.sent_at = time.monotonic()
-
-    def put(self, amount: int) -> None:
-        self.unsent += amount
-        if time.monotonic() - self.sent_at >= _SEND_EVERY:
-            self.flush()
-
-    def flush(self) -> None:
-        if self.unsent:
-            self.queue.put(self.unsent)
-        self.unsent, self.sent_at = 0, time.monotonic()
-
-
 def _run_job(queue: Queue, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
     """A job in a Ray worker, its progress sent to the driver through ``queue``."""
-    sink = _Throttled(queue)
+    sink = ThrottledProgress(queue.put)
     set_progress_sink(sink)
     try:
         return fn(*args)
@@ -103,26 +90,25 @@ def _run_job_on_processes(
                    f"--nproc-per-node={processes}", "-m", "numtok_compare.runner.distributed_job",
                    str(job)]  # fmt: skip
         launch = subprocess.Popen(command, preexec_fn=_end_with_this_process)
-        sink, sent = _Throttled(queue), 0
+        progress, sent = job.with_name(job.name + PROGRESS), 0
         while True:
             ended = launch.poll() is not None
-            done = job.with_name(job.name + PROGRESS)
-            total = int(done.read_text()) if done.exists() else 0
-            sink.put(total - sent)
-            sent = total
+            total = json.loads(progress.read_text()) if progress.exists() else 0
+            if total > sent:
+                queue.put(total - sent)
+                sent = total
             if ended:
                 break
-            time.sleep(_SEND_EVERY)
-        sink.flush()
+            time.sleep(_LOOK_EVERY)
         error = job.with_name(job.name + ERROR)
         if error.exists():
-            raise RuntimeError(error.read_text())
+            raise RuntimeError(json.loads(error.read_text()))
         if launch.returncode != 0:
             raise RuntimeError(
                 f"torchrun of the job's {processes} processes ended with status "
                 f"{launch.returncode} (their output is above)"
             )
-        return pickle.loads(job.with_name(job.name + RESULT).read_bytes())
+        return torch.load(job.with_name(job.name + RESULT), weights_only=False)
 
 
 def _read_probe(path: str) -> str | None:

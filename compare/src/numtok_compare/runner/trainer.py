@@ -49,6 +49,7 @@ from numtok_compare.runner.training_log import Progress, TrainingLog
 
 __all__ = [
     "TrainerArm",
+    "checkpoint_step",
     "compute_loss_func",
     "last_complete_checkpoint",
     "objective_loss",
@@ -103,14 +104,18 @@ def compute_loss_func(
     return objective_loss(Objective(arm, vocab, ntl_weight=weight))
 
 
+def checkpoint_step(folder: str | Path) -> int:
+    """The step of the Trainer's ``checkpoint-<step>`` folder."""
+    return int(str(folder).rpartition("-")[2])
+
+
 def last_complete_checkpoint(checkpoints: Path) -> str | None:
     """The newest of the Trainer's ``checkpoint-<step>`` folders in ``checkpoints`` that it
     finished writing (``trainer_state.json`` is written last; the folder before it is deleted
     only after), None if there is none. Folders a killed process left half-written are
     deleted."""
     complete = None
-    folders = sorted(checkpoints.glob(f"{PREFIX_CHECKPOINT_DIR}-*"),
-                     key=lambda folder: int(folder.name.rpartition("-")[2]))  # fmt: skip
+    folders = sorted(checkpoints.glob(f"{PREFIX_CHECKPOINT_DIR}-*"), key=checkpoint_step)
     for folder in folders:
         if (folder / TRAINER_STATE_NAME).exists():
             complete = str(folder)
@@ -191,7 +196,7 @@ class TrainerArm:
         checkpoint = last_complete_checkpoint(directory / CHECKPOINTS)
         resumed_at = None
         if checkpoint is not None:
-            resumed_at = int(checkpoint.rpartition("-")[2])
+            resumed_at = checkpoint_step(checkpoint)
             print(
                 f"numtok: seed {self.seed} {self.arm} λ={self.weight:g}: resuming at step "
                 f"{resumed_at} from its checkpoint in {directory}",
