@@ -649,3 +649,13 @@ def test_the_harness_reads_info_strings_as_mkdocs_renders_them(tmp_path: Path) -
     )
     assert shell.language == "bash"
     assert os.path.basename(str(block.path)) == "page.md"
+
+
+def test_every_docs_page_is_in_the_mkdocs_nav() -> None:
+    """``mkdocs build --strict`` (``make docs``) aborts on a page the nav does not list: a page
+    added without its nav line fails here, in ``make test``, before CI's docs step."""
+    nav = (ROOT / "mkdocs.yml").read_text().split("\nnav:\n", 1)[1]
+    listed = set(re.findall(r"^\s+- (?:.*: )?([\w./-]+\.md)\s*$", nav, flags=re.MULTILINE))
+    pages = {page.name for page in (ROOT / "docs").glob("*.md")}
+    assert pages - listed == set(), f"docs pages missing from mkdocs.yml's nav: {pages - listed}"
+    assert listed - pages == set(), f"mkdocs.yml's nav names missing pages: {listed - pages}"
