@@ -130,10 +130,10 @@ def expected_span_values(
 
 class NumberPredictions(NamedTuple):
     """What :func:`predict_numbers` returns for P prompts: ``number`` (P,) the chosen readout;
-    ``mean``, ``median``, ``mode``, ``mass`` and ``pruned`` (P,) and ``probabilities``
-    (P, 10**max_digits) as in :class:`~numtok.readout.distribution.NumberDistribution`, all float64
-    on the CPU; ``greedy``: each prompt's greedy continuation, token ids (empty without
-    ``new_tokens``)."""
+    ``mean``, ``median``, ``mode``, ``mass``, ``pruned`` and ``mean_bound`` (P,) and
+    ``probabilities`` (P, 10**max_digits) as in
+    :class:`~numtok.readout.distribution.NumberDistribution`, all float64 on the CPU; ``greedy``:
+    each prompt's greedy continuation, token ids (empty without ``new_tokens``)."""
 
     number: torch.Tensor
     mean: torch.Tensor
@@ -142,6 +142,7 @@ class NumberPredictions(NamedTuple):
     mass: torch.Tensor
     pruned: torch.Tensor
     probabilities: torch.Tensor
+    mean_bound: torch.Tensor
     greedy: tuple[tuple[int, ...], ...] = ()
 
     @classmethod
@@ -162,6 +163,7 @@ class NumberPredictions(NamedTuple):
             distribution.mass,
             distribution.pruned,
             distribution.probabilities,
+            distribution.mean_bound,
             greedy,
         )
 

@@ -24,6 +24,7 @@ __all__ = [
     "NumberDistribution",
     "check_max_digits",
     "check_tolerance",
+    "mean_bound",
     "number_distribution",
     "number_log_probs",
 ]
@@ -64,7 +65,9 @@ class NumberDistribution(NamedTuple):
     ``min_probability``, ``tolerance`` or ``max_prefixes`` (0 without pruning), the *unexplored
     mass*: every number missing from a row for that reason lies under one of them, so it bounds
     the probability lost, and the mean moves by at most ``pruned / (mass + pruned)`` times the
-    range of the values.
+    range of the values. ``mean_bound`` (P,): a tighter bound on that move, from where each pruned
+    prefix's numbers can lie (:func:`mean_bound`): the exact table's mean is within
+    ``mean ± mean_bound`` (0 without pruning, ``nan`` where ``mean`` is).
     """
 
     probabilities: torch.Tensor
@@ -73,6 +76,7 @@ class NumberDistribution(NamedTuple):
     median: torch.Tensor
     mode: torch.Tensor
     pruned: torch.Tensor
+    mean_bound: torch.Tensor
 
 
 def check_max_digits(max_digits: object) -> int:
@@ -215,7 +219,84 @@ def widest_level(vocab: NumberVocab, max_digits: int, *, max_value: int | None =
     return widest
 
 
-def _summaries(probabilities: torch.Tensor, pruned: torch.Tensor) -> NumberDistribution:
+class Unexplored(NamedTuple):
+    """The prefixes :func:`number_distribution` did not extend, U of them: ``prompt`` (U,) whose
+    they are, ``low`` and ``high`` (U,) the least and the largest number they can start (a
+    prefix of value ``v`` and ``d`` digits starts ``v`` and ``v·10**j + t``, ``t < 10**j``, for
+    ``j ≤ max_digits − d``: the values ``v`` to ``(v + 1)·10**(max_digits − d) − 1``, at most
+    ``max_value``), ``probability`` (U,) float64, theirs."""
+
+    prompt: torch.Tensor
+    low: torch.Tensor
+    high: torch.Tensor
+    probability: torch.Tensor
+
+    @classmethod
+    def of(
+        cls,
+        prompt: torch.Tensor,
+        value: torch.Tensor,
+        digits: torch.Tensor,
+        probability: torch.Tensor,
+        *,
+        max_digits: int,
+        largest: int,
+    ) -> Unexplored:
+        """The prefixes of ``value`` and ``digits`` digits (U,) of ``prompt`` left out."""
+        high = (value + 1) * 10 ** (max_digits - digits) - 1
+        return cls(prompt, value, high.clamp(max=largest), probability)
+
+
+def _largest_ratio(
+    prompt: torch.Tensor, gain: torch.Tensor, probability: torch.Tensor, mass: torch.Tensor
+) -> torch.Tensor:
+    """Per prompt (P,): ``max_q Σ q_u·gain_u / (mass + Σ q_u)`` over ``0 ≤ q_u ≤ probability_u``
+    of the prompt's entries ``u`` (0 when none gains). A linear-fractional maximum over a box:
+    at the optimum ``f*`` every ``q_u`` with ``gain_u > f*`` is full and every other is 0, so it is
+    the best of the ratios over the entries taken in decreasing ``gain``, the first ``k`` of them
+    for each ``k``."""
+    by_gain = torch.argsort(gain, descending=True, stable=True)
+    order = by_gain[torch.argsort(prompt[by_gain], stable=True)]
+    sorted_prompt = prompt[order]
+    weighted, weight = (probability * gain)[order], probability[order]
+    first = torch.ones_like(sorted_prompt, dtype=torch.bool)
+    first[1:] = sorted_prompt[1:] != sorted_prompt[:-1]
+    position = torch.arange(len(order))
+    group_start = torch.cummax(torch.where(first, position, 0), dim=0).values
+    totals = []
+    for values in (weighted, weight):
+        running = values.cumsum(0)
+        totals.append(running - (running - values)[group_start])  # Σ of the first k, per prompt
+    ratio = totals[0] / (mass[sorted_prompt] + totals[1])
+    best = torch.zeros_like(mass)
+    return best.scatter_reduce(0, sorted_prompt, ratio, reduce="amax", include_self=True)
+
+
+def mean_bound(mass: torch.Tensor, mean: torch.Tensor, unexplored: Unexplored) -> torch.Tensor:
+    """How far the exact mean can lie from ``mean`` (P,), the mean of a table of covered ``mass``
+    (P,) whose ``unexplored`` prefixes were not extended.
+
+    The numbers under prefix ``u`` weigh some ``q_u ∈ [0, π_u]`` (``π_u`` its probability) and
+    average some ``μ_u ∈ [low_u, high_u]``, so the exact mean is
+    ``m* = (mass·m + Σ q_u μ_u) / (mass + Σ q_u)`` and
+
+        ``m* − m ≤ max_q Σ q_u (high_u − m) / (mass + Σ q_u)``,
+        ``m − m* ≤ max_q Σ q_u (m − low_u) / (mass + Σ q_u)``;
+
+    the bound is the larger of the two maxima (:func:`_largest_ratio`): float64 (P,), 0 where no
+    prefix was left out, ``nan`` where ``mean`` is. It is at most ``pruned / (mass + pruned)``
+    times the range, and much less when the pruned prefixes are long and near the mean."""
+    prompt = unexplored.prompt
+    centre = mean[prompt]
+    bound = torch.zeros_like(mass)
+    for gain in (unexplored.high - centre, centre - unexplored.low):
+        bound = torch.maximum(bound, _largest_ratio(prompt, gain, unexplored.probability, mass))
+    return torch.where(torch.isnan(mean), torch.nan, bound)
+
+
+def _summaries(
+    probabilities: torch.Tensor, pruned: torch.Tensor, unexplored: Unexplored
+) -> NumberDistribution:
     mass = probabilities.sum(dim=-1)  # (P,)
     values = torch.arange(probabilities.shape[-1], dtype=torch.float64)
     covered = mass > 0
@@ -225,7 +306,8 @@ def _summaries(probabilities: torch.Tensor, pruned: torch.Tensor) -> NumberDistr
     median = (cumulative < mass[:, None] / 2).sum(dim=-1).double()
     median = torch.where(covered, median, torch.nan)
     mode = torch.where(covered, probabilities.argmax(dim=-1).double(), torch.nan)
-    return NumberDistribution(probabilities, mass, mean, median, mode, pruned)
+    bound = mean_bound(mass, mean, unexplored)
+    return NumberDistribution(probabilities, mass, mean, median, mode, pruned, bound)
 
 
 @torch.no_grad()
@@ -317,6 +399,8 @@ def number_distribution(
     log_prob = torch.zeros(prompts, dtype=torch.float64)
     allowed = torch.ones(len(ids), dtype=torch.bool)  # the first token may start a word
     budget = torch.zeros(prompts, dtype=torch.float64)  # tolerance · s, set at the first level
+    none = torch.zeros(0, dtype=torch.long)
+    left_out = [Unexplored.of(none, none, none, none.double(), max_digits=1, largest=0)]
     level = 0
     while True:
         level += 1
@@ -330,10 +414,16 @@ def number_distribution(
         keep &= child_value <= largest
         if level == 1:  # rows are prompts: s, each prompt's number mass in range
             budget = tolerance * torch.where(keep, child_log_prob.exp(), 0.0).sum(dim=1)
+        child_digits = digits[:, None] + token_digits  # (M, N)
         if min_probability > 0:
             likely = child_log_prob >= torch.log(torch.tensor(min_probability, dtype=torch.float64))
             unlikely = torch.where(keep & ~likely, child_log_prob.exp(), 0.0).sum(dim=1)  # (M,)
             pruned.index_add_(0, prompt, unlikely)
+            rows, columns = (keep & ~likely).nonzero(as_tuple=True)
+            left_out.append(Unexplored.of(
+                prompt[rows], child_value[rows, columns], child_digits[rows, columns],
+                child_log_prob[rows, columns].exp(), max_digits=max_digits, largest=largest,
+            ))  # fmt: skip
             keep &= likely
         parents, tokens = keep.nonzero(as_tuple=True)
         if tolerance > 0 or max_prefixes is not None:
@@ -341,12 +431,17 @@ def number_distribution(
             allowance = budget * level / max_digits - pruned  # (P,)
             chosen = _most_likely(prompt[parents], probability, allowance, max_prefixes)
             pruned.index_add_(0, prompt[parents[~chosen]], probability[~chosen])
+            rows, columns = parents[~chosen], tokens[~chosen]
+            left_out.append(Unexplored.of(
+                prompt[rows], child_value[rows, columns], child_digits[rows, columns],
+                probability[~chosen], max_digits=max_digits, largest=largest,
+            ))  # fmt: skip
             parents, tokens = parents[chosen], tokens[chosen]
         if len(parents) == 0:
             break
         prompt = prompt[parents]
         value = child_value[parents, tokens]
-        digits = digits[parents] + token_digits[tokens]
+        digits = child_digits[parents, tokens]
         log_prob = child_log_prob[parents, tokens]
         logits = scorer.extend(parents, ids[tokens])
         log_probs = _number_log_probs(logits, vocab, len(parents)).cpu()
@@ -356,4 +451,5 @@ def number_distribution(
         log_continue = torch.logsumexp(log_probs[:, allowed], dim=-1).clamp(max=0.0)
         log_end = torch.log1p(-torch.exp(log_continue))
         probabilities.index_put_((prompt, value), torch.exp(log_prob + log_end), accumulate=True)
-    return _summaries(probabilities, pruned)
+    unexplored = Unexplored(*(torch.cat(field) for field in zip(*left_out, strict=True)))
+    return _summaries(probabilities, pruned, unexplored)
