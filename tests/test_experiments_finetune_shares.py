@@ -52,6 +52,11 @@ def test_the_joined_shares_are_the_scores_of_one_process(
             assert joined["answers"].pop(readout) == pytest.approx(whole["answers"][readout],
                                                                    rel=1e-6)  # fmt: skip
         assert joined.pop("unexplored") == pytest.approx(whole["unexplored"], abs=1e-6)
+        joined_bounds, whole_bounds = joined.pop("bounds"), whole["bounds"]
+        assert list(joined_bounds) == ["expected", "median", "mode"] == list(whole_bounds)
+        for readout, bounds in joined_bounds.items():
+            assert len(bounds) == 11
+            assert bounds == pytest.approx(whole_bounds[readout], rel=1e-6, abs=1e-9)
         # The greedy tokens come from the same logits: equal here, as every item and its order.
         assert joined == {"answers": {"greedy": whole["answers"]["greedy"]},
                           "texts": whole["texts"]}  # fmt: skip

@@ -53,6 +53,12 @@ from numtok_compare.item_metrics import (
     item_scores,
     per_item_metric,
 )
+from numtok_compare.readout_error import (
+    EXACT_READOUTS,
+    could_flip,
+    estimate_bound,
+    item_score_bounds,
+)
 from numtok_compare.stats import summarise
 
 __all__ = [
@@ -67,6 +73,34 @@ __all__ = [
 GATE_ALPHA = 0.05
 #: ``answers[split][arm][readout]``: (S seeds, I items); ``base`` has one row.
 Answers = Mapping[str, Mapping[str, Mapping[str, NDArray[np.float64]]]]
+#: ``bounds[split][arm][readout]``: how far each answer (S, I) may lie from the exact readout
+#: (NaN: no bound); a readout missing is exact if in ``EXACT_READOUTS``, else unbounded.
+Bounds = Answers
+
+
+def _answer_bounds(
+    bounds: Mapping[str, Mapping[str, NDArray[np.float64]]], arm: str, readout: str,
+    shape: tuple[int, ...],
+) -> NDArray[np.float64]:  # fmt: skip
+    """``arm``'s answer bounds by ``readout`` (``bounds[arm][readout]``), broadcast to ``shape``."""
+    stored = bounds.get(arm, {}).get(readout)
+    if stored is None:
+        return np.full(shape, 0.0 if readout in EXACT_READOUTS else np.nan)
+    return np.broadcast_to(stored, shape)
+
+
+def _with_readout_bound(
+    entry: dict[str, Any], metric: str, sides: tuple[tuple[NDArray[np.float64], ...], ...],
+    references: NDArray[np.float64],
+) -> dict[str, Any]:  # fmt: skip
+    """``entry`` with ``readout_bound`` (how far its estimate could move, the readouts' pruning
+    aside from the sampling noise; None: unbounded) and ``could_flip`` (its interval's verdict,
+    moved by that much; None: no interval or no bound). ``sides``: each side's (answers, answer
+    bounds), or a constant's (scores,) that moves by nothing."""
+    moved = [item_score_bounds(metric, side[0], side[1], references) if len(side) == 2
+             else np.zeros_like(side[0]) for side in sides]  # fmt: skip
+    bound = estimate_bound(*moved)
+    return entry | {"readout_bound": bound, "could_flip": could_flip(entry, bound)}
 
 
 def metric_table(
@@ -171,6 +205,7 @@ def comparisons(
     gate: Mapping[str, Any],
     *,
     margin: tuple[str, float, str] | None = None,
+    bounds: Bounds | None = None,
 ) -> list[dict[str, Any]]:
     """One entry per (split, arm, readout, ``baseline_arm`` and its readout ``baseline``, metric
     of :data:`MEAN_METRICS`) of :func:`_baselines`' pairs: ``arm − baseline_arm`` by the crossed
@@ -179,7 +214,9 @@ def comparisons(
     :func:`learnability_gate`'s. ``margin``: ``(metric, m, baseline_arm)``, and every entry of
     that metric against that baseline arm also holds ``equivalence`` within ±m
     (:func:`numtok_compare.crossed.equivalence`: its ``verdict`` "equivalent", "different" or
-    "undecided", ``low`` and ``high`` of the 90 % interval, ``reason``), under the same gate."""
+    "undecided", ``low`` and ``high`` of the 90 % interval, ``reason``), under the same gate.
+    ``bounds``: the answers' readout bounds (:data:`Bounds`); every entry then also holds
+    ``readout_bound`` and ``could_flip`` (:mod:`numtok_compare.readout_error`)."""
     learnt = {(e["arm"], e["readout"]): e["learnt"] for e in gate["arms"]}
     entries = []
     for split, by_arm in answers.items():
@@ -189,7 +226,7 @@ def comparisons(
                     entries += _compared(
                         (split, arm, readout, baseline_arm, baseline), rows,
                         by_arm[baseline_arm][baseline], references[split], seeds, unparsed, learnt,
-                        margin,
+                        margin, None if bounds is None else bounds[split],
                     )  # fmt: skip
     return entries
 
@@ -198,9 +235,11 @@ def _compared(
     key: tuple[str, str, str, str, str], rows: NDArray[np.float64],
     baseline_rows: NDArray[np.float64], references: NDArray[np.float64], seeds: int,
     unparsed: float, learnt: Mapping[tuple[str, str], bool], margin: tuple[str, float, str] | None,
+    bounds: Mapping[str, Mapping[str, NDArray[np.float64]]] | None,
 ) -> list[dict[str, Any]]:  # fmt: skip
     split, arm, readout, baseline_arm, baseline = key
     rows = np.broadcast_to(rows, (seeds, rows.shape[-1]))  # base: one row for every seed
+    baseline_rows = np.broadcast_to(baseline_rows, rows.shape)
     unlearnt = [f"{a} ({r})" for a, r in ((arm, readout), (baseline_arm, baseline))
                 if not learnt.get((a, r), False)]  # fmt: skip
     nested = references.ndim == 2
@@ -215,6 +254,12 @@ def _compared(
         verdict, reason = _gated(entry["interval_verdict"], entry["reason"], unshown)
         if margin is not None and (metric, baseline_arm) == (margin[0], margin[2]):
             entry["equivalence"] = _equivalence(scores, baseline_scores, margin[1], unshown, nested)
+        if bounds is not None:
+            sides = (
+                (rows, _answer_bounds(bounds, arm, readout, rows.shape)),
+                (baseline_rows, _answer_bounds(bounds, baseline_arm, baseline, rows.shape)),
+            )
+            entry = _with_readout_bound(entry, metric, sides, references)  # fmt: skip
         entries.append(
             {"split": split, "arm": arm, "readout": readout, "baseline_arm": baseline_arm,
              "baseline": baseline, "metric": metric, **entry, "verdict": verdict,
@@ -231,6 +276,7 @@ def learnability_gate(
     seeds: int,
     metric: str,
     unparsed: float,
+    bounds: Mapping[str, Mapping[str, NDArray[np.float64]]] | None = None,
 ) -> dict[str, Any]:
     """The gate on the validation split (module docstring): ``answers[arm][readout]`` of every
     arm, ``constants`` the training answers' mean, median and mode, ``metric`` the run's (tested
@@ -242,7 +288,9 @@ def learnability_gate(
     ``improvement`` over that constant (positive: better), the interval ``low``..``high`` of the
     improvement at ``confidence``, ``mde``, ``parsed_share``, ``learnt`` and ``reason``;
     ``closest`` the entry that did not learn whose interval comes nearest to excluding 0 (None
-    when every candidate learnt).
+    when every candidate learnt). ``bounds``: the answers' readout bounds (``bounds[arm]
+    [readout]``, :data:`Bounds` of the validation split); every entry then also holds
+    ``readout_bound`` and ``could_flip``, whether its decision could change within it.
     """
     tested = per_item_metric(metric)
     higher = tested in HIGHER_IS_BETTER
@@ -270,13 +318,17 @@ def learnability_gate(
             reason = "beats the constant" if learnt else "not shown at this budget"
             if entry["interval_verdict"] == "no verdict":
                 reason = entry["reason"]
-            entries.append({
+            gated = {
                 "arm": arm, "readout": readout,
                 "improvement": None if entry["difference"] is None
                 else sign * entry["difference"],
                 "low": low, "high": high, "mde": entry["mde"], "parsed_share": _parsed(rows),
                 "learnt": learnt, "reason": reason,
-            })  # fmt: skip
+            }  # fmt: skip
+            if bounds is not None:
+                sides = ((rows, _answer_bounds(bounds, arm, readout, rows.shape)), (constant_rows,))
+                gated = _with_readout_bound(gated, tested, sides, references)
+            entries.append(gated)
 
     def nearness(entry: dict[str, Any]) -> float:
         value = entry["low"] if entry["low"] is not None else entry["improvement"]

@@ -68,18 +68,32 @@ def _interval(low: float | None, high: float | None) -> str:
     return "n/a" if low is None or high is None else f"[{signed(low)}, {signed(high)}]"
 
 
+def _readout_bound(entry: Mapping[str, Any]) -> str:
+    """`` ±b`` after an interval: how far the readouts' pruning could move its estimate (rows that
+    keep the readouts' bounds; nothing for older rows)."""
+    if "readout_bound" not in entry:
+        return ""
+    bound = entry["readout_bound"]
+    return " ±unbounded" if bound is None else f" ±{bound:.2g}"
+
+
+#: After a verdict that the readouts' bound could change.
+_COULD_FLIP = " (could flip within the readout's ±)"
+
+
 def _verdict_cell(entry: dict[str, Any]) -> str:
     verdict = entry["verdict"]
+    flip = _COULD_FLIP if entry.get("could_flip") and verdict != "no verdict" else ""
     if verdict in ("better", "worse"):
-        return f"**{verdict}**"
-    return f"no verdict: {entry['reason']}" if verdict == "no verdict" else verdict
+        return f"**{verdict}**{flip}"
+    return f"no verdict: {entry['reason']}" if verdict == "no verdict" else verdict + flip
 
 
 def _difference_cells(entry: dict[str, Any]) -> list[str]:
     parsed = entry["parsed_share"]
     return [
         signed(entry["difference"]),
-        _interval(entry["low"], entry["high"]),
+        _interval(entry["low"], entry["high"]) + _readout_bound(entry),
         _number(entry["df"], 1),
         _number(entry["mde"]),
         f"{_number(parsed['arm'])} / {_number(parsed['baseline'])}",
@@ -268,10 +282,13 @@ def _gate_lines(gate: dict[str, Any], nested: bool) -> list[str]:
     lines += ["", f"| arm | readout | improvement over the constant | {level} interval | MDE | "
               "parsed | learnt |", "|---|---|---|---|---|---|---|"]  # fmt: skip
     for entry in gate["arms"]:
+        decided = "yes" if entry["learnt"] else entry["reason"]
+        if entry.get("could_flip"):
+            decided += _COULD_FLIP
         lines.append(
             f"| {entry['arm']} | {entry['readout']} | {signed(entry['improvement'])} | "
-            f"{_interval(entry['low'], entry['high'])} | {_number(entry['mde'])} | "
-            f"{_number(entry['parsed_share'])} | {'yes' if entry['learnt'] else entry['reason']} |"
+            f"{_interval(entry['low'], entry['high'])}{_readout_bound(entry)} | "
+            f"{_number(entry['mde'])} | {_number(entry['parsed_share'])} | {decided} |"
         )
     return lines
 
@@ -514,13 +531,25 @@ def analyse_and_write(
                              for readout, stored in by_readout.items()}
                        for arm, by_readout in by_arm.items()}
                for split, by_arm in rows["answers"].items()}  # fmt: skip
+    bounds = None
+    if "readout_bounds" in rows:  # None: no bound, as NaN
+        bounds = {split: {arm: {readout: np.stack([answer_values(row) for row in stored])
+                                for readout, stored in by_readout.items()}
+                          for arm, by_readout in by_arm.items()}
+                  for split, by_arm in rows["readout_bounds"].items()}  # fmt: skip
     references = {split: _reference_values(truth) for split, truth in rows["references"].items()}
     nested = any(truth.ndim == 2 for truth in references.values())
     constants = rows["training_constants"]
     seeds = len(design.seeds)
     unparsed = constants["median"]
     gate = learnability_gate(
-        answers["validation"], constants, references["validation"], seeds, design.metric, unparsed
+        answers["validation"],
+        constants,
+        references["validation"],
+        seeds,
+        design.metric,
+        unparsed,
+        None if bounds is None else bounds["validation"],
     )
     table = metric_table(answers, references, seeds, unparsed)
     baseline = design.equivalence_baseline
@@ -529,7 +558,7 @@ def analyse_and_write(
         if design.margin is None or baseline is None
         else (per_item_metric(design.metric), design.margin, baseline)
     )
-    entries = comparisons(answers, references, seeds, unparsed, gate, margin=margin)
+    entries = comparisons(answers, references, seeds, unparsed, gate, margin=margin, bounds=bounds)
     scored_constants = _constants(constants, references)
     results = json_safe({
         **{key: value for key, value in rows.items() if key not in _ANALYSIS},
@@ -554,7 +583,7 @@ def analyse_and_write(
     if results["planning"] is not None:
         lines += ["", *_planning_lines(results["planning"])]
     lines += ["", *_gate_lines(gate, nested), ""]
-    lines += _settings_lines(design, rows, unparsed, nested)
+    lines += _settings_lines(design, results, unparsed, nested)
     lines += _choice_lines(design, rows["choice"])
     for split in (*(s for s in design.splits if s in answers), "validation"):
         lines += ["", *_split_lines(split, table, entries, scored_constants[split], design.metric,
@@ -683,7 +712,32 @@ def _settings_lines(
             "moves by at most unexplored / (covered + unexplored) of the range 0.."
             f"{design.max_value}."
         )
+    if "readout_bounds" in rows:
+        lines[-1] += " " + _BOUND_WORDS + _flipped(rows)
     return lines
+
+
+#: What the ± beside an interval is, in the report's words.
+_BOUND_WORDS = (
+    "The ± beside an interval: how far the distribution readouts' pruning could move the "
+    "estimate, the mean over seeds and items of each answer's bound on both sides "
+    "(numtok_compare.readout_error: the expected readout's mean_bound carried through the "
+    "metric; greedy and the head are exact, the median and mode of a pruned table unbounded); a "
+    "bias, apart from the interval's sampling noise."
+)
+
+
+def _flipped(rows: Mapping[str, Any]) -> str:
+    """The sentence that names the verdicts and gate decisions the readouts' bound could change,
+    or says that none could."""
+    analysed = rows.get("comparisons", []) + rows.get("gate", {}).get("arms", [])
+    flips = [e for e in analysed if e.get("could_flip")]
+    if not flips:
+        return " No verdict or gate decision could change within it."
+    return (
+        f" {len(flips)} verdicts or gate decisions could change within it (marked); a finer "
+        "--readout-tolerance would settle them."
+    )
 
 
 def _choice_lines(design: Design, choice: Mapping[str, Any]) -> list[str]:

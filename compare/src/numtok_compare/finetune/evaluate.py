@@ -7,7 +7,9 @@
   :data:`numtok.readout.distribution.FAST_TOLERANCE`; no limit on the prefixes: the bound holds, a
   flat distribution costs what it costs) and with the greedy text
   from the same prompt pass: one pass over a split scores every readout.
-  Each item's unexplored mass (``pruned``) is kept beside the answers (``unexplored``);
+  Each item's unexplored mass (``pruned``) is kept beside the answers (``unexplored``), and how
+  far each answer may lie from the exact readout (``bounds``,
+  :func:`~numtok_compare.runner.scoring.readout_bounds`);
 * ``head``: the regression head's prediction (the ``head`` arm's only readout).
 
 The metrics are computed from these answers (:mod:`numtok_compare.item_metrics`), per item,
@@ -25,7 +27,12 @@ from numtok import last_number, predict_numbers
 from numtok_compare.finetune.arm import Trained
 from numtok_compare.finetune.config import FinetuneConfig
 from numtok_compare.runner.batches import Encoded
-from numtok_compare.runner.scoring import generate_answers, head_predictions, storable
+from numtok_compare.runner.scoring import (
+    generate_answers,
+    head_predictions,
+    readout_bounds,
+    storable,
+)
 
 __all__ = ["score_split"]
 
@@ -35,7 +42,8 @@ def score_split(
 ) -> dict[str, Any]:
     """``{"answers": {readout: [value or None per example]}, "texts": [greedy text, ...]}`` of
     one trained arm on ``examples`` (the head arm: ``head`` answers, no texts); with
-    ``config.max_value``, also ``"unexplored": [pruned mass per example]``."""
+    ``config.max_value``, also ``"unexplored": [pruned mass per example]`` and ``"bounds"``
+    (:func:`~numtok_compare.runner.scoring.readout_bounds`)."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if trained.head is not None:
         head = storable(
@@ -52,7 +60,8 @@ def score_split(
         nothing: dict[str, list[float | None]] = {
             readout: [] for readout in ("greedy", "expected", "median", "mode")
         }
-        return {"answers": nothing, "texts": [], "unexplored": []}
+        return {"answers": nothing, "texts": [], "unexplored": [],
+                "bounds": {readout: [] for readout in nothing if readout != "greedy"}}  # fmt: skip
     read = predict_numbers(
         trained.model, tokenizer, [list(e.prompt) for e in examples],
         max_digits=config.max_digits, max_value=config.max_value,
@@ -66,4 +75,5 @@ def score_split(
         "median": storable(read.median.tolist()),
         "mode": storable(read.mode.tolist()),
     }
-    return {"answers": answers, "texts": texts, "unexplored": read.pruned.tolist()}
+    return {"answers": answers, "texts": texts, "unexplored": read.pruned.tolist(),
+            "bounds": readout_bounds(read)}  # fmt: skip

@@ -320,7 +320,10 @@ def phase_rows(phases: Phases, seeds: Sequence[int], splits: Sequence[str]) -> d
     them): ``answers[split][arm][readout]``, one list of answers per seed that ran the arm at its
     chosen λ, in ``seeds`` order (a seed-free arm such as ``base``: one), for each of
     ``splits``; the ``choice``; one ``runs`` entry per trained job (its λ, logged losses, step
-    time and minutes); each tested job's ``test_minutes``; and the ``minutes`` of it all."""
+    time and minutes); each tested job's ``test_minutes``; the ``minutes`` of it all; and where
+    the scorings kept them, ``readout_bounds[split][arm][readout]`` beside the answers (how far
+    each may lie from the exact readout, :mod:`numtok_compare.readout_error`), for the readouts
+    every seed's scoring bounded."""
     chosen = phases.choice["chosen"]
     tested = {job: phases.test.get((job.seed, job.arm), {"splits": {}})["splits"]
               for job in phases.validation if job.weight == chosen[job.arm]}  # fmt: skip
@@ -337,10 +340,19 @@ def phase_rows(phases: Phases, seeds: Sequence[int], splits: Sequence[str]) -> d
                 for arm, jobs in by_arm.items()}
         for split in splits
     }  # fmt: skip
+    bounds = {
+        split: {arm: {readout: [scored(job, split)["bounds"][readout] for job in jobs]
+                      for readout in answers[split][arm]
+                      if all(readout in scored(job, split).get("bounds", {}) for job in jobs)}
+                for arm, jobs in by_arm.items()}
+        for split in splits
+    }  # fmt: skip
+    bounded = any(by_readout for by_arm in bounds.values() for by_readout in by_arm.values())
     validation, test = phases.validation.values(), phases.test.values()
     return {
         "choice": phases.choice,
         "answers": answers,
+        **({"readout_bounds": bounds} if bounded else {}),
         "runs": [
             {"seed": r["seed"], "arm": r["arm"], "weight": r["weight"], "history": r["history"],
              "seconds_per_step": r["seconds_per_step"], "train_minutes": r["train_minutes"],

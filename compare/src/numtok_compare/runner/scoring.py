@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from numtok import NumberPredictions
 from numtok.readout import cache_argument, returned_cache, shared_prefix_length
 from numtok_compare.regression_head import RegressionHead
 from numtok_compare.runner.batches import Encoded, prompt_batch, training_batch
@@ -103,6 +104,15 @@ def storable(values: Sequence[float | None]) -> list[float | None]:
         None if v is None or math.isnan(v) else max(-sys.float_info.max, min(sys.float_info.max, v))
         for v in values
     ]
+
+
+def readout_bounds(read: NumberPredictions) -> dict[str, list[float | None]]:
+    """How far each distribution readout of ``read`` may lie from the exact one, per item:
+    ``expected`` its ``mean_bound``; ``median`` and ``mode`` 0 where nothing was pruned, else
+    None (no bound); None where the readout has no answer
+    (:mod:`numtok_compare.readout_error` reads them)."""
+    exact = [0.0 if pruned == 0 else None for pruned in read.pruned.tolist()]
+    return {"expected": storable(read.mean_bound.tolist()), "median": exact, "mode": exact}
 
 
 def prefix_cache(decoder: Any, prefix: torch.Tensor, rows: int) -> Any:

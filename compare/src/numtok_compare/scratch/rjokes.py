@@ -22,7 +22,13 @@ from numtok_compare.regression_head import RegressionHead
 from numtok_compare.runner.batches import Encoded
 from numtok_compare.runner.parallel import Executor, RayCluster
 from numtok_compare.runner.phases import Job, Phases
-from numtok_compare.runner.scoring import WHOLE, Share, head_predictions, storable
+from numtok_compare.runner.scoring import (
+    WHOLE,
+    Share,
+    head_predictions,
+    readout_bounds,
+    storable,
+)
 from numtok_compare.runner.training_log import Progress
 from numtok_compare.scratch.arm import TransformerModels
 from numtok_compare.scratch.comparison import (
@@ -111,8 +117,10 @@ class RJokesTask(TransformerModels):
         self, answerer: nn.Module, split: str, progress: Progress, share: Share = WHOLE
     ) -> dict[str, Any]:
         """``{"answers": {readout: [score or None per joke]}}``, and for token arms ``"mass"``
-        (the probability the distribution readouts cover) and ``"pruned"`` (what pruning left
-        out of the distribution) per joke, on ``share`` of ``split``'s scored jokes;
+        (the probability the distribution readouts cover), ``"pruned"`` (what pruning left
+        out of the distribution) and ``"bounds"`` (how far each distribution readout may lie
+        from the exact one, :func:`~numtok_compare.runner.scoring.readout_bounds`) per joke, on
+        ``share`` of ``split``'s scored jokes;
         ``progress`` hears of every ``eval_batch_size`` scored jokes."""
         config = self.config
         jokes = share.of(self.jokes[split], config.eval_batch_size)
@@ -127,6 +135,7 @@ class RJokesTask(TransformerModels):
         answers: dict[str, list[float | None]] = {"greedy": [], "expected": [], "median": []}
         mass: list[float] = []
         pruned: list[float] = []
+        bounds: dict[str, list[float | None]] = {"expected": [], "median": []}
         for start in range(0, len(examples), config.eval_batch_size):
             chunk = examples[start : start + config.eval_batch_size]
             read = predict_numbers(
@@ -143,8 +152,11 @@ class RJokesTask(TransformerModels):
             answers["median"] += storable(read.median.tolist())
             mass += read.mass.tolist()
             pruned += read.pruned.tolist()
+            read_bounds = readout_bounds(read)
+            for readout, bounded in bounds.items():
+                bounded += read_bounds[readout]
             progress(len(chunk))
-        return {"answers": answers, "mass": mass, "pruned": pruned}
+        return {"answers": answers, "mass": mass, "pruned": pruned, "bounds": bounds}
 
 
 #: The dataset paper's regression baselines, trained on the full 550k-joke train split (not

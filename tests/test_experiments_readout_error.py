@@ -1,0 +1,156 @@
+"""The readouts' bound carried into the report (numtok_compare.readout_error): each item's score
+bound against a brute force over the answers the bound allows; the estimate's bound against the
+largest move of the difference any such answers make; and the report that shows it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from numtok_compare.design import Design
+from numtok_compare.item_metrics import MEAN_METRICS, item_scores
+from numtok_compare.readout_error import could_flip, estimate_bound, item_score_bounds
+from numtok_compare.report import analyse_and_write
+
+
+def _random_case(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Answers (2, 30) with unparsed ones and some exactly right or 1 % off, their bounds and the
+    true answers (30,)."""
+    rng = np.random.default_rng(seed)
+    references = rng.integers(1, 500, size=30).astype(np.float64)
+    answers = references + rng.normal(0, 20, size=(2, 30))
+    answers[0, :5] = references[:5]  # exactly right: exact accuracy can only fall
+    answers[1, 5:10] = references[5:10] * 1.01  # on the 1 % edge
+    answers[0, 10] = np.nan  # unparsed
+    bounds = rng.uniform(0, 3, size=(2, 30))
+    bounds[1, :3] = 0.0
+    return answers, bounds, references
+
+
+@pytest.mark.parametrize("metric", MEAN_METRICS)
+@pytest.mark.parametrize("seed", range(3))
+def test_an_item_score_moves_at_most_its_bound(metric: str, seed: int) -> None:
+    """Over a grid of answers within each bound (both ends included), the score moves by at
+    most the item's bound, and for the continuous metrics the bound is reached at an end."""
+    answers, bounds, references = _random_case(seed)
+    bound = item_score_bounds(metric, answers, bounds, references)
+    score = item_scores(metric, answers, references, unparsed=250.0)
+    largest = np.zeros_like(score)
+    for step in np.linspace(-1.0, 1.0, 201):
+        moved = np.where(np.isnan(answers), np.nan, answers + step * bounds)
+        largest = np.maximum(largest, np.abs(item_scores(metric, moved, references,
+                                                         unparsed=250.0) - score))  # fmt: skip
+    assert (largest <= bound + 1e-9).all()
+    assert bound[0, 10] == 0.0  # an unparsed answer is scored as a constant
+    if metric in ("mae", "mse"):  # reached by the answer moved away from the truth
+        np.testing.assert_allclose(largest, bound, rtol=1e-9, atol=1e-12)
+    elif metric != "log_mae":  # an indicator: 1 wherever an allowed answer changes it
+        assert set(np.unique(bound)) <= {0.0, 1.0}
+        assert ((largest == 1.0) <= (bound == 1.0)).all()
+
+
+def test_an_unbounded_answer_leaves_the_estimate_unbounded() -> None:
+    answers, bounds, references = _random_case(0)
+    bounds[1, 20] = np.nan
+    moved = item_score_bounds("mae", answers, bounds, references)
+    assert np.isinf(moved[1, 20]) and np.isfinite(np.delete(moved.ravel(), 50)).all()
+    assert estimate_bound(moved, np.zeros_like(moved)) is None
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_estimate_moves_at_most_its_bound(seed: int) -> None:
+    """Any answers within the bounds on both sides move the mean difference by at most the
+    estimate's bound; the answers at the worst ends reach it for the absolute error."""
+    arm, arm_bounds, references = _random_case(seed)
+    baseline, baseline_bounds, _ = _random_case(seed + 100)
+    baseline = references + (baseline - references[None, :]) * 1.5
+
+    def difference(a: np.ndarray, b: np.ndarray) -> float:
+        return float(np.mean(item_scores("mae", a, references, unparsed=250.0)
+                             - item_scores("mae", b, references, unparsed=250.0)))  # fmt: skip
+
+    bound = estimate_bound(
+        item_score_bounds("mae", arm, arm_bounds, references),
+        item_score_bounds("mae", baseline, baseline_bounds, references),
+    )
+    assert bound is not None
+    centre = difference(arm, baseline)
+    rng = np.random.default_rng(seed)
+    for _ in range(200):
+        a = arm + rng.uniform(-1, 1, arm.shape) * arm_bounds
+        b = baseline + rng.uniform(-1, 1, baseline.shape) * baseline_bounds
+        assert abs(difference(a, b) - centre) <= bound + 1e-9
+
+
+def test_the_estimate_bound_is_reached() -> None:
+    """With every error larger than its bound, answers pushed away from the truth on the arm's
+    side and towards it on the baseline's move the MAE difference by the bound exactly."""
+    rng = np.random.default_rng(1)
+    references = rng.uniform(100, 200, size=20)
+    arm = references + rng.choice([-1, 1], size=(3, 20)) * rng.uniform(5, 10, size=(3, 20))
+    baseline = references + rng.choice([-1, 1], size=(3, 20)) * rng.uniform(5, 10, size=(3, 20))
+    arm_bounds, baseline_bounds = rng.uniform(0, 4, size=(2, 3, 20))
+    bound = estimate_bound(
+        item_score_bounds("mae", arm, arm_bounds, references),
+        item_score_bounds("mae", baseline, baseline_bounds, references),
+    )
+    pushed = arm + np.sign(arm - references) * arm_bounds
+    pulled = baseline - np.sign(baseline - references) * baseline_bounds
+    before = np.mean(np.abs(arm - references) - np.abs(baseline - references))
+    after = np.mean(np.abs(pushed - references) - np.abs(pulled - references))
+    assert after - before == pytest.approx(bound, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "bound", "expected"),
+    [(0.5, 2.0, 0.1, False), (0.5, 2.0, 0.6, True), (-2.0, -0.05, 0.1, True),
+     (-1.0, 1.0, 0.5, False), (-1.0, 1.0, 1.5, True), (0.5, 2.0, None, None),
+     (None, None, 0.1, None)],
+)  # fmt: skip
+def test_could_flip_when_the_shifted_interval_reaches_across_zero(
+    low: float | None, high: float | None, bound: float | None, expected: bool | None
+) -> None:
+    assert could_flip({"low": low, "high": high}, bound) is expected
+
+
+def test_the_report_shows_the_bound_and_names_a_verdict_it_could_flip(tmp_path: Path) -> None:
+    """Rows that keep the readouts' bounds: every interval of the expected readout has its ±, the
+    greedy one ±0, and a verdict whose interval the bound could move across 0 is marked."""
+    seeds = (0, 1, 2)
+    rng = np.random.default_rng(0)
+    references = rng.integers(10, 90, size=40).astype(np.float64)
+    ce = references + rng.normal(0, 8, size=(3, 40))
+    was = references + rng.normal(0, 6, size=(3, 40))
+    design = Design(title="bounds", trained="fabricated.", seeds=seeds, arms=("ce", "was"),
+                    splits=("test",), metric="mae", readout="expected", max_value=99)  # fmt: skip
+    answers = {split: {arm: {"expected": rows.tolist(), "greedy": np.round(rows).tolist()}
+                       for arm, rows in (("ce", ce), ("was", was))}
+               for split in ("test", "validation")}  # fmt: skip
+    bounds = {split: {"ce": {"expected": np.full((3, 40), 0.01).tolist()},
+                      "was": {"expected": np.full((3, 40), 5.0).tolist()}}
+              for split in ("test", "validation")}  # fmt: skip
+    rows = {"design": design.to_dict(), "config": {}, "choice": {"chosen": {}, "means": {}},
+            "training_constants": {"mean": 50.0, "median": 50.0, "mode": 50.0}, "minutes": 1.0,
+            "answers": answers, "readout_bounds": bounds,
+            "references": {split: references.tolist()
+                           for split in ("test", "validation")}}  # fmt: skip
+    results = analyse_and_write(tmp_path, rows, preregistered=None)
+    by_key = {(e["split"], e["arm"], e["readout"], e["metric"]): e for e in results["comparisons"]}
+    expected = by_key[("test", "was", "expected", "mae")]
+    assert expected["readout_bound"] == pytest.approx(5.01)
+    assert expected["could_flip"] is True
+    greedy = by_key[("test", "was", "greedy", "mae")]
+    assert greedy["readout_bound"] == 0.0 and greedy["could_flip"] is False
+    assert all("readout_bound" in entry for entry in results["gate"]["arms"])
+    report = (tmp_path / "report.md").read_text()
+    assert "±5" in report and "±0 |" in report
+    assert "could flip within the readout's ±" in report
+    assert "verdicts or gate decisions could change within it" in report
+    # Rows without bounds (every run before them): no ± and no key, the report as it was.
+    del rows["readout_bounds"]
+    older = analyse_and_write(tmp_path, rows, preregistered=None)
+    assert all("readout_bound" not in entry for entry in older["comparisons"])
+    older_report = (tmp_path / "report.md").read_text()
+    assert "±5" not in older_report and "readout's ±" not in older_report
