@@ -28,6 +28,7 @@ from numtok.readout.distribution import (
     number_distribution,
     widest_level,
 )
+from numtok.readout.sampling import check_samples, sample_distribution
 from numtok.readout.scorers import (
     CachedScorer,
     CacheUnsupportedError,
@@ -130,7 +131,8 @@ def expected_span_values(
 
 class NumberPredictions(NamedTuple):
     """What :func:`predict_numbers` returns for P prompts: ``number`` (P,) the chosen readout;
-    ``mean``, ``median``, ``mode``, ``mass``, ``pruned`` and ``mean_bound`` (P,) and
+    ``mean``, ``median``, ``mode``, ``mass``, ``pruned``, ``mean_bound`` and
+    ``mean_standard_error`` (P,) and
     ``probabilities`` (P, 10**max_digits) as in
     :class:`~numtok.readout.distribution.NumberDistribution`, all float64 on the CPU; ``greedy``:
     each prompt's greedy continuation, token ids (empty without ``new_tokens``)."""
@@ -143,6 +145,7 @@ class NumberPredictions(NamedTuple):
     pruned: torch.Tensor
     probabilities: torch.Tensor
     mean_bound: torch.Tensor
+    mean_standard_error: torch.Tensor
     greedy: tuple[tuple[int, ...], ...] = ()
 
     @classmethod
@@ -164,6 +167,7 @@ class NumberPredictions(NamedTuple):
             distribution.pruned,
             distribution.probabilities,
             distribution.mean_bound,
+            distribution.mean_standard_error,
             greedy,
         )
 
@@ -270,6 +274,8 @@ def predict_numbers(
     min_probability: float = 0.0,
     tolerance: float = 0.0,
     max_prefixes: int | None = None,
+    samples: int | None = None,
+    seed: int = 0,
     new_tokens: int = 0,
     batch_size: int | None = None,
 ) -> NumberPredictions:
@@ -324,6 +330,13 @@ def predict_numbers(
             of the values' range at most).
         max_prefixes: at most this many prefixes per prompt and level (None: no limit); it also
             bounds the widest level, so more prompts share each forward.
+        samples: instead of enumerating, draw this many numbers per prompt from the same
+            distribution (:func:`numtok.readout.sampling.sample_distribution`, with ``seed``):
+            ``mean`` is then unbiased with ``mean_standard_error`` beside it, at a cost of at
+            most ``samples`` one-token steps per prompt and level whatever the spread (the
+            draws that share a prefix share its step); not with ``min_probability``,
+            ``tolerance`` or ``max_prefixes``, which prune an enumeration.
+        seed: the draws' random stream, with ``samples``.
         new_tokens: with a positive count, each prompt's greedy continuation of up to that many
             tokens (``greedy``; :func:`greedy_tokens`, ending at the tokenizer's
             ``eos_token_id``) comes from the same prompt pass as the distribution.
@@ -341,6 +354,17 @@ def predict_numbers(
     ):
         raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}")
     check_max_value(max_value, check_max_digits(max_digits))
+    if samples is not None:
+        check_samples(samples)
+        pruning = {"min_probability": min_probability, "tolerance": tolerance,
+                   "max_prefixes": max_prefixes}  # fmt: skip
+        set_too = [name for name, value in pruning.items() if value not in (0.0, None)]
+        if set_too:
+            raise ValueError(
+                f"samples draws numbers instead of enumerating them: {', '.join(set_too)} "
+                "(which prune an enumeration) must be left at their defaults, got "
+                + ", ".join(f"{name}={pruning[name]!r}" for name in set_too)
+            )
     if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 0:
         raise ValueError(f"new_tokens must be a non-negative int, got {new_tokens!r}")
     if not callable(model):
@@ -354,7 +378,8 @@ def predict_numbers(
     pad_id = getattr(vocab_or_tokenizer, "pad_token_id", None)
     pad_id = pad_id if isinstance(pad_id, int) else 0
     eos_id = getattr(vocab_or_tokenizer, "eos_token_id", None)
-    group = prompts_per_group(vocab, max_digits, max_value=max_value, max_prefixes=max_prefixes)
+    widest = samples if samples is not None else max_prefixes
+    group = prompts_per_group(vocab, max_digits, max_value=max_value, max_prefixes=widest)
     scorer: type[CachedScorer] | type[WholeSequenceScorer] = CachedScorer
     greedy: list[tuple[int, ...]] = []
 
@@ -362,6 +387,11 @@ def predict_numbers(
         model_scorer = scorer(model, prompts_of_group, pad_id=pad_id, batch_size=batch_size)
         if new_tokens:
             greedy.extend(greedy_tokens(model_scorer, new_tokens, eos_id=eos_id))
+        if samples is not None:
+            return sample_distribution(
+                model_scorer, vocab, samples=samples, max_digits=max_digits,
+                max_value=max_value, seed=seed,
+            )  # fmt: skip
         return number_distribution(
             model_scorer,
             vocab,

@@ -68,6 +68,9 @@ class NumberDistribution(NamedTuple):
     range of the values. ``mean_bound`` (P,): a tighter bound on that move, from where each pruned
     prefix's numbers can lie (:func:`mean_bound`): the exact table's mean is within
     ``mean ± mean_bound`` (0 without pruning, ``nan`` where ``mean`` is).
+    ``mean_standard_error`` (P,): 0 for an enumerated table; for a sampled one
+    (:func:`numtok.readout.sampling.sample_distribution`, whose ``mean_bound`` is ``nan``: no
+    bound holds) the standard error of its mean.
     """
 
     probabilities: torch.Tensor
@@ -77,6 +80,7 @@ class NumberDistribution(NamedTuple):
     mode: torch.Tensor
     pruned: torch.Tensor
     mean_bound: torch.Tensor
+    mean_standard_error: torch.Tensor
 
 
 def check_max_digits(max_digits: object) -> int:
@@ -307,7 +311,8 @@ def _summaries(
     median = torch.where(covered, median, torch.nan)
     mode = torch.where(covered, probabilities.argmax(dim=-1).double(), torch.nan)
     bound = mean_bound(mass, mean, unexplored)
-    return NumberDistribution(probabilities, mass, mean, median, mode, pruned, bound)
+    exact = torch.zeros_like(mass)
+    return NumberDistribution(probabilities, mass, mean, median, mode, pruned, bound, exact)
 
 
 @torch.no_grad()

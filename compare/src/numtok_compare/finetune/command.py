@@ -20,6 +20,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from numtok.readout import MAX_DIGITS
+
 if TYPE_CHECKING:  # the command line builds its parser without the harness's dependencies
     from numtok_compare.config import RunConfig
     from numtok_compare.finetune.config import FinetuneConfig
@@ -50,8 +52,9 @@ COMPARE_DEFAULTS: dict[str, Any] = {
     "warmup_steps": 6,
 }
 #: The largest answer the distribution readouts enumerate by default (``--max-value auto``):
-#: beyond it a readout scores more than ~1,100 continuations per example.
-AUTO_MAX_VALUE = 999
+#: every number the readout can enumerate (``numtok.readout.MAX_DIGITS`` digits); the
+#: tolerance, not a cap on the answers, bounds what it costs.
+AUTO_MAX_VALUE = 10**MAX_DIGITS - 1
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -145,7 +148,7 @@ def add_compare_arguments(
         "--max-value", default="auto",
         help="the expected/median readouts enumerate the numbers 0..N: an int, 'none', or "
         f"'auto' (default: the largest training answer when every training answer is an "
-        f"integer from 0 to {AUTO_MAX_VALUE}, else none)",
+        f"integer from 0 to {AUTO_MAX_VALUE:,}, else none: greedy answers only)",
     )  # fmt: skip
     parser.add_argument(
         "--readout-tolerance", type=float,
