@@ -27,6 +27,8 @@ __all__ = [
     "mean_bound",
     "number_distribution",
     "number_log_probs",
+    "scorer_number_log_probs",
+    "summarise_table",
 ]
 
 #: The largest ``max_digits``: the table holds ``10**max_digits`` float64 values per prompt, and
@@ -162,7 +164,9 @@ def _most_likely(
     return kept
 
 
-def _number_log_probs(logits: torch.Tensor, vocab: NumberVocab, expected_rows: int) -> torch.Tensor:
+def scorer_number_log_probs(
+    logits: torch.Tensor, vocab: NumberVocab, expected_rows: int
+) -> torch.Tensor:
     """:func:`number_log_probs` of a scorer's logits, checked to be (``expected_rows``, V)."""
     if (
         not isinstance(logits, torch.Tensor)
@@ -298,9 +302,14 @@ def mean_bound(mass: torch.Tensor, mean: torch.Tensor, unexplored: Unexplored) -
     return torch.where(torch.isnan(mean), torch.nan, bound)
 
 
-def _summaries(
+def summarise_table(
     probabilities: torch.Tensor, pruned: torch.Tensor, unexplored: Unexplored
 ) -> NumberDistribution:
+    """A :class:`NumberDistribution` of a value table ``probabilities`` (P, 10**D), float64:
+    ``mass = Σ_v p_v``, ``mean = Σ_v v·p_v / mass``, the median the smallest v whose cumulative
+    probability reaches ``mass / 2``, the mode ``argmax_v p_v`` (all NaN where ``mass`` is 0),
+    ``pruned`` (P,) as given, ``mean_bound`` by :func:`mean_bound` of ``unexplored`` and
+    ``mean_standard_error`` 0 (the table is read, not drawn)."""
     mass = probabilities.sum(dim=-1)  # (P,)
     values = torch.arange(probabilities.shape[-1], dtype=torch.float64)
     covered = mass > 0
@@ -394,7 +403,7 @@ def number_distribution(
             f"{getattr(logits, 'shape', type(logits).__name__)}"
         )
     prompts = logits.shape[0]
-    log_probs = _number_log_probs(logits, vocab, prompts).cpu()  # (P, N)
+    log_probs = scorer_number_log_probs(logits, vocab, prompts).cpu()  # (P, N)
     probabilities = torch.zeros(prompts, size, dtype=torch.float64)
     pruned = torch.zeros(prompts, dtype=torch.float64)
     # The paths of the current level: prompt, value so far, digits so far, log-probability.
@@ -449,7 +458,7 @@ def number_distribution(
         digits = child_digits[parents, tokens]
         log_prob = child_log_prob[parents, tokens]
         logits = scorer.extend(parents, ids[tokens])
-        log_probs = _number_log_probs(logits, vocab, len(parents)).cpu()
+        log_probs = scorer_number_log_probs(logits, vocab, len(parents)).cpu()
         allowed = ~starts_word
         # The number ends here unless a continuing number token follows:
         # log(1 − Σ_C p) from log Σ_C p (clamped: rounding can put it a hair above 0).
@@ -457,4 +466,4 @@ def number_distribution(
         log_end = torch.log1p(-torch.exp(log_continue))
         probabilities.index_put_((prompt, value), torch.exp(log_prob + log_end), accumulate=True)
     unexplored = Unexplored(*(torch.cat(field) for field in zip(*left_out, strict=True)))
-    return _summaries(probabilities, pruned, unexplored)
+    return summarise_table(probabilities, pruned, unexplored)

@@ -20,10 +20,10 @@ from numtok.readout.distribution import (
     NextTokenScorer,
     NumberDistribution,
     Unexplored,
-    _number_log_probs,
-    _summaries,
     check_max_digits,
     check_max_value,
+    scorer_number_log_probs,
+    summarise_table,
 )
 
 __all__ = ["check_samples", "sample_distribution"]
@@ -102,7 +102,7 @@ def sample_distribution(
             f"{getattr(logits, 'shape', type(logits).__name__)}"
         )
     prompts = logits.shape[0]
-    first = _number_log_probs(logits, vocab, prompts).cpu().exp()  # (P, N)
+    first = scorer_number_log_probs(logits, vocab, prompts).cpu().exp()  # (P, N)
     first = torch.where((token_digits <= max_digits) & (token_values <= largest), first, 0.0)
     number_mass = first.sum(dim=1)  # (P,): s
     drawn = torch.zeros(prompts, samples, dtype=torch.long)
@@ -122,7 +122,7 @@ def sample_distribution(
             torch.stack([row[active], token[active]], dim=1), dim=0, return_inverse=True
         )
         logits = scorer.extend(pairs[:, 0], vocab.ids[pairs[:, 1]])
-        log_probs = _number_log_probs(logits, vocab, len(pairs)).cpu()  # (R, N)
+        log_probs = scorer_number_log_probs(logits, vocab, len(pairs)).cpu()  # (R, N)
         step = torch.where(continues, log_probs.exp(), 0.0)
         # The number ends with the probability that no continuing number token follows.
         ending = (1.0 - step.sum(dim=1, keepdim=True)).clamp(min=0.0)
@@ -144,7 +144,7 @@ def sample_distribution(
     probabilities.index_put_((prompt[accepted], value[accepted]), weight, accumulate=True)
     nothing = torch.zeros(0, dtype=torch.long)
     none_left = Unexplored(nothing, nothing, nothing, nothing.double())
-    summary = _summaries(probabilities, torch.zeros(prompts, dtype=torch.float64), none_left)
+    summary = summarise_table(probabilities, torch.zeros(prompts, dtype=torch.float64), none_left)
     return summary._replace(
         mean_bound=torch.full((prompts,), torch.nan, dtype=torch.float64),
         mean_standard_error=_standard_error(prompt[accepted], value[accepted].double(), prompts),
