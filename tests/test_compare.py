@@ -186,14 +186,18 @@ def test_compare_runs_reports_and_resumes_from_the_command_line(
     assert results["config"]["max_value"] == largest  # --max-value auto: the largest training sum
     assert set(results["answers"]["test"]["ce"]) == {"greedy", "expected", "median", "mode"}
     assert results["gate"]["constant"] in ("mean", "median", "mode")
-    unexplored = [u for path in out.glob("seed*/*/*.json")
-                  for u in json.loads(path.read_text()).get("unexplored", [])]  # fmt: skip
-    assert unexplored and results["largest_unexplored"] == max(unexplored)
+    # A --data run draws its distribution readouts: each expected answer's standard error kept.
+    assert results["config"]["readout_samples"] == 64 and results["largest_unexplored"] is None
+    scorings = [json.loads(path.read_text()) for path in out.glob("seed*/*/*.json")]
+    errors = [error for scored in scorings
+              for error in scored.get("standard_errors", {}).get("expected", [])
+              if error is not None]  # fmt: skip
+    assert errors and results["sampling_error"]["largest"] == max(errors)
     report = (out / "report.md").read_text()
     for heading in ("## Primary endpoint", "## Learnability gate", "## Settings", "## test",
                     "## validation", "Not pre-registered"):  # fmt: skip
         assert heading in report
-    assert f"left at most {results['largest_unexplored']:.2g} of an item's probability" in report
+    assert "drew 64 numbers per item instead of enumerating them" in report
     median = results["unparsed_answer"]
     assert f"scores an unparsed answer as the training median ({median:.4g})" in report
     assert report.count("parsed, arm / baseline") == 1 + len(results["answers"])  # every table
@@ -208,6 +212,59 @@ def test_compare_runs_reports_and_resumes_from_the_command_line(
     error = capsys.readouterr().err
     assert stopped.value.code == 2 and "holds a run with other settings (differing: steps)" in error
     assert error.count("\n") == 1  # one line, no traceback
+
+
+def test_a_readout_tolerance_enumerates_with_the_bound_beside_each_interval(
+    tiny_llama_dir: Path, tmp_path: Path
+) -> None:
+    """--readout-tolerance asks for the enumeration (no draws): each item's unexplored mass is
+    kept, and the report gives the readouts' bound after every interval."""
+    from numtok.cli import main
+
+    data = _write(tmp_path / "sums.jsonl", _sums(40))
+    out = tmp_path / "run"
+    assert main(_compare(tiny_llama_dir, data, out, "--arms", "ce,was",
+                         "--readout-tolerance", "0.05")) == 0  # fmt: skip
+    results = _strict_json(out / "results.json")
+    assert results["config"]["readout_samples"] is None and "sampling_error" not in results
+    unexplored = [u for path in out.glob("seed*/*/*.json")
+                  for u in json.loads(path.read_text()).get("unexplored", [])]  # fmt: skip
+    assert unexplored and results["largest_unexplored"] == max(unexplored)
+    assert set(results["readout_bounds"]["test"]["ce"]) == {"expected", "median", "mode"}
+    expected = [e for e in results["comparisons"] if e["readout"] == "expected"]
+    assert expected and all(e["readout_bound"] is None or e["readout_bound"] >= 0
+                            for e in expected)  # fmt: skip
+    report = (out / "report.md").read_text()
+    assert f"left at most {results['largest_unexplored']:.2g} of an item's probability" in report
+    assert "The ± beside an interval" in report and "] ±0 |" in report
+
+
+@pytest.mark.parametrize(
+    ("flags", "samples"),
+    [((), 64), (("--readout-samples", "8"), 8), (("--readout-samples", "none"), None),
+     (("--readout-tolerance", "0.01"), None)],
+)  # fmt: skip
+def test_readout_samples_from_the_command_line(
+    tmp_path: Path, flags: tuple[str, ...], samples: int | None
+) -> None:
+    from numtok_compare.cli import _parser
+    from numtok_compare.finetune.command import compare_config
+
+    data = _write(tmp_path / "sums.jsonl", _sums(40))
+    args = _parser().parse_args(["compare", "--data", str(data), *flags])
+    assert compare_config(args, None).readout_samples == samples
+
+
+def test_bad_readout_samples_are_named(tmp_path: Path) -> None:
+    from numtok_compare.cli import _parser
+    from numtok_compare.finetune.command import compare_config
+
+    data = _write(tmp_path / "sums.jsonl", _sums(40))
+    for text, message in (("many", "--readout-samples must be an int or 'none', got 'many'"),
+                          ("1", "readout_samples must be at least 2")):  # fmt: skip
+        args = _parser().parse_args(["compare", "--data", str(data), "--readout-samples", text])
+        with pytest.raises(ValueError, match=re.escape(message)):
+            compare_config(args, None)
 
 
 def test_compare_chooses_lambda_on_validation(
@@ -699,6 +756,8 @@ def test_compare_runs_every_preset_and_refuses_the_flags_of_the_other_kind(
          "--hypothesis does not apply to 'smoke'" + fine_tuning_only),
         (["--preset", "smoke", "--max-value", "9"],
          "--max-value does not apply to 'smoke'" + fine_tuning_only),
+        (["--preset", "smoke", "--readout-samples", "9"],
+         "--readout-samples does not apply to 'smoke'" + fine_tuning_only),
         (["--preset", "rjokes-smoke", "--margin", "0.1"],
          "--margin does not apply to 'rjokes-smoke'" + fine_tuning_only),
         (["--preset", "smollm2-arithmetic", "--workers", "2"],

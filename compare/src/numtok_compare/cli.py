@@ -49,7 +49,7 @@ _SIZE_FLAGS = {
 # numtok compare's fine-tuning runs that name no setting.
 _FROM_SCRATCH_ONLY = ("task", "workers", "cache_dir")
 _FINE_TUNING_ONLY = ("preregister", "hypothesis", "primary", "deviation", "margin",
-                     "margin_against", "target_effect", "estimate")  # fmt: skip
+                     "margin_against", "target_effect", "estimate", "readout_samples")  # fmt: skip
 RJOKES = "rjokes"
 
 

@@ -714,6 +714,17 @@ def _settings_lines(
         )
     if "readout_bounds" in rows:
         lines[-1] += " " + _BOUND_WORDS + _flipped(rows)
+    sampling = rows.get("sampling_error")
+    if sampling is not None:
+        lines[-1] += (
+            f" The distribution readouts drew {rows['config']['readout_samples']} numbers per "
+            "item instead of enumerating them: the expected answer is unbiased, its standard "
+            f"error {sampling['mean']:.3g} on average (largest {sampling['largest']:.3g}). That "
+            "noise is in every interval (it differs by seed and item: the residual), and it adds "
+            f"its mean square, {sampling['mean_square']:.3g}, to an arm's expected MSE and at "
+            "most its mean to the MAE: on both sides of a difference alike where the arms' "
+            "answers spread alike."
+        )
     return lines
 
 

@@ -50,7 +50,11 @@ COMPARE_DEFAULTS: dict[str, Any] = {
     "batch_size": 16,
     "learning_rate": 1e-3,
     "warmup_steps": 6,
+    "readout_samples": 64,
 }
+#: Without ``--readout-tolerance``, a ``--data`` run draws its distribution readouts
+#: (``COMPARE_DEFAULTS["readout_samples"]`` numbers per example): the cost does not grow with
+#: the answers' length or spread, and the draws' noise is in every interval (docs/compare.md).
 #: The largest answer the distribution readouts enumerate by default (``--max-value auto``):
 #: every number the readout can enumerate (``numtok.readout.MAX_DIGITS`` digits); the
 #: tolerance, not a cap on the answers, bounds what it costs.
@@ -155,6 +159,14 @@ def add_compare_arguments(
         help="the probability the expected/median/mode readouts may leave unexplored per example, "
         "a share of its number mass (default 0.001; 0: exact; larger: faster, the mean within "
         "about that share of the range 0..max-value)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--readout-samples",
+        help="the expected/median/mode readouts from N numbers drawn per example (the mean "
+        "unbiased, with its standard error; the cost does not grow with the answers' spread) "
+        f"or 'none': enumerated, with --readout-tolerance (default with --data: "
+        f"{COMPARE_DEFAULTS['readout_samples']}, or none when --readout-tolerance is given; a "
+        "preset: its own)",
     )  # fmt: skip
     parser.add_argument("--max-new-tokens", type=int, help="tokens generated per answer (8)")
     parser.add_argument("--device", help="cpu (default), cuda, cuda:N or mps")
@@ -273,6 +285,20 @@ def _max_value(text: str, data: Path | None) -> dict[str, Any]:
     return {"max_value": value, "max_digits": max(1, len(str(value)))}
 
 
+def _readout_samples(args: argparse.Namespace) -> dict[str, Any]:
+    """``readout_samples`` from ``--readout-samples`` (an int or 'none'); none where only
+    ``--readout-tolerance`` is given (the user asks for the enumeration); nothing otherwise."""
+    text = getattr(args, "readout_samples", None)
+    if text is None:
+        return {"readout_samples": None} if args.readout_tolerance is not None else {}
+    if text == "none":
+        return {"readout_samples": None}
+    try:
+        return {"readout_samples": int(text)}
+    except ValueError:
+        raise ValueError(f"--readout-samples must be an int or 'none', got {text!r}") from None
+
+
 def config_from_flags(
     args: argparse.Namespace, base: RunConfig | None, where: str, **settings: Any
 ) -> Any:
@@ -312,7 +338,7 @@ def compare_config(args: argparse.Namespace, base: FinetuneConfig | None) -> Fin
     ``--max-value``."""
     where = f"the fine-tuning preset {args.preset!r}"
     config: FinetuneConfig = config_from_flags(
-        args, base, where, **_max_value(args.max_value, args.data)
+        args, base, where, **_max_value(args.max_value, args.data), **_readout_samples(args)
     )
     return config
 

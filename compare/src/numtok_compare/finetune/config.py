@@ -90,6 +90,11 @@ class FinetuneConfig(RunConfig):
     #: number mass (:func:`numtok.readout.distribution.number_distribution`; 0: exact): the mean
     #: moves by at most about this share of the range 0..``max_value``.
     readout_tolerance: float = FAST_TOLERANCE
+    #: Draw this many numbers per example instead of enumerating them
+    #: (:func:`numtok.predict_numbers`' ``samples``; None: enumerate): the ``expected`` readout
+    #: is then unbiased with a standard error, at a cost that does not grow with the answers'
+    #: spread (``readout_tolerance`` does not apply).
+    readout_samples: int | None = None
     max_new_tokens: int = 8
     #: Equivalence within ±``margin`` of the tested metric (MSE for RMSE) for the primary
     #: comparisons against ``margin_baseline`` (two one-sided tests at 5 %; None: none).
@@ -177,6 +182,13 @@ class FinetuneConfig(RunConfig):
         ):  # fmt: skip
             check_positive_int(name, getattr(self, name))
         check_tolerance(self.readout_tolerance, name="readout_tolerance")
+        if self.readout_samples is not None:
+            check_positive_int("readout_samples", self.readout_samples)
+            if self.readout_samples < 2:
+                raise ValueError(
+                    "readout_samples must be at least 2 (a standard error needs two), got "
+                    f"{self.readout_samples}"
+                )
         for name in ("head_learning_rate", "margin"):
             if getattr(self, name) is not None:
                 check_number(name, getattr(self, name), minimum=0.0, inclusive=False)

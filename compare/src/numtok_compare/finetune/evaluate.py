@@ -9,7 +9,9 @@
   from the same prompt pass: one pass over a split scores every readout.
   Each item's unexplored mass (``pruned``) is kept beside the answers (``unexplored``), and how
   far each answer may lie from the exact readout (``bounds``,
-  :func:`~numtok_compare.runner.scoring.readout_bounds`);
+  :func:`~numtok_compare.runner.scoring.readout_bounds`); with ``config.readout_samples`` the
+  numbers are drawn instead, and each expected answer's standard error is kept
+  (``standard_errors``);
 * ``head``: the regression head's prediction (the ``head`` arm's only readout).
 
 The metrics are computed from these answers (:mod:`numtok_compare.item_metrics`), per item,
@@ -60,13 +62,16 @@ def score_split(
         nothing: dict[str, list[float | None]] = {
             readout: [] for readout in ("greedy", "expected", "median", "mode")
         }
+        if config.readout_samples is not None:
+            return {"answers": nothing, "texts": [], "standard_errors": {"expected": []}}
         return {"answers": nothing, "texts": [], "unexplored": [],
                 "bounds": {readout: [] for readout in nothing if readout != "greedy"}}  # fmt: skip
+    sampled = config.readout_samples is not None
     read = predict_numbers(
         trained.model, tokenizer, [list(e.prompt) for e in examples],
         max_digits=config.max_digits, max_value=config.max_value,
-        tolerance=config.readout_tolerance,
-        new_tokens=config.max_new_tokens,
+        tolerance=0.0 if sampled else config.readout_tolerance,
+        samples=config.readout_samples, new_tokens=config.max_new_tokens,
     )  # fmt: skip
     texts = tokenizer.batch_decode([list(t) for t in read.greedy], skip_special_tokens=True)
     answers = {
@@ -75,5 +80,8 @@ def score_split(
         "median": storable(read.median.tolist()),
         "mode": storable(read.mode.tolist()),
     }
+    if sampled:
+        errors = storable(read.mean_standard_error.tolist())
+        return {"answers": answers, "texts": texts, "standard_errors": {"expected": errors}}
     return {"answers": answers, "texts": texts, "unexplored": read.pruned.tolist(),
             "bounds": readout_bounds(read)}  # fmt: skip

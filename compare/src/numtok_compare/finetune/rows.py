@@ -48,9 +48,14 @@ def run_rows(config: FinetuneConfig, data: FinetuneData, phases: Phases) -> dict
     """What the report reads of a fine-tuning run besides the stored answers
     (:class:`~numtok_compare.comparison.Comparison`'s ``rows``): the design, the data's notes,
     digest and sizes, the training answers' constants, every scored split's true answers, the
-    choice of λ with each λ's parsed share, and the most probability a readout left unexplored."""
+    choice of λ with each λ's parsed share, the most probability a readout left unexplored, and
+    where the readouts drew their numbers, their standard errors' mean, largest and mean square
+    (``sampling_error``)."""
     splits = ("validation", *(config.evaluation_splits if phases.test else ()))
     unexplored = [u for scored in phases.scorings() for u in scored.get("unexplored", [])]
+    errors = [error for scored in phases.scorings()
+              for error in scored.get("standard_errors", {}).get("expected", [])
+              if error is not None]  # fmt: skip
     choice = phases.choice | {"parsed": _parsed_by_weight(config, phases.validation, phases.choice)}
     return {
         "design": design_of(config, data.notes, phases.choice["chosen"]).to_dict(),
@@ -61,6 +66,9 @@ def run_rows(config: FinetuneConfig, data: FinetuneData, phases: Phases) -> dict
                        for split in splits},
         "choice": choice,
         "largest_unexplored": max(unexplored) if unexplored else None,
+        **({"sampling_error": {"mean": float(np.mean(errors)), "largest": max(errors),
+                               "mean_square": float(np.mean(np.square(errors)))}}
+           if errors else {}),
     }  # fmt: skip
 
 
