@@ -26,6 +26,7 @@ import json
 import random
 import time
 from pathlib import Path
+from typing import Any
 
 from numtok.cli import main as numtok
 
@@ -112,6 +113,7 @@ def main() -> None:
         "largest_unexplored": results.get("largest_unexplored"),
         "sampling_error": results.get("sampling_error"),
         "readout_bounds": _primary_bounds(results),
+        "decisions": decisions(results),
         "scored_items": {split: len(truth) for split, truth in results["references"].items()},
     }
     args.results.mkdir(parents=True, exist_ok=True)
@@ -132,6 +134,29 @@ def _primary_bounds(results: dict[str, object]) -> list[dict[str, object]]:
         if entry["readout"] == "expected" and entry["metric"] == "mae"
         and "readout_bound" in entry
     ]  # fmt: skip
+
+
+def decisions(results: dict[str, Any]) -> dict[str, list[str]]:
+    """Every gate decision and every test comparison of a run's ``results.json``, one line each
+    with its estimate and interval (``"was expected: not learnt, +0.068 [-0.477, +0.612]"``,
+    ``"was expected − ce expected mae: no verdict, -0.40 [-8.1, +7.3]"``): two runs of the same
+    comparison that read their answers differently are compared by these lines."""
+
+    def estimate(value: float, low: float, high: float) -> str:
+        return f"{value:+.4g} [{low:+.4g}, {high:+.4g}]"
+
+    gate = [
+        f"{e['arm']} {e['readout']}: {'learnt' if e['learnt'] else 'not learnt'}, "
+        + estimate(e["improvement"], e["low"], e["high"])
+        for e in results["gate"]["arms"]
+    ]
+    verdicts = [
+        f"{e['arm']} {e['readout']} − {e['baseline_arm']} {e['baseline']} {e['metric']}: "
+        f"{e['verdict']}, " + estimate(e["difference"], e["low"], e["high"])
+        for e in results["comparisons"]
+        if e["split"] == "test"
+    ]
+    return {"gate": gate, "test_comparisons": verdicts}
 
 
 if __name__ == "__main__":
