@@ -124,13 +124,13 @@ def main() -> None:
     print(f"rows: {path}")
 
 
-def _primary_bounds(results: dict[str, object]) -> list[dict[str, object]]:
+def _primary_bounds(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Each test comparison of the expected readout by MAE: its interval and the readouts'
     bound beside it (empty where the run kept no bounds)."""
     return [
         {key: entry.get(key) for key in ("split", "arm", "baseline_arm", "difference", "low",
                                           "high", "readout_bound", "could_flip", "verdict")}
-        for entry in results["comparisons"]  # type: ignore[attr-defined]
+        for entry in results["comparisons"]
         if entry["readout"] == "expected" and entry["metric"] == "mae"
         and "readout_bound" in entry
     ]  # fmt: skip

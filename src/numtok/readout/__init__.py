@@ -14,7 +14,8 @@ program that builds its own evaluation on them needs, documented here and kept a
 * :data:`MAX_DIGITS` (the longest numbers :func:`number_distribution` enumerates),
   :data:`FAST_TOLERANCE` (a tolerance with which the mean moves by less than 1e-3 of the values'
   range) and the checks of those two settings, :func:`check_max_digits` and
-  :func:`check_tolerance`, with the errors the readouts raise.
+  :func:`check_tolerance`, and of the draws per prompt, :func:`check_samples`, with the errors
+  the readouts raise.
 """
 
 from numtok.readout.decoding import greedy_tokens
@@ -25,6 +26,7 @@ from numtok.readout.distribution import (
     check_max_digits,
     check_tolerance,
 )
+from numtok.readout.sampling import check_samples
 from numtok.readout.scorers import cache_argument, returned_cache, shared_prefix_length
 
 __all__ = [
@@ -33,6 +35,7 @@ __all__ = [
     "NextTokenScorer",
     "cache_argument",
     "check_max_digits",
+    "check_samples",
     "check_tolerance",
     "greedy_tokens",
     "returned_cache",

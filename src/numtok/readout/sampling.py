@@ -29,13 +29,13 @@ from numtok.readout.distribution import (
 __all__ = ["check_samples", "sample_distribution"]
 
 
-def check_samples(samples: object) -> int:
+def check_samples(samples: object, *, name: str = "samples") -> int:
     """``samples`` (draws per prompt) checked: an int of at least 2, not a bool; a
-    ``TypeError`` or ``ValueError`` naming it."""
+    ``TypeError`` or ``ValueError`` that calls it ``name``."""
     if isinstance(samples, bool) or not isinstance(samples, int):
-        raise TypeError(f"samples must be an int, got {samples!r}")
+        raise TypeError(f"{name} must be an int, got {samples!r}")
     if samples < 2:
-        raise ValueError(f"samples must be at least 2 (a standard error needs two), got {samples}")
+        raise ValueError(f"{name} must be at least 2 (a standard error needs two), got {samples}")
     return samples
 
 

@@ -41,7 +41,10 @@ __all__ = [
 
 #: ``numtok compare --data``'s settings where no flag is given: the SmolLM2 arithmetic preset's
 #: budget (LoRA rank 16 on q and v, 60 steps of 16 examples, learning rate 1e-3), CE against
-#: CE + 0.3·NTL-WAS and the model before fine-tuning, 3 seeds.
+#: CE + 0.3·NTL-WAS and the model before fine-tuning, 3 seeds; the distribution readouts drawn,
+#: 64 numbers per example, unless ``--readout-tolerance`` asks for the enumeration (the cost
+#: does not grow with the answers' length or spread, and the draws' noise is in every
+#: interval: docs/compare.md).
 COMPARE_DEFAULTS: dict[str, Any] = {
     "task": "jsonl",
     "arms": ("base", "ce", "was"),
@@ -52,12 +55,9 @@ COMPARE_DEFAULTS: dict[str, Any] = {
     "warmup_steps": 6,
     "readout_samples": 64,
 }
-#: Without ``--readout-tolerance``, a ``--data`` run draws its distribution readouts
-#: (``COMPARE_DEFAULTS["readout_samples"]`` numbers per example): the cost does not grow with
-#: the answers' length or spread, and the draws' noise is in every interval (docs/compare.md).
-#: The largest answer the distribution readouts enumerate by default (``--max-value auto``):
-#: every number the readout can enumerate (``numtok.readout.MAX_DIGITS`` digits); the
-#: tolerance, not a cap on the answers, bounds what it costs.
+#: The largest answer the distribution readouts read by default (``--max-value auto``): every
+#: number the readout can read (``numtok.readout.MAX_DIGITS`` digits); the draws per example
+#: (or the tolerance), not a cap on the answers, bound what it costs.
 AUTO_MAX_VALUE = 10**MAX_DIGITS - 1
 
 

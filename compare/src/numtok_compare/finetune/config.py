@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from numtok.readout import FAST_TOLERANCE, MAX_DIGITS, check_tolerance
+from numtok.readout import FAST_TOLERANCE, MAX_DIGITS, check_samples, check_tolerance
 from numtok_compare.checks import check_number
 from numtok_compare.config import RunConfig, check_non_negative_int, check_positive_int
 from numtok_compare.design import equivalence_baseline
@@ -183,12 +183,7 @@ class FinetuneConfig(RunConfig):
             check_positive_int(name, getattr(self, name))
         check_tolerance(self.readout_tolerance, name="readout_tolerance")
         if self.readout_samples is not None:
-            check_positive_int("readout_samples", self.readout_samples)
-            if self.readout_samples < 2:
-                raise ValueError(
-                    "readout_samples must be at least 2 (a standard error needs two), got "
-                    f"{self.readout_samples}"
-                )
+            check_samples(self.readout_samples, name="readout_samples")
         for name in ("head_learning_rate", "margin"):
             if getattr(self, name) is not None:
                 check_number(name, getattr(self, name), minimum=0.0, inclusive=False)
