@@ -112,7 +112,7 @@ def main() -> None:
         "seconds_per_step": [r["seconds_per_step"] for r in results["runs"]],
         "largest_unexplored": results.get("largest_unexplored"),
         "sampling_error": results.get("sampling_error"),
-        "readout_bounds": _primary_bounds(results),
+        "readout_errors": _primary_errors(results),
         "decisions": decisions(results),
         "scored_items": {split: len(truth) for split, truth in results["references"].items()},
     }
@@ -124,15 +124,17 @@ def main() -> None:
     print(f"rows: {path}")
 
 
-def _primary_bounds(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each test comparison of the expected readout by MAE: its interval and the readouts'
-    bound beside it (empty where the run kept no bounds)."""
+def _primary_errors(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each test comparison of the expected readout by MAE: its interval and the readouts' own
+    error beside it, the bound of their pruning or the draws' share of its variance and the
+    draws it would need for a tenth (empty where the run kept neither)."""
     return [
         {key: entry.get(key) for key in ("split", "arm", "baseline_arm", "difference", "low",
-                                          "high", "readout_bound", "could_flip", "verdict")}
+                                          "high", "se", "df", "readout_bound", "could_flip",
+                                          "draws_share", "draws_needed", "verdict")}
         for entry in results["comparisons"]
         if entry["readout"] == "expected" and entry["metric"] == "mae"
-        and "readout_bound" in entry
+        and ("readout_bound" in entry or "draws_share" in entry)
     ]  # fmt: skip
 
 

@@ -193,11 +193,15 @@ def test_compare_runs_reports_and_resumes_from_the_command_line(
               for error in scored.get("standard_errors", {}).get("expected", [])
               if error is not None]  # fmt: skip
     assert errors and results["sampling_error"]["largest"] == max(errors)
+    # They reach the analysis: each interval's share of variance from the draws.
+    assert set(results["readout_standard_errors"]["test"]["ce"]) == {"expected"}
+    assert all("draws_share" in entry for entry in results["comparisons"])
     report = (out / "report.md").read_text()
     for heading in ("## Primary endpoint", "## Learnability gate", "## Settings", "## test",
                     "## validation", "Not pre-registered"):  # fmt: skip
         assert heading in report
     assert "drew 64 numbers per item instead of enumerating them" in report
+    assert "% draws) |" in report and "The (x % draws) after an interval" in report
     median = results["unparsed_answer"]
     assert f"scores an unparsed answer as the training median ({median:.4g})" in report
     assert report.count("parsed, arm / baseline") == 1 + len(results["answers"])  # every table

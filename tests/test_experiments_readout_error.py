@@ -1,6 +1,7 @@
-"""The readouts' bound carried into the report (numtok_compare.readout_error): each item's score
-bound against a brute force over the answers the bound allows; the estimate's bound against the
-largest move of the difference any such answers make; and the report that shows it."""
+"""The readouts' own error carried into the report (numtok_compare.readout_error): each item's
+score bound against a brute force over the answers the bound allows; the estimate's bound against
+the largest move of the difference any such answers make; a sampled readout's score variances
+and their share of an interval against Monte Carlo draws; and the report that shows both."""
 
 from __future__ import annotations
 
@@ -11,7 +12,14 @@ import pytest
 
 from numtok_compare.design import Design
 from numtok_compare.item_metrics import MEAN_METRICS, item_scores
-from numtok_compare.readout_error import could_flip, estimate_bound, item_score_bounds
+from numtok_compare.readout_error import (
+    could_flip,
+    draws_needed,
+    draws_variance,
+    estimate_bound,
+    item_score_bounds,
+    item_score_variances,
+)
 from numtok_compare.report import analyse_and_write
 
 
@@ -154,3 +162,118 @@ def test_the_report_shows_the_bound_and_names_a_verdict_it_could_flip(tmp_path: 
     assert all("readout_bound" not in entry for entry in older["comparisons"])
     older_report = (tmp_path / "report.md").read_text()
     assert "±5" not in older_report and "readout's ±" not in older_report
+
+
+# A sampled readout's noise (numtok_compare.readout_error's draws): each item's score variance
+# against a Monte Carlo over normal draws' means, the estimate's against the variance of the
+# mean difference those draws make, and the report that shows the share.
+
+
+@pytest.mark.parametrize("metric", MEAN_METRICS)
+def test_an_item_score_variance_matches_draws_of_the_mean(metric: str) -> None:
+    """Means drawn around the exact answers (normal, standard error s): the variance of each
+    item's score over 100,000 such means is the formula's at the exact answer, within Monte
+    Carlo error where the delta method is exact or near it (mse, the indicators; the absolute
+    and log errors away from the true answer), and never below it for those two (an upper bound
+    at their kink)."""
+    rng = np.random.default_rng(7)
+    references = rng.integers(20, 500, size=40).astype(np.float64)
+    exact = references + rng.normal(0, 15, size=40)
+    exact[:4] = references[:4] * 1.01  # on the 1 % edge
+    errors = rng.uniform(0.5, 4.0, size=40)
+    formula = item_score_variances(metric, exact, errors, references)
+    means = exact + rng.normal(size=(100_000, 40)) * errors
+    simulated = item_scores(metric, means, references, unparsed=250.0).var(axis=0)
+    if metric in ("mae", "log_mae"):  # a kink at the true answer: an upper bound there
+        assert (simulated <= formula * 1.05).all()
+        far = np.abs(exact - references) > 3 * errors
+        np.testing.assert_allclose(simulated[far], formula[far], rtol=0.05)
+    elif metric == "exact_accuracy":
+        assert (formula == 0).all() and (simulated == 0).all()  # a mean is never exactly right
+    else:
+        np.testing.assert_allclose(simulated, formula, rtol=0.06, atol=1e-3)
+
+
+def test_an_item_score_variance_of_an_unparsed_or_unknown_answer() -> None:
+    references = np.array([10.0, 20.0, 30.0])
+    answers = np.array([[12.0, np.nan, 28.0]])
+    errors = np.array([[1.0, np.nan, np.nan]])
+    variance = item_score_variances("mae", answers, errors, references)
+    assert variance[0, 0] == 1.0 and variance[0, 1] == 0.0 and np.isinf(variance[0, 2])
+    assert draws_variance(variance) is None
+    with pytest.raises(ValueError, match="metric must be one of"):
+        item_score_variances("rmse", answers, errors, references)
+
+
+def test_the_draws_variance_is_the_variance_of_the_mean_difference() -> None:
+    """A drawn arm (3 seeds) against a drawn base arm (one row for every seed): over 4,000 draws
+    of both, the variance of the mean MSE difference is draws_variance's; and draws_needed's
+    count, in the formula's own terms, leaves the draws a tenth of the variance."""
+    rng = np.random.default_rng(3)
+    references = rng.uniform(50, 150, size=25)
+    arm = references + rng.normal(0, 10, size=(3, 25))
+    base = references + rng.normal(0, 12, size=(1, 25))
+    arm_errors, base_errors = rng.uniform(1, 5, size=(3, 25)), rng.uniform(1, 5, size=(1, 25))
+    variance = draws_variance(
+        item_score_variances("mse", arm, arm_errors, references),
+        item_score_variances("mse", base, base_errors, references),
+    )
+    assert variance is not None
+    differences = []
+    for _ in range(4_000):
+        drawn_arm = arm + rng.normal(size=arm.shape) * arm_errors
+        drawn_base = np.broadcast_to(base + rng.normal(size=base.shape) * base_errors, arm.shape)
+        differences.append(np.mean((drawn_arm - references) ** 2 - (drawn_base - references) ** 2))
+    assert np.var(differences) == pytest.approx(variance, rel=0.07)
+    se = 2 * np.sqrt(variance)  # the draws a quarter of the variance at 64 draws
+    needed = draws_needed(64, variance, se)
+    assert needed is not None
+    at_needed = variance * 64 / needed
+    assert at_needed / (se**2 - variance + at_needed) == pytest.approx(0.1, rel=0.01)
+    assert draws_needed(64, variance, np.sqrt(variance)) is None  # the draws are all of it
+    assert draws_needed(64, 0.0, 1.0) == 0 and draws_needed(64, None, 1.0) is None
+
+
+def test_the_report_gives_the_draws_share_beside_each_interval(tmp_path: Path) -> None:
+    """Rows of a sampled readout: every comparison and gate entry of the expected readout holds
+    the draws' share of its variance (greedy's 0, the median's unknown), the report writes it
+    after the interval, and the settings give the draws each primary comparison needs."""
+    seeds = (0, 1, 2)
+    rng = np.random.default_rng(0)
+    references = rng.integers(10, 90, size=40).astype(np.float64)
+    ce = references + rng.normal(0, 8, size=(3, 40))
+    was = references + rng.normal(0, 6, size=(3, 40))
+    design = Design(title="draws", trained="fabricated.", seeds=seeds, arms=("ce", "was"),
+                    splits=("test",), metric="mae", readout="expected", max_value=99)  # fmt: skip
+    splits = ("test", "validation")
+    answers = {split: {arm: {"expected": rows.tolist(), "median": np.round(rows).tolist(),
+                             "greedy": np.round(rows).tolist()}
+                       for arm, rows in (("ce", ce), ("was", was))}
+               for split in splits}  # fmt: skip
+    errors = {split: {arm: {"expected": np.full((3, 40), 3.0).tolist()} for arm in ("ce", "was")}
+              for split in splits}  # fmt: skip
+    rows = {"design": design.to_dict(), "config": {"readout_samples": 64},
+            "choice": {"chosen": {}, "means": {}}, "minutes": 1.0,
+            "training_constants": {"mean": 50.0, "median": 50.0, "mode": 50.0},
+            "answers": answers, "readout_standard_errors": errors,
+            "sampling_error": {"mean": 3.0, "largest": 3.0, "mean_square": 9.0},
+            "references": {split: references.tolist() for split in splits}}  # fmt: skip
+    results = analyse_and_write(tmp_path, rows, preregistered=None)
+    by_key = {(e["split"], e["arm"], e["readout"], e["metric"]): e for e in results["comparisons"]}
+    expected = by_key[("test", "was", "expected", "mae")]
+    assert expected["draws_share"] == pytest.approx(2 * 9.0 / 120 / expected["se"] ** 2)
+    assert expected["draws_needed"] == draws_needed(64, 2 * 9.0 / 120, expected["se"])
+    assert by_key[("test", "was", "greedy", "mae")]["draws_share"] == 0.0
+    assert by_key[("test", "was", "median", "mae")]["draws_share"] is None
+    assert all("draws_share" in entry for entry in results["gate"]["arms"])
+    report = (tmp_path / "report.md").read_text()
+    share = f"({100 * expected['draws_share']:.0f} % draws)"
+    assert share in report and "(0 % draws)" in report and "(draws: n/a)" in report
+    count = expected["draws_needed"]
+    assert "(arm − CE, expected mae on test), this many draws per item" in report
+    assert f"was {'n/a' if count is None else f'{count:,}'} (n/a:" in report
+    # Rows without standard errors (every run before them): no share, the report as it was.
+    del rows["readout_standard_errors"]
+    older = analyse_and_write(tmp_path, rows, preregistered=None)
+    assert all("draws_share" not in entry for entry in older["comparisons"])
+    assert "% draws)" not in (tmp_path / "report.md").read_text()

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -56,14 +57,18 @@ from numtok_compare.item_metrics import (
 from numtok_compare.readout_error import (
     EXACT_READOUTS,
     could_flip,
+    draws_needed,
+    draws_variance,
     estimate_bound,
     item_score_bounds,
+    item_score_variances,
 )
 from numtok_compare.stats import summarise
 
 __all__ = [
     "GATE_ALPHA",
     "Answers",
+    "Draws",
     "comparisons",
     "learnability_gate",
     "metric_table",
@@ -76,13 +81,26 @@ Answers = Mapping[str, Mapping[str, Mapping[str, NDArray[np.float64]]]]
 #: ``bounds[split][arm][readout]``: how far each answer (S, I) may lie from the exact readout
 #: (NaN: no bound); a readout missing is exact if in ``EXACT_READOUTS``, else unbounded.
 Bounds = Answers
+#: One split's arrays, ``[arm][readout]``.
+ByArm = Mapping[str, Mapping[str, NDArray[np.float64]]]
+
+
+@dataclass(frozen=True)
+class Draws:
+    """A sampled readout's noise, as the rows keep it: ``standard_errors[arm][readout]`` (S, I)
+    of each drawn answer of one split (a readout missing is exact if in ``EXACT_READOUTS``, else
+    of unknown noise), and the ``samples`` drawn per item."""
+
+    standard_errors: ByArm
+    samples: int
 
 
 def _answer_bounds(
-    bounds: Mapping[str, Mapping[str, NDArray[np.float64]]], arm: str, readout: str,
-    shape: tuple[int, ...],
-) -> NDArray[np.float64]:  # fmt: skip
-    """``arm``'s answer bounds by ``readout`` (``bounds[arm][readout]``), broadcast to ``shape``."""
+    bounds: ByArm, arm: str, readout: str, shape: tuple[int, ...]
+) -> NDArray[np.float64]:
+    """``arm``'s answer bounds (or standard errors) by ``readout`` (``bounds[arm][readout]``),
+    broadcast to ``shape``; a readout not stored: 0 if it is exact (``EXACT_READOUTS``), else
+    NaN."""
     stored = bounds.get(arm, {}).get(readout)
     if stored is None:
         return np.full(shape, 0.0 if readout in EXACT_READOUTS else np.nan)
@@ -101,6 +119,26 @@ def _with_readout_bound(
              else np.zeros_like(side[0]) for side in sides]  # fmt: skip
     bound = estimate_bound(*moved)
     return entry | {"readout_bound": bound, "could_flip": could_flip(entry, bound)}
+
+
+def _with_draws(
+    entry: dict[str, Any], se: float | None, metric: str, sides: tuple[tuple[str, str,
+    NDArray[np.float64]], ...], references: NDArray[np.float64], draws: Draws,
+) -> dict[str, Any]:  # fmt: skip
+    """``entry`` with ``draws_share`` (the share of its interval's variance ``se²`` that the
+    draws make up; None: not known) and ``draws_needed`` (the draws per item for a share of
+    :data:`~numtok_compare.readout_error.DRAWS_SHARE_TARGET`). ``sides``: each side's arm,
+    readout and answers in their own rows (``base``: one), a constant's none."""
+    variances = [
+        item_score_variances(metric, answers,
+                             _answer_bounds(draws.standard_errors, arm, readout, answers.shape),
+                             references)
+        for arm, readout, answers in sides
+    ]  # fmt: skip
+    variance = draws_variance(*variances)
+    share = None if variance is None or not se else min(1.0, variance / se**2)
+    return entry | {"draws_share": share,
+                    "draws_needed": draws_needed(draws.samples, variance, se)}  # fmt: skip
 
 
 def metric_table(
@@ -206,6 +244,7 @@ def comparisons(
     *,
     margin: tuple[str, float, str] | None = None,
     bounds: Bounds | None = None,
+    draws: Mapping[str, Draws] | None = None,
 ) -> list[dict[str, Any]]:
     """One entry per (split, arm, readout, ``baseline_arm`` and its readout ``baseline``, metric
     of :data:`MEAN_METRICS`) of :func:`_baselines`' pairs: ``arm − baseline_arm`` by the crossed
@@ -216,7 +255,9 @@ def comparisons(
     (:func:`numtok_compare.crossed.equivalence`: its ``verdict`` "equivalent", "different" or
     "undecided", ``low`` and ``high`` of the 90 % interval, ``reason``), under the same gate.
     ``bounds``: the answers' readout bounds (:data:`Bounds`); every entry then also holds
-    ``readout_bound`` and ``could_flip`` (:mod:`numtok_compare.readout_error`)."""
+    ``readout_bound`` and ``could_flip`` (:mod:`numtok_compare.readout_error`); ``draws``: each
+    split's :class:`Draws` of a sampled readout, and every entry then also holds ``draws_share``
+    and ``draws_needed``."""
     learnt = {(e["arm"], e["readout"]): e["learnt"] for e in gate["arms"]}
     entries = []
     for split, by_arm in answers.items():
@@ -227,6 +268,7 @@ def comparisons(
                         (split, arm, readout, baseline_arm, baseline), rows,
                         by_arm[baseline_arm][baseline], references[split], seeds, unparsed, learnt,
                         margin, None if bounds is None else bounds[split],
+                        None if draws is None else draws[split],
                     )  # fmt: skip
     return entries
 
@@ -235,9 +277,10 @@ def _compared(
     key: tuple[str, str, str, str, str], rows: NDArray[np.float64],
     baseline_rows: NDArray[np.float64], references: NDArray[np.float64], seeds: int,
     unparsed: float, learnt: Mapping[tuple[str, str], bool], margin: tuple[str, float, str] | None,
-    bounds: Mapping[str, Mapping[str, NDArray[np.float64]]] | None,
+    bounds: ByArm | None, draws: Draws | None,
 ) -> list[dict[str, Any]]:  # fmt: skip
     split, arm, readout, baseline_arm, baseline = key
+    own = ((arm, readout, rows), (baseline_arm, baseline, baseline_rows))
     rows = np.broadcast_to(rows, (seeds, rows.shape[-1]))  # base: one row for every seed
     baseline_rows = np.broadcast_to(baseline_rows, rows.shape)
     unlearnt = [f"{a} ({r})" for a, r in ((arm, readout), (baseline_arm, baseline))
@@ -260,6 +303,8 @@ def _compared(
                 (baseline_rows, _answer_bounds(bounds, baseline_arm, baseline, rows.shape)),
             )
             entry = _with_readout_bound(entry, metric, sides, references)  # fmt: skip
+        if draws is not None:
+            entry = _with_draws(entry, entry["se"], metric, own, references, draws)
         entries.append(
             {"split": split, "arm": arm, "readout": readout, "baseline_arm": baseline_arm,
              "baseline": baseline, "metric": metric, **entry, "verdict": verdict,
@@ -270,13 +315,14 @@ def _compared(
 
 
 def learnability_gate(
-    answers: Mapping[str, Mapping[str, NDArray[np.float64]]],
+    answers: ByArm,
     constants: Mapping[str, float],
     references: NDArray[np.float64],
     seeds: int,
     metric: str,
     unparsed: float,
-    bounds: Mapping[str, Mapping[str, NDArray[np.float64]]] | None = None,
+    bounds: ByArm | None = None,
+    draws: Draws | None = None,
 ) -> dict[str, Any]:
     """The gate on the validation split (module docstring): ``answers[arm][readout]`` of every
     arm, ``constants`` the training answers' mean, median and mode, ``metric`` the run's (tested
@@ -290,7 +336,9 @@ def learnability_gate(
     ``closest`` the entry that did not learn whose interval comes nearest to excluding 0 (None
     when every candidate learnt). ``bounds``: the answers' readout bounds (``bounds[arm]
     [readout]``, :data:`Bounds` of the validation split); every entry then also holds
-    ``readout_bound`` and ``could_flip``, whether its decision could change within it.
+    ``readout_bound`` and ``could_flip``, whether its decision could change within it;
+    ``draws``: the validation split's :class:`Draws`, and every entry then also holds
+    ``draws_share`` and ``draws_needed``.
     """
     tested = per_item_metric(metric)
     higher = tested in HIGHER_IS_BETTER
@@ -328,6 +376,9 @@ def learnability_gate(
             if bounds is not None:
                 sides = ((rows, _answer_bounds(bounds, arm, readout, rows.shape)), (constant_rows,))
                 gated = _with_readout_bound(gated, tested, sides, references)
+            if draws is not None:
+                own = ((arm, readout, by_readout[readout]),)
+                gated = _with_draws(gated, entry["se"], tested, own, references, draws)
             entries.append(gated)
 
     def nearness(entry: dict[str, Any]) -> float:

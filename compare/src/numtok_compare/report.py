@@ -32,7 +32,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from numtok.readout import FAST_TOLERANCE
-from numtok_compare.analysis import comparisons, learnability_gate, metric_table
+from numtok_compare.analysis import Draws, comparisons, learnability_gate, metric_table
 from numtok_compare.design import Design
 from numtok_compare.item_metrics import (
     HIGHER_IS_BETTER,
@@ -43,6 +43,7 @@ from numtok_compare.item_metrics import (
 )
 from numtok_compare.planning import planning
 from numtok_compare.provenance import git_provenance, registered_arm
+from numtok_compare.readout_error import DRAWS_SHARE_TARGET
 from numtok_compare.report_format import json_safe, needed, signed
 
 __all__ = [
@@ -68,13 +69,18 @@ def _interval(low: float | None, high: float | None) -> str:
     return "n/a" if low is None or high is None else f"[{signed(low)}, {signed(high)}]"
 
 
-def _readout_bound(entry: Mapping[str, Any]) -> str:
-    """`` ±b`` after an interval: how far the readouts' pruning could move its estimate (rows that
-    keep the readouts' bounds; nothing for older rows)."""
-    if "readout_bound" not in entry:
-        return ""
-    bound = entry["readout_bound"]
-    return " ±unbounded" if bound is None else f" ±{bound:.2g}"
+def _readout_error(entry: Mapping[str, Any]) -> str:
+    """After an interval, the readouts' own error: `` ±b``, how far their pruning could move its
+    estimate (rows that keep the readouts' bounds), and `` (x % draws)``, the share of its
+    variance their draws make up (rows of a sampled readout); nothing for older rows."""
+    text = ""
+    if "readout_bound" in entry:
+        bound = entry["readout_bound"]
+        text += " ±unbounded" if bound is None else f" ±{bound:.2g}"
+    if "draws_share" in entry:
+        share = entry["draws_share"]
+        text += " (draws: n/a)" if share is None else f" ({100 * share:.0f} % draws)"
+    return text
 
 
 #: After a verdict that the readouts' bound could change.
@@ -93,7 +99,7 @@ def _difference_cells(entry: dict[str, Any]) -> list[str]:
     parsed = entry["parsed_share"]
     return [
         signed(entry["difference"]),
-        _interval(entry["low"], entry["high"]) + _readout_bound(entry),
+        _interval(entry["low"], entry["high"]) + _readout_error(entry),
         _number(entry["df"], 1),
         _number(entry["mde"]),
         f"{_number(parsed['arm'])} / {_number(parsed['baseline'])}",
@@ -287,7 +293,7 @@ def _gate_lines(gate: dict[str, Any], nested: bool) -> list[str]:
             decided += _COULD_FLIP
         lines.append(
             f"| {entry['arm']} | {entry['readout']} | {signed(entry['improvement'])} | "
-            f"{_interval(entry['low'], entry['high'])}{_readout_bound(entry)} | "
+            f"{_interval(entry['low'], entry['high'])}{_readout_error(entry)} | "
             f"{_number(entry['mde'])} | {_number(entry['parsed_share'])} | {decided} |"
         )
     return lines
@@ -527,16 +533,15 @@ def analyse_and_write(
     ``target_effect``: plan a next run for it (:func:`planning`), from each primary
     comparison's variance components."""
     design = Design.from_dict(rows["design"])
-    answers = {split: {arm: {readout: np.stack([answer_values(row) for row in stored])
-                             for readout, stored in by_readout.items()}
-                       for arm, by_readout in by_arm.items()}
-               for split, by_arm in rows["answers"].items()}  # fmt: skip
-    bounds = None
-    if "readout_bounds" in rows:  # None: no bound, as NaN
-        bounds = {split: {arm: {readout: np.stack([answer_values(row) for row in stored])
-                                for readout, stored in by_readout.items()}
-                          for arm, by_readout in by_arm.items()}
-                  for split, by_arm in rows["readout_bounds"].items()}  # fmt: skip
+    answers = _per_item(rows["answers"])
+    bounds = _per_item(rows["readout_bounds"]) if "readout_bounds" in rows else None
+    draws = None
+    if "readout_standard_errors" in rows:
+        samples = rows["config"]["readout_samples"]
+        draws = {
+            split: Draws(errors, samples)
+            for split, errors in _per_item(rows["readout_standard_errors"]).items()
+        }
     references = {split: _reference_values(truth) for split, truth in rows["references"].items()}
     nested = any(truth.ndim == 2 for truth in references.values())
     constants = rows["training_constants"]
@@ -550,6 +555,7 @@ def analyse_and_write(
         design.metric,
         unparsed,
         None if bounds is None else bounds["validation"],
+        None if draws is None else draws["validation"],
     )
     table = metric_table(answers, references, seeds, unparsed)
     baseline = design.equivalence_baseline
@@ -558,7 +564,9 @@ def analyse_and_write(
         if design.margin is None or baseline is None
         else (per_item_metric(design.metric), design.margin, baseline)
     )
-    entries = comparisons(answers, references, seeds, unparsed, gate, margin=margin, bounds=bounds)
+    entries = comparisons(
+        answers, references, seeds, unparsed, gate, margin=margin, bounds=bounds, draws=draws
+    )
     scored_constants = _constants(constants, references)
     results = json_safe({
         **{key: value for key, value in rows.items() if key not in _ANALYSIS},
@@ -592,6 +600,15 @@ def analyse_and_write(
     _plot(design.metric, list(answers), table, scored_constants, run_dir / "report.png")
     loaded: dict[str, Any] = json.loads((run_dir / "results.json").read_text())
     return loaded
+
+
+def _per_item(stored: Mapping[str, Any]) -> dict[str, dict[str, dict[str, NDArray[np.float64]]]]:
+    """Rows' lists per item, ``[split][arm][readout]`` one list per seed, as (S, I) float64
+    arrays, NaN for None (no number, no bound)."""
+    return {split: {arm: {readout: np.stack([answer_values(row) for row in lists])
+                          for readout, lists in by_readout.items()}
+                    for arm, by_readout in by_arm.items()}
+            for split, by_arm in stored.items()}  # fmt: skip
 
 
 #: What :func:`analyse_and_write` computes from the rows (and what older rows' ``bootstrap``
@@ -725,7 +742,40 @@ def _settings_lines(
             "most its mean to the MAE: on both sides of a difference alike where the arms' "
             "answers spread alike."
         )
+    if "readout_standard_errors" in rows:
+        lines[-1] += " " + _DRAWS_WORDS + _draws_needed(design, rows)
     return lines
+
+
+#: What the share beside an interval of a sampled readout is, in the report's words.
+_DRAWS_WORDS = (
+    "The (x % draws) after an interval: the share of its variance that the draws make up, each "
+    "answer's standard error carried through the metric by the delta method "
+    "(numtok_compare.readout_error); it falls as 1/draws, and the rest of the variance stays."
+)
+
+
+def _draws_needed(design: Design, rows: Mapping[str, Any]) -> str:
+    """The sentence that gives the draws per item at which the draws would make up a tenth of
+    each primary comparison's variance (arm − CE by the run's readout and metric, on the first
+    test split, or on validation where none was scored)."""
+    split = design.splits[0] if design.splits[0] in rows["references"] else "validation"
+    metric = per_item_metric(design.metric)
+    primary = [e for e in rows["comparisons"] if (e["split"], e["readout"], e["metric"],
+               e["baseline_arm"], e["baseline"]) == (split, design.readout, metric, "ce",
+               design.readout) and e.get("draws_share")]  # fmt: skip
+    if not primary:
+        return ""
+    counts = ", ".join(
+        f"{e['arm']} " + ("n/a" if e["draws_needed"] is None else f"{e['draws_needed']:,}")
+        for e in primary
+    )
+    return (
+        f" For the draws to make up at most {100 * DRAWS_SHARE_TARGET:.0f} % of the variance of "
+        f"each primary comparison (arm − CE, {design.readout} {metric} on {split}), this many "
+        f"draws per item (--readout-samples): {counts} (n/a: the draws are all the variance "
+        "measured); enumerating (--readout-tolerance 0) leaves none, at its own cost."
+    )
 
 
 #: What the ± beside an interval is, in the report's words.

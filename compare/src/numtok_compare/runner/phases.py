@@ -322,8 +322,9 @@ def phase_rows(phases: Phases, seeds: Sequence[int], splits: Sequence[str]) -> d
     ``splits``; the ``choice``; one ``runs`` entry per trained job (its λ, logged losses, step
     time and minutes); each tested job's ``test_minutes``; the ``minutes`` of it all; and where
     the scorings kept them, ``readout_bounds[split][arm][readout]`` beside the answers (how far
-    each may lie from the exact readout, :mod:`numtok_compare.readout_error`), for the readouts
-    every seed's scoring bounded."""
+    each may lie from the exact readout, :mod:`numtok_compare.readout_error`) and
+    ``readout_standard_errors[split][arm][readout]`` (each drawn answer's standard error), for
+    the readouts every seed's scoring kept them."""
     chosen = phases.choice["chosen"]
     tested = {job: phases.test.get((job.seed, job.arm), {"splits": {}})["splits"]
               for job in phases.validation if job.weight == chosen[job.arm]}  # fmt: skip
@@ -340,19 +341,26 @@ def phase_rows(phases: Phases, seeds: Sequence[int], splits: Sequence[str]) -> d
                 for arm, jobs in by_arm.items()}
         for split in splits
     }  # fmt: skip
-    bounds = {
-        split: {arm: {readout: [scored(job, split)["bounds"][readout] for job in jobs]
-                      for readout in answers[split][arm]
-                      if all(readout in scored(job, split).get("bounds", {}) for job in jobs)}
-                for arm, jobs in by_arm.items()}
-        for split in splits
-    }  # fmt: skip
-    bounded = any(by_readout for by_arm in bounds.values() for by_readout in by_arm.values())
+
+    def beside(key: str) -> dict[str, Any]:
+        """The scorings' ``key`` lists beside the answers, ``[split][arm][readout]``, for the
+        readouts every seed's scoring kept them; empty where none did."""
+        kept = {
+            split: {arm: {readout: [scored(job, split)[key][readout] for job in jobs]
+                          for readout in answers[split][arm]
+                          if all(readout in scored(job, split).get(key, {}) for job in jobs)}
+                    for arm, jobs in by_arm.items()}
+            for split in splits
+        }  # fmt: skip
+        return kept if any(by_r for by_a in kept.values() for by_r in by_a.values()) else {}
+
+    bounds, errors = beside("bounds"), beside("standard_errors")
     validation, test = phases.validation.values(), phases.test.values()
     return {
         "choice": phases.choice,
         "answers": answers,
-        **({"readout_bounds": bounds} if bounded else {}),
+        **({"readout_bounds": bounds} if bounds else {}),
+        **({"readout_standard_errors": errors} if errors else {}),
         "runs": [
             {"seed": r["seed"], "arm": r["arm"], "weight": r["weight"], "history": r["history"],
              "seconds_per_step": r["seconds_per_step"], "train_minutes": r["train_minutes"],
