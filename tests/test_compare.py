@@ -178,7 +178,8 @@ def test_compare_runs_reports_and_resumes_from_the_command_line(
     assert plan.startswith("plan: arms base, ce, was × seeds [0, 1]") and "4 arms to train" in plan
     assert re.fullmatch(
         r"estimate: [\d.]+ min \([\d.]+ training the 8 steps left, [\d.]+ scoring the \d+ "
-        r"examples left; a probe: [\d.]+ s a CE step, [\d.]+ s an example\)",
+        r"examples left; a probe: [\d.]+ s a CE step, [\d.]+ s an example\); up to [\d.]+ min "
+        r"where the test splits draw more, chosen on validation within the training's time",
         estimate,
     )
     results = _strict_json(out / "results.json")
@@ -193,14 +194,18 @@ def test_compare_runs_reports_and_resumes_from_the_command_line(
               for error in scored.get("standard_errors", {}).get("expected", [])
               if error is not None]  # fmt: skip
     assert errors and results["sampling_error"]["largest"] == max(errors)
-    # They reach the analysis: each interval's share of variance from the draws.
+    # The test splits drew what validation chose (--readout-samples auto, the default), the
+    # analysis reads them as such, and each interval has its share of variance from the draws.
+    chosen = results["choice"]["draws"]  # the rule: tests/test_experiments_draws.py
+    assert chosen["validation"] == 64 and chosen["test"] >= 64
+    assert set(chosen["needed"]) == {"base − ce", "was − ce"}
     assert set(results["readout_standard_errors"]["test"]["ce"]) == {"expected"}
     assert all("draws_share" in entry for entry in results["comparisons"])
     report = (out / "report.md").read_text()
     for heading in ("## Primary endpoint", "## Learnability gate", "## Settings", "## test",
                     "## validation", "Not pre-registered"):  # fmt: skip
         assert heading in report
-    assert "drew 64 numbers per item instead of enumerating them" in report
+    assert "drew 64 numbers per item on validation instead of enumerating them, and " in report
     assert "% draws) |" in report and "The (x % draws) after an interval" in report
     median = results["unparsed_answer"]
     assert f"scores an unparsed answer as the training median ({median:.4g})" in report
@@ -264,11 +269,19 @@ def test_bad_readout_samples_are_named(tmp_path: Path) -> None:
     from numtok_compare.finetune.command import compare_config
 
     data = _write(tmp_path / "sums.jsonl", _sums(40))
-    for text, message in (("many", "--readout-samples must be an int or 'none', got 'many'"),
+    for text, message in (("many", "--readout-samples must be an int, 'auto' or 'none', got "
+                                   "'many'"),
                           ("1", "readout_samples must be at least 2")):  # fmt: skip
         args = _parser().parse_args(["compare", "--data", str(data), "--readout-samples", text])
         with pytest.raises(ValueError, match=re.escape(message)):
             compare_config(args, None)
+    # auto (the default): 64 on validation, the test splits' chosen; a count: that on every split.
+    for given, samples, chosen in ((None, 64, True), ("auto", 64, True), ("32", 32, False),
+                                   ("none", None, False)):  # fmt: skip
+        flags = [] if given is None else ["--readout-samples", given]
+        config = compare_config(_parser().parse_args(["compare", "--data", str(data), *flags]),
+                                None)  # fmt: skip
+        assert (config.readout_samples, config.choose_test_samples) == (samples, chosen)
 
 
 def test_compare_chooses_lambda_on_validation(

@@ -70,6 +70,7 @@ __all__ = [
     "Answers",
     "Draws",
     "comparisons",
+    "draws_of_difference",
     "learnability_gate",
     "metric_table",
 ]
@@ -136,9 +137,28 @@ def _with_draws(
         for arm, readout, answers in sides
     ]  # fmt: skip
     variance = draws_variance(*variances)
-    share = None if variance is None or not se else min(1.0, variance / se**2)
+    share = (
+        0.0 if variance == 0 else None if variance is None or not se else min(1.0, variance / se**2)
+    )
     return entry | {"draws_share": share,
                     "draws_needed": draws_needed(draws.samples, variance, se)}  # fmt: skip
+
+
+def draws_of_difference(
+    arm: tuple[str, str], baseline: tuple[str, str], answers: ByArm,
+    references: NDArray[np.float64], seeds: int, metric: str, unparsed: float, draws: Draws,
+) -> dict[str, Any]:  # fmt: skip
+    """The draws' part of one comparison of :func:`comparisons`, ``arm − baseline`` (each an
+    ``(arm, readout)`` of one split's ``answers``) by ``metric`` of :data:`MEAN_METRICS`:
+    ``{"se", "draws_share", "draws_needed"}`` as its entry holds them."""
+    rows, baseline_rows = answers[arm[0]][arm[1]], answers[baseline[0]][baseline[1]]
+    shape = (seeds, rows.shape[-1])
+    scores = [item_scores(metric, np.broadcast_to(side, shape), references, unparsed=unparsed)
+              for side in (rows, baseline_rows)]  # fmt: skip
+    se = _difference(*scores, higher_is_better=metric in HIGHER_IS_BETTER,
+                     nested=references.ndim == 2)["se"]  # fmt: skip
+    sides = ((*arm, rows), (*baseline, baseline_rows))
+    return _with_draws({"se": se}, se, metric, sides, references, draws)
 
 
 def metric_table(

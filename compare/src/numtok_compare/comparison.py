@@ -73,6 +73,11 @@ class Comparison(ModelSource, Protocol):
         """``{"chosen": {arm: λ}, "means": ...}`` from the validation answers alone."""
         ...
 
+    def tested(self, choice: Mapping[str, Any]) -> ModelSource:
+        """What the test phase scores with, given the ``choice`` (this comparison, or one whose
+        scoring the choice set: the draws per item, say)."""
+        ...
+
     def rows(self, phases: Phases) -> dict[str, Any]:
         """What the report reads of the finished run besides the stored answers: its ``design``,
         ``data``, ``training_constants`` and ``references[split]`` (each scored split's true
@@ -167,8 +172,9 @@ def run_comparison(
             show_progress, work.steps + work.items, "training steps + scored items", "it"
         ) as bar:
             phases = run_phases(
-                comparison, jobs, directories, choose=comparison.choose, test_splits=test_splits,
-                executor=executor, bar=bar, log=(lambda _: None) if show_progress else say,
+                comparison, jobs, directories, choose=comparison.choose,
+                test_source=comparison.tested, test_splits=test_splits, executor=executor,
+                bar=bar, log=(lambda _: None) if show_progress else say,
             )  # fmt: skip
     described = comparison.rows(phases)
     splits = list(described["references"])

@@ -51,8 +51,8 @@ class RunConfig:
 
     #: The arms a task offers, in report order; set by each task's config.
     ARMS: ClassVar[tuple[str, ...]] = ()
-    #: Settings added after runs were stored: left out of :meth:`to_dict` while unset (empty or
-    #: None), so that a run without them keeps the settings and fingerprint it had before.
+    #: Settings added after runs were stored: left out of :meth:`to_dict` while unset (empty,
+    #: None or False), so that a run without them keeps the settings and fingerprint it had before.
     LATER_SETTINGS: ClassVar[tuple[str, ...]] = ("training_args",)
 
     seeds: tuple[int, ...] = (0, 1, 2)
@@ -175,7 +175,7 @@ class RunConfig:
         data = asdict(self)
         data["arm_weights"] = [list(entry) for entry in self.arm_weights]
         for name in self.LATER_SETTINGS:
-            if data[name] in ({}, [], (), None):
+            if data[name] in ({}, [], (), None, False):
                 del data[name]
         return {key: list(value) if isinstance(value, tuple) else value
                 for key, value in data.items()}  # fmt: skip

@@ -538,8 +538,9 @@ def analyse_and_write(
     draws = None
     if "readout_standard_errors" in rows:
         samples = rows["config"]["readout_samples"]
+        tested = rows["choice"].get("draws", {}).get("test", samples)  # chosen on validation
         draws = {
-            split: Draws(errors, samples)
+            split: Draws(errors, samples if split == "validation" else tested)
             for split, errors in _per_item(rows["readout_standard_errors"]).items()
         }
     references = {split: _reference_values(truth) for split, truth in rows["references"].items()}
@@ -735,7 +736,8 @@ def _settings_lines(
     if sampling is not None:
         lines[-1] += (
             f" The distribution readouts drew {rows['config']['readout_samples']} numbers per "
-            "item instead of enumerating them: the expected answer is unbiased, its standard "
+            f"item{_chosen_draws(rows['choice'].get('draws'))}: "
+            "the expected answer is unbiased, its standard "
             f"error {sampling['mean']:.3g} on average (largest {sampling['largest']:.3g}). That "
             "noise is in every interval (it differs by seed and item: the residual), and it adds "
             f"its mean square, {sampling['mean_square']:.3g}, to an arm's expected MSE and at "
@@ -745,6 +747,23 @@ def _settings_lines(
     if "readout_standard_errors" in rows:
         lines[-1] += " " + _DRAWS_WORDS + _draws_needed(design, rows)
     return lines
+
+
+def _chosen_draws(draws: Mapping[str, Any] | None) -> str:
+    """What the readouts drew where: `` instead of enumerating them``, and where the run chose the
+    test splits' draws (:mod:`numtok_compare.finetune.draws`), on validation and how many the
+    test splits drew, and why."""
+    if draws is None:
+        return " instead of enumerating them"
+    needed = ", ".join(f"{name} {'more than any' if count is None else f'{count:,}'}"
+                       for name, count in draws["needed"].items()) or "none known"  # fmt: skip
+    return (
+        f" on validation instead of enumerating them, and {draws['test']:,} on the test splits, "
+        "chosen on validation: the most that a comparison of the expected readout needed for the "
+        f"draws to make up at most {100 * DRAWS_SHARE_TARGET:.0f} % of its variance ({needed}), "
+        f"within the {draws['affordable']:,} that keep the scoring within the training's time, "
+        "and no fewer than validation's"
+    )
 
 
 #: What the share beside an interval of a sampled readout is, in the report's words.

@@ -42,9 +42,11 @@ __all__ = [
 #: ``numtok compare --data``'s settings where no flag is given: the SmolLM2 arithmetic preset's
 #: budget (LoRA rank 16 on q and v, 60 steps of 16 examples, learning rate 1e-3), CE against
 #: CE + 0.3·NTL-WAS and the model before fine-tuning, 3 seeds; the distribution readouts drawn,
-#: 64 numbers per example, unless ``--readout-tolerance`` asks for the enumeration (the cost
-#: does not grow with the answers' length or spread, and the draws' noise is in every
-#: interval: docs/compare.md).
+#: 64 numbers per example on validation and on the test splits as many as the comparisons of
+#: the expected readout need, within the training's time (``--readout-samples auto``,
+#: :mod:`~numtok_compare.finetune.draws`), unless ``--readout-tolerance`` asks for the
+#: enumeration (the cost does not grow with the answers' length or spread, and the draws' noise
+#: is in every interval: docs/compare.md).
 COMPARE_DEFAULTS: dict[str, Any] = {
     "task": "jsonl",
     "arms": ("base", "ce", "was"),
@@ -54,6 +56,7 @@ COMPARE_DEFAULTS: dict[str, Any] = {
     "learning_rate": 1e-3,
     "warmup_steps": 6,
     "readout_samples": 64,
+    "choose_test_samples": True,
 }
 #: The largest answer the distribution readouts read by default (``--max-value auto``): every
 #: number the readout can read (``numtok.readout.MAX_DIGITS`` digits); the draws per example
@@ -163,10 +166,12 @@ def add_compare_arguments(
     parser.add_argument(
         "--readout-samples",
         help="the expected/median/mode readouts from N numbers drawn per example (the mean "
-        "unbiased, with its standard error; the cost does not grow with the answers' spread) "
-        f"or 'none': enumerated, with --readout-tolerance (default with --data: "
-        f"{COMPARE_DEFAULTS['readout_samples']}, or none when --readout-tolerance is given; a "
-        "preset: its own)",
+        "unbiased, with its standard error; the cost does not grow with the answers' spread); "
+        f"'auto': {COMPARE_DEFAULTS['readout_samples']} on validation, and on the test splits "
+        "as many as the expected readout's comparisons need for the draws to be a tenth of "
+        "their variance, within the training's time; or 'none': enumerated, with "
+        "--readout-tolerance (default with --data: auto, or none when --readout-tolerance is "
+        "given; a preset: its own)",
     )  # fmt: skip
     parser.add_argument("--max-new-tokens", type=int, help="tokens generated per answer (8)")
     parser.add_argument("--device", help="cpu (default), cuda, cuda:N or mps")
@@ -286,17 +291,22 @@ def _max_value(text: str, data: Path | None) -> dict[str, Any]:
 
 
 def _readout_samples(args: argparse.Namespace) -> dict[str, Any]:
-    """``readout_samples`` from ``--readout-samples`` (an int or 'none'); none where only
-    ``--readout-tolerance`` is given (the user asks for the enumeration); nothing otherwise."""
+    """``readout_samples`` and ``choose_test_samples`` from ``--readout-samples`` (an int,
+    'auto' or 'none'); none where only ``--readout-tolerance`` is given (the user asks for the
+    enumeration); nothing otherwise."""
     text = getattr(args, "readout_samples", None)
-    if text is None:
-        return {"readout_samples": None} if args.readout_tolerance is not None else {}
-    if text == "none":
-        return {"readout_samples": None}
+    if text is None and args.readout_tolerance is None:
+        return {}
+    if text == "auto":
+        return {key: COMPARE_DEFAULTS[key] for key in ("readout_samples", "choose_test_samples")}
+    if text in (None, "none"):
+        return {"readout_samples": None, "choose_test_samples": False}
     try:
-        return {"readout_samples": int(text)}
+        return {"readout_samples": int(text), "choose_test_samples": False}
     except ValueError:
-        raise ValueError(f"--readout-samples must be an int or 'none', got {text!r}") from None
+        raise ValueError(
+            f"--readout-samples must be an int, 'auto' or 'none', got {text!r}"
+        ) from None
 
 
 def config_from_flags(
@@ -480,9 +490,10 @@ def run_compare(
             f"estimate: {minutes:.1f} min ({work.steps * step_seconds / 60:.1f} training the "
             f"{work.steps:,} steps left, {work.items * example_seconds / 60:.1f} scoring the "
             f"{work.items:,} examples left; a probe: {step_seconds:.2f} s a CE step, "
-            f"{example_seconds:.2f} s an example)",
+            f"{example_seconds:.2f} s an example)" + _chosen_draws_estimate(
+                config, minutes, work.steps * step_seconds / 60),
             file=sys.stderr,
-        )
+        )  # fmt: skip
     if args.estimate:
         print(f"an estimate only: nothing trained or written ({run_dir} is the run folder)")
         return 0
@@ -506,6 +517,18 @@ def run_compare(
         print("\n".join(summary_lines(results)))
         print(f"{results['minutes']:.1f} min; report.md, results.json and report.png in {run_dir}")
     return 0
+
+
+def _chosen_draws_estimate(config: FinetuneConfig, minutes: float, training: float) -> str:
+    """Where the test splits' draws are chosen on validation, the estimate's upper end: they may
+    take the test's scoring up to what keeps the run's scoring within its training, so the run
+    up to twice its training (:mod:`~numtok_compare.finetune.draws`)."""
+    if not config.choose_test_samples or config.max_value is None:
+        return ""
+    return (
+        f"; up to {max(minutes, 2 * training):.1f} min where the test splits draw more, chosen on "
+        "validation within the training's time"
+    )
 
 
 def preflight_warnings(

@@ -23,7 +23,7 @@ import json
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ from numtok_compare.finetune.arm import Trained, build_arm, load_arm, load_model
 from numtok_compare.finetune.choose import choose_weights
 from numtok_compare.finetune.config import FinetuneConfig
 from numtok_compare.finetune.data import FinetuneData, load_finetune_data
+from numtok_compare.finetune.draws import draws_for_test_splits
 from numtok_compare.finetune.evaluate import score_split
 from numtok_compare.finetune.models import model_digest, resolve_model
 from numtok_compare.finetune.preregistration import check_preregistration, preregistration
@@ -214,7 +215,18 @@ class FinetuneComparison:
         return scored
 
     def choose(self, validation: Mapping[Job, dict[str, Any]]) -> dict[str, Any]:
-        return _choose(self.config, validation, self.prepared)
+        """λ (:func:`_choose`) and, with ``config.choose_test_samples``, the test splits' draws
+        per item (``"draws"``: :func:`~numtok_compare.finetune.draws.draws_for_test_splits`)."""
+        choice = _choose(self.config, validation, self.prepared)
+        draws = draws_for_test_splits(self.config, validation, choice["chosen"], self.prepared.data)
+        return choice if draws is None else choice | {"draws": draws}
+
+    def tested(self, choice: Mapping[str, Any]) -> FinetuneComparison:
+        """The test splits read with the draws per item the choice set, if it set them."""
+        if "draws" not in choice:
+            return self
+        config = self.config.with_overrides(readout_samples=choice["draws"]["test"])
+        return replace(self, config=config)
 
     def rows(self, phases: Phases) -> dict[str, Any]:
         return run_rows(self.config, self.prepared.data, phases)

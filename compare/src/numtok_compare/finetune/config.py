@@ -95,6 +95,10 @@ class FinetuneConfig(RunConfig):
     #: is then unbiased with a standard error, at a cost that does not grow with the answers'
     #: spread (``readout_tolerance`` does not apply).
     readout_samples: int | None = None
+    #: The test splits' draws per item chosen on validation (:mod:`~numtok_compare.finetune.
+    #: draws`: what the comparisons of the expected readout need, within what the training's time
+    #: affords; at least ``readout_samples``); unset: ``readout_samples`` on every split.
+    choose_test_samples: bool = False
     max_new_tokens: int = 8
     #: Equivalence within ±``margin`` of the tested metric (MSE for RMSE) for the primary
     #: comparisons against ``margin_baseline`` (two one-sided tests at 5 %; None: none).
@@ -104,7 +108,9 @@ class FinetuneConfig(RunConfig):
     #: where the run has one, the paper's "matches a regression head", else CE).
     margin_baseline: str | None = None
 
-    LATER_SETTINGS: ClassVar[tuple[str, ...]] = (*RunConfig.LATER_SETTINGS, "margin_baseline")
+    LATER_SETTINGS: ClassVar[tuple[str, ...]] = (
+        *RunConfig.LATER_SETTINGS, "margin_baseline", "choose_test_samples",
+    )  # fmt: skip
 
     @property
     def equivalence_baseline(self) -> str | None:
@@ -184,6 +190,13 @@ class FinetuneConfig(RunConfig):
         check_tolerance(self.readout_tolerance, name="readout_tolerance")
         if self.readout_samples is not None:
             check_samples(self.readout_samples, name="readout_samples")
+        if not isinstance(self.choose_test_samples, bool):
+            raise TypeError(f"choose_test_samples must be a bool, got {self.choose_test_samples!r}")
+        if self.readout_samples is None and self.choose_test_samples:
+            raise ValueError(
+                "choose_test_samples chooses the test splits' draws from the validation's: it "
+                "needs readout_samples (the draws per item on validation), got None"
+            )
         for name in ("head_learning_rate", "margin"):
             if getattr(self, name) is not None:
                 check_number(name, getattr(self, name), minimum=0.0, inclusive=False)

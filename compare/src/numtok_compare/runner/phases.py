@@ -264,6 +264,7 @@ def run_phases(
     directories: Mapping[Job, Path],
     *,
     choose: Callable[[Mapping[Job, dict[str, Any]]], dict[str, Any]],
+    test_source: Callable[[Mapping[str, Any]], ModelSource] | None = None,
     test_splits: Sequence[str],
     executor: Executor,
     bar: Any,
@@ -272,7 +273,8 @@ def run_phases(
     """Run (or resume) the three phases of ``jobs`` (each in ``directories[job]``) with
     ``executor``, its progress on ``bar``: validation, the choice (``choose(validation) ->
     {"chosen": {arm: λ}, ...}``), and the test splits (none:
-    stop after the choice, the test splits unseen, kept weights and all)."""
+    stop after the choice, the test splits unseen, kept weights and all), scored by
+    ``test_source(choice)`` (default: ``source``)."""
     stored = {job: _read(directories[job] / VALIDATION) for job in jobs}
     missing = [job for job, found in stored.items() if found is None]
 
@@ -301,8 +303,9 @@ def run_phases(
         def tested(index: int, stored: Any) -> None:
             log(f"seed {untested[index].seed} {untested[index].arm}: test splits scored")
 
+        scorer = source if test_source is None else test_source(choice)
         scored = executor.run(
-            [(_test_job, (source, job, str(directories[job]), tuple(test_splits)))
+            [(_test_job, (scorer, job, str(directories[job]), tuple(test_splits)))
              for job in untested],
             bar,
             tested,

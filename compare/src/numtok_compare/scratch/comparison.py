@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from transformers import LlamaForCausalLM
 
@@ -31,6 +31,8 @@ from numtok_compare.scratch.config import TrainingConfig
 from numtok_compare.stats import constant_answers
 
 __all__ = ["RunDescription", "ScratchComparison", "jobs_of", "step_costs"]
+
+_Comparison = TypeVar("_Comparison", bound="ScratchComparison")
 
 
 def step_costs(phases: Phases) -> str:
@@ -101,6 +103,10 @@ class ScratchComparison(ABC):
         """Every arm at its one λ: nothing to choose."""
         return {"chosen": {arm: self.config.weight_of(arm) for arm in self.config.arms},
                 "means": {}}  # fmt: skip
+
+    def tested(self: _Comparison, choice: Mapping[str, Any]) -> _Comparison:
+        """The test splits are scored as validation was."""
+        return self
 
     def rows(self, phases: Phases) -> dict[str, Any]:
         parameters = LlamaForCausalLM(llama_config(self.config, self.tokenizer())).num_parameters()
