@@ -103,6 +103,7 @@ def main() -> None:
         "task": args.task,
         "readout_tolerance": results["config"]["readout_tolerance"],
         "readout_samples": results["config"].get("readout_samples"),
+        "test_draws": results["choice"].get("draws"),
         "max_value": results["config"]["max_value"],
         "train_minutes": training,
         "validation_scoring_minutes": validation,
