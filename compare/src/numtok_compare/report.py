@@ -736,7 +736,7 @@ def _settings_lines(
     if sampling is not None:
         lines[-1] += (
             f" The distribution readouts drew {rows['config']['readout_samples']} numbers per "
-            f"item{_chosen_draws(rows['choice'].get('draws'))}: "
+            f"item{_chosen_draws(rows['choice'].get('draws'), len(rows['references']) > 1)}: "
             "the expected answer is unbiased, its standard "
             f"error {sampling['mean']:.3g} on average (largest {sampling['largest']:.3g}). That "
             "noise is in every interval (it differs by seed and item: the residual), and it adds "
@@ -749,18 +749,19 @@ def _settings_lines(
     return lines
 
 
-def _chosen_draws(draws: Mapping[str, Any] | None) -> str:
+def _chosen_draws(draws: Mapping[str, Any] | None, tested: bool) -> str:
     """What the readouts drew where: `` instead of enumerating them``, and where the run chose the
     test splits' draws (:mod:`numtok_compare.finetune.draws`), on validation and how many the
-    test splits drew, and why."""
+    test splits drew (or, not ``tested``, will draw), and why."""
     if draws is None:
         return " instead of enumerating them"
     needed = ", ".join(f"{name} {'more than any' if count is None else f'{count:,}'}"
                        for name, count in draws["needed"].items()) or "none known"  # fmt: skip
     return (
-        f" on validation instead of enumerating them, and {draws['test']:,} on the test splits, "
-        "chosen on validation: the most that a comparison of the expected readout needed for the "
-        f"draws to make up at most {100 * DRAWS_SHARE_TARGET:.0f} % of its variance ({needed}), "
+        f" on validation instead of enumerating them, and {draws['test']:,} on the test splits"
+        f"{'' if tested else ' (when they are scored)'}, chosen on validation: the most that a "
+        f"comparison of the expected readout needed for the draws to make up at most "
+        f"{100 * DRAWS_SHARE_TARGET:.0f} % of its variance ({needed}), "
         f"within the {draws['affordable']:,} that keep the scoring within the training's time, "
         "and no fewer than validation's"
     )
