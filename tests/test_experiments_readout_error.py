@@ -6,6 +6,7 @@ and their share of an interval against Monte Carlo draws; and the report that sh
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -123,27 +124,36 @@ def test_could_flip_when_the_shifted_interval_reaches_across_zero(
     assert could_flip({"low": low, "high": high}, bound) is expected
 
 
-def test_the_report_shows_the_bound_and_names_a_verdict_it_could_flip(tmp_path: Path) -> None:
-    """Rows that keep the readouts' bounds: every interval of the expected readout has its ±, the
-    greedy one ±0, and a verdict whose interval the bound could move across 0 is marked."""
-    seeds = (0, 1, 2)
+SPLITS = ("test", "validation")
+
+
+def _fabricated_rows(title: str, readouts: tuple[str, ...], **beside: Any) -> dict[str, Any]:
+    """A finished run's rows, fabricated: CE and NTL-WAS, 3 seeds × 40 items on each of
+    :data:`SPLITS`, the expected answers off the truth by normal errors (sd 8 and 6), the other
+    ``readouts`` those rounded; ``beside`` added to (or replacing) the rows' keys."""
     rng = np.random.default_rng(0)
     references = rng.integers(10, 90, size=40).astype(np.float64)
     ce = references + rng.normal(0, 8, size=(3, 40))
     was = references + rng.normal(0, 6, size=(3, 40))
-    design = Design(title="bounds", trained="fabricated.", seeds=seeds, arms=("ce", "was"),
+    design = Design(title=title, trained="fabricated.", seeds=(0, 1, 2), arms=("ce", "was"),
                     splits=("test",), metric="mae", readout="expected", max_value=99)  # fmt: skip
-    answers = {split: {arm: {"expected": rows.tolist(), "greedy": np.round(rows).tolist()}
+    answers = {split: {arm: {r: (rows if r == "expected" else np.round(rows)).tolist()
+                             for r in readouts}
                        for arm, rows in (("ce", ce), ("was", was))}
-               for split in ("test", "validation")}  # fmt: skip
+               for split in SPLITS}  # fmt: skip
+    return {"design": design.to_dict(), "config": {}, "choice": {"chosen": {}, "means": {}},
+            "training_constants": {"mean": 50.0, "median": 50.0, "mode": 50.0}, "minutes": 1.0,
+            "answers": answers,
+            "references": {split: references.tolist() for split in SPLITS}, **beside}  # fmt: skip
+
+
+def test_the_report_shows_the_bound_and_names_a_verdict_it_could_flip(tmp_path: Path) -> None:
+    """Rows that keep the readouts' bounds: every interval of the expected readout has its ±, the
+    greedy one ±0, and a verdict whose interval the bound could move across 0 is marked."""
     bounds = {split: {"ce": {"expected": np.full((3, 40), 0.01).tolist()},
                       "was": {"expected": np.full((3, 40), 5.0).tolist()}}
-              for split in ("test", "validation")}  # fmt: skip
-    rows = {"design": design.to_dict(), "config": {}, "choice": {"chosen": {}, "means": {}},
-            "training_constants": {"mean": 50.0, "median": 50.0, "mode": 50.0}, "minutes": 1.0,
-            "answers": answers, "readout_bounds": bounds,
-            "references": {split: references.tolist()
-                           for split in ("test", "validation")}}  # fmt: skip
+              for split in SPLITS}  # fmt: skip
+    rows = _fabricated_rows("bounds", ("expected", "greedy"), readout_bounds=bounds)
     results = analyse_and_write(tmp_path, rows, preregistered=None)
     by_key = {(e["split"], e["arm"], e["readout"], e["metric"]): e for e in results["comparisons"]}
     expected = by_key[("test", "was", "expected", "mae")]
@@ -238,26 +248,13 @@ def test_the_report_gives_the_draws_share_beside_each_interval(tmp_path: Path) -
     """Rows of a sampled readout: every comparison and gate entry of the expected readout holds
     the draws' share of its variance (greedy's 0, the median's unknown), the report writes it
     after the interval, and the settings give the draws each primary comparison needs."""
-    seeds = (0, 1, 2)
-    rng = np.random.default_rng(0)
-    references = rng.integers(10, 90, size=40).astype(np.float64)
-    ce = references + rng.normal(0, 8, size=(3, 40))
-    was = references + rng.normal(0, 6, size=(3, 40))
-    design = Design(title="draws", trained="fabricated.", seeds=seeds, arms=("ce", "was"),
-                    splits=("test",), metric="mae", readout="expected", max_value=99)  # fmt: skip
-    splits = ("test", "validation")
-    answers = {split: {arm: {"expected": rows.tolist(), "median": np.round(rows).tolist(),
-                             "greedy": np.round(rows).tolist()}
-                       for arm, rows in (("ce", ce), ("was", was))}
-               for split in splits}  # fmt: skip
     errors = {split: {arm: {"expected": np.full((3, 40), 3.0).tolist()} for arm in ("ce", "was")}
-              for split in splits}  # fmt: skip
-    rows = {"design": design.to_dict(), "config": {"readout_samples": 64},
-            "choice": {"chosen": {}, "means": {}}, "minutes": 1.0,
-            "training_constants": {"mean": 50.0, "median": 50.0, "mode": 50.0},
-            "answers": answers, "readout_standard_errors": errors,
-            "sampling_error": {"mean": 3.0, "largest": 3.0, "mean_square": 9.0},
-            "references": {split: references.tolist() for split in splits}}  # fmt: skip
+              for split in SPLITS}  # fmt: skip
+    rows = _fabricated_rows(
+        "draws", ("expected", "median", "greedy"), readout_standard_errors=errors,
+        config={"readout_samples": 64},
+        sampling_error={"mean": 3.0, "largest": 3.0, "mean_square": 9.0},
+    )  # fmt: skip
     results = analyse_and_write(tmp_path, rows, preregistered=None)
     by_key = {(e["split"], e["arm"], e["readout"], e["metric"]): e for e in results["comparisons"]}
     expected = by_key[("test", "was", "expected", "mae")]
