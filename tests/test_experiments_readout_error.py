@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from numtok_compare.analysis import Draws, comparisons
 from numtok_compare.design import Design
 from numtok_compare.item_metrics import MEAN_METRICS, item_scores
 from numtok_compare.readout_error import (
@@ -18,6 +19,8 @@ from numtok_compare.readout_error import (
     draws_needed,
     draws_variance,
     estimate_bound,
+    exact_states,
+    interval_state,
     item_score_bounds,
     item_score_variances,
 )
@@ -274,3 +277,55 @@ def test_the_report_gives_the_draws_share_beside_each_interval(tmp_path: Path) -
     older = analyse_and_write(tmp_path, rows, preregistered=None)
     assert all("draws_share" not in entry for entry in older["comparisons"])
     assert "% draws)" not in (tmp_path / "report.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("estimate", "low", "high", "variance", "share", "expected"),
+    [
+        (5.0, 3.0, 7.0, 0.01, 0.1, {"above"}),  # far from 0, little noise: stays above
+        (1.0, -1.0, 3.0, 0.01, 0.9, {"above"}),  # the exact interval, narrower, lies above 0
+        (1.0, -1.0, 3.0, 0.01, 0.0, {"across"}),  # no draws' share: as wide, across 0
+        (0.2, -1.0, 1.4, 1.0, 0.5, {"above", "below", "across"}),  # noisy: anywhere
+        (-5.0, -7.0, -3.0, 4.0, 0.5, {"below", "across"}),
+        (1.0, -1.0, 3.0, None, 0.5, None),
+    ],
+)  # fmt: skip
+def test_exact_states_by_hand(
+    estimate: float, low: float, high: float, variance: float | None, share: float,
+    expected: set[str] | None,
+) -> None:  # fmt: skip
+    assert exact_states(estimate, low, high, variance, share) == expected
+
+
+def test_a_drawn_verdict_the_exact_readout_changes_is_mostly_marked() -> None:
+    """Two arms' exact expected answers (3 seeds × 60 items, MAE differences near 0) and draws
+    around them (standard error 6): over 300 such runs, of the drawn intervals that lie
+    elsewhere against 0 than the exact one, at least 80 % are marked draws_could_flip (the rest
+    differ by the interval's width, which with 3 seeds the draws do not predict), and the mark
+    is not on every interval (docs/compare.md gives the figures)."""
+    rng = np.random.default_rng(11)
+    references = rng.uniform(100, 500, 60)
+    differ = marked_where_differ = marked = 0
+    for _ in range(300):
+        effect = rng.uniform(-0.3, 0.3)
+        error = rng.normal(0, 15, (3, 60))
+        exact = {"ce": references + error,
+                 "was": references + error * (1 + effect) + rng.normal(0, 4, (3, 60))}  # fmt: skip
+        drawn = {arm: rows + rng.normal(0, 6, rows.shape) for arm, rows in exact.items()}
+        errors = {arm: {"expected": np.full((3, 60), 6.0)} for arm in drawn}
+
+        def entry(answers: dict[str, np.ndarray], draws: Any) -> dict[str, Any]:
+            split = {"test": {arm: {"expected": rows} for arm, rows in answers.items()}}
+            return next(e for e in comparisons(split, {"test": references}, 3, 300.0,
+                                               {"arms": []}, draws=draws)
+                        if e["arm"] == "was" and e["metric"] == "mae")  # fmt: skip
+
+        at_exact = entry(exact, None)
+        at_draws = entry(drawn, {"test": Draws(errors, 64)})
+        marked += bool(at_draws["draws_could_flip"])
+        if interval_state(at_exact["low"], at_exact["high"]) != interval_state(
+            at_draws["low"], at_draws["high"]
+        ):
+            differ += 1
+            marked_where_differ += bool(at_draws["draws_could_flip"])
+    assert differ > 50 and marked_where_differ / differ >= 0.8 and marked / 300 <= 0.7

@@ -60,6 +60,8 @@ from numtok_compare.readout_error import (
     draws_needed,
     draws_variance,
     estimate_bound,
+    exact_states,
+    interval_state,
     item_score_bounds,
     item_score_variances,
 )
@@ -127,9 +129,11 @@ def _with_draws(
     NDArray[np.float64]], ...], references: NDArray[np.float64], draws: Draws,
 ) -> dict[str, Any]:  # fmt: skip
     """``entry`` with ``draws_share`` (the share of its interval's variance ``se²`` that the
-    draws make up; None: not known) and ``draws_needed`` (the draws per item for a share of
-    :data:`~numtok_compare.readout_error.DRAWS_SHARE_TARGET`). ``sides``: each side's arm,
-    readout and answers in their own rows (``base``: one), a constant's none."""
+    draws make up; None: not known), ``draws_needed`` (the draws per item for a share of
+    :data:`~numtok_compare.readout_error.DRAWS_SHARE_TARGET`) and ``draws_could_flip`` (whether
+    the exact readout's interval could lie elsewhere against 0: its verdict, or for a gate entry
+    its decision, another; None: not known). ``sides``: each side's arm, readout and answers in
+    their own rows (``base``: one), a constant's none."""
     variances = [
         item_score_variances(metric, answers,
                              _answer_bounds(draws.standard_errors, arm, readout, answers.shape),
@@ -140,8 +144,16 @@ def _with_draws(
     share = (
         0.0 if variance == 0 else None if variance is None or not se else min(1.0, variance / se**2)
     )
-    return entry | {"draws_share": share,
-                    "draws_needed": draws_needed(draws.samples, variance, se)}  # fmt: skip
+    estimate = entry.get("difference", entry.get("improvement"))
+    states = exact_states(estimate, entry.get("low"), entry.get("high"), variance, share)
+    flips = None
+    if states is not None:
+        drawn = interval_state(entry["low"], entry["high"])
+        # A gate entry decides only whether the improvement's interval lies above 0.
+        relevant = (lambda state: state == "above") if "improvement" in entry else str
+        flips = any(relevant(state) != relevant(drawn) for state in states)
+    return entry | {"draws_share": share, "draws_needed": draws_needed(draws.samples, variance, se),
+                    "draws_could_flip": flips}  # fmt: skip
 
 
 def draws_of_difference(

@@ -31,7 +31,9 @@ A mean difference over the same seeds and items has the variance ``Σ_side mean(
 draws, ``v`` a side's item variances over its own ``n`` answers (``base``'s one row counts once,
 whatever the seeds): the draws of different items, seeds and arms are independent. Its share of
 the interval's ``se²`` falls as ``1/N``; :func:`draws_needed` gives the N at which it would be
-:data:`DRAWS_SHARE_TARGET`.
+:data:`DRAWS_SHARE_TARGET`. Against the exact readout a drawn interval could give another
+verdict (:func:`exact_states`): the exact estimate lies within ``1.96·√variance`` of the drawn one
+(95 %), and its interval is narrower, each side by ``√(1 − share)``.
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ __all__ = [
     "draws_needed",
     "draws_variance",
     "estimate_bound",
+    "exact_states",
+    "interval_state",
     "item_score_bounds",
     "item_score_variances",
 ]
@@ -158,3 +162,32 @@ def draws_needed(samples: int, variance: float | None, se: float | None) -> int 
         return 0
     target = DRAWS_SHARE_TARGET
     return math.ceil(samples * variance * (1 - target) / (target * (se**2 - variance)))
+
+
+def interval_state(low: float, high: float) -> str:
+    """Where an interval lies: ``"above"`` 0, ``"below"`` it, or ``"across"`` it."""
+    return "above" if low > 0 else "below" if high < 0 else "across"
+
+
+def exact_states(
+    estimate: float | None, low: float | None, high: float | None, variance: float | None,
+    share: float | None,
+) -> set[str] | None:  # fmt: skip
+    """The states (:func:`interval_state`) the exact readout's interval could have, for a drawn
+    interval ``low``..``high`` around ``estimate`` whose draws add ``variance``, ``share`` of its
+    own: the exact estimate anywhere within ``1.96·√variance`` of ``estimate``, each side of the
+    interval shorter by ``√(1 − share)`` (the draws' part of its variance gone; the degrees of
+    freedom taken as they are). None where one of them is not known."""
+    if estimate is None or low is None or high is None or variance is None or share is None:
+        return None
+    margin = 1.96 * math.sqrt(variance)
+    shrink = math.sqrt(max(0.0, 1.0 - share))
+    below, above = (estimate - low) * shrink, (high - estimate) * shrink
+    states = set()
+    if estimate + margin > below:  # an exact estimate whose interval lies above 0
+        states.add("above")
+    if estimate - margin < -above:
+        states.add("below")
+    if estimate - margin <= below and estimate + margin >= -above:
+        states.add("across")
+    return states

@@ -83,13 +83,22 @@ def _readout_error(entry: Mapping[str, Any]) -> str:
     return text
 
 
-#: After a verdict that the readouts' bound could change.
+#: After a verdict that the readouts' bound could change, and one that the exact readout could
+#: give otherwise than the draws.
 _COULD_FLIP = " (could flip within the readout's ±)"
+_COULD_DIFFER = " (the exact readout could differ)"
+
+
+def _flip_mark(entry: Mapping[str, Any]) -> str:
+    """The mark after a verdict or gate decision that the readouts' own error could change."""
+    if entry.get("could_flip"):
+        return _COULD_FLIP
+    return _COULD_DIFFER if entry.get("draws_could_flip") else ""
 
 
 def _verdict_cell(entry: dict[str, Any]) -> str:
     verdict = entry["verdict"]
-    flip = _COULD_FLIP if entry.get("could_flip") and verdict != "no verdict" else ""
+    flip = _flip_mark(entry) if verdict != "no verdict" else ""
     if verdict in ("better", "worse"):
         return f"**{verdict}**{flip}"
     return f"no verdict: {entry['reason']}" if verdict == "no verdict" else verdict + flip
@@ -288,9 +297,7 @@ def _gate_lines(gate: dict[str, Any], nested: bool) -> list[str]:
     lines += ["", f"| arm | readout | improvement over the constant | {level} interval | MDE | "
               "parsed | learnt |", "|---|---|---|---|---|---|---|"]  # fmt: skip
     for entry in gate["arms"]:
-        decided = "yes" if entry["learnt"] else entry["reason"]
-        if entry.get("could_flip"):
-            decided += _COULD_FLIP
+        decided = ("yes" if entry["learnt"] else entry["reason"]) + _flip_mark(entry)
         lines.append(
             f"| {entry['arm']} | {entry['readout']} | {signed(entry['improvement'])} | "
             f"{_interval(entry['low'], entry['high'])}{_readout_error(entry)} | "
@@ -746,6 +753,7 @@ def _settings_lines(
         )
     if "readout_standard_errors" in rows:
         lines[-1] += " " + _DRAWS_WORDS + _draws_needed(design, rows)
+        lines[-1] += _flipped(rows, "draws_could_flip")
     return lines
 
 
@@ -771,7 +779,10 @@ def _chosen_draws(draws: Mapping[str, Any] | None, tested: bool) -> str:
 _DRAWS_WORDS = (
     "The (x % draws) after an interval: the share of its variance that the draws make up, each "
     "answer's standard error carried through the metric by the delta method "
-    "(numtok_compare.readout_error); it falls as 1/draws, and the rest of the variance stays."
+    "(numtok_compare.readout_error); it falls as 1/draws, and the rest of the variance stays. "
+    "The exact readout's estimate lies within 1.96 draws' standard errors of the drawn one "
+    "(95 %), its interval narrower by the draws' share: where that could put it elsewhere "
+    "against 0, the verdict or gate decision is marked."
 )
 
 
@@ -808,16 +819,22 @@ _BOUND_WORDS = (
 )
 
 
-def _flipped(rows: Mapping[str, Any]) -> str:
-    """The sentence that names the verdicts and gate decisions the readouts' bound could change,
+def _flipped(rows: Mapping[str, Any], key: str = "could_flip") -> str:
+    """The sentence that names the verdicts and gate decisions the readouts' bound could change
+    (``key`` ``"draws_could_flip"``: that the exact readout could give otherwise than the draws),
     or says that none could."""
     analysed = rows.get("comparisons", []) + rows.get("gate", {}).get("arms", [])
-    flips = [e for e in analysed if e.get("could_flip")]
+    flips = [e for e in analysed if e.get(key) and e.get("verdict") != "no verdict"]
+    within, settle = (
+        ("within it", "a finer --readout-tolerance")
+        if key == "could_flip"
+        else ("with the exact readout", "more draws (--readout-samples) or the enumeration")
+    )
     if not flips:
-        return " No verdict or gate decision could change within it."
+        return f" No verdict or gate decision could change {within}."
     return (
-        f" {len(flips)} verdicts or gate decisions could change within it (marked); a finer "
-        "--readout-tolerance would settle them."
+        f" {len(flips)} verdicts or gate decisions could change {within} (marked); {settle} "
+        "would settle them."
     )
 
 
