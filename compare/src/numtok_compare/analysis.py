@@ -149,9 +149,10 @@ def _with_draws(
     flips = None
     if states is not None:
         drawn = interval_state(entry["low"], entry["high"])
-        # A gate entry decides only whether the improvement's interval lies above 0.
-        relevant = (lambda state: state == "above") if "improvement" in entry else str
-        flips = any(relevant(state) != relevant(drawn) for state in states)
+        if "improvement" in entry:  # a gate entry decides only whether it lies above 0
+            flips = any((state == "above") != (drawn == "above") for state in states)
+        else:
+            flips = any(state != drawn for state in states)
     return entry | {"draws_share": share, "draws_needed": draws_needed(draws.samples, variance, se),
                     "draws_could_flip": flips}  # fmt: skip
 
@@ -162,7 +163,8 @@ def draws_of_difference(
 ) -> dict[str, Any]:  # fmt: skip
     """The draws' part of one comparison of :func:`comparisons`, ``arm − baseline`` (each an
     ``(arm, readout)`` of one split's ``answers``) by ``metric`` of :data:`MEAN_METRICS`:
-    ``{"se", "draws_share", "draws_needed"}`` as its entry holds them."""
+    ``{"se", "draws_share", "draws_needed", "draws_could_flip"}`` as its entry holds them (the
+    last None: no interval here)."""
     rows, baseline_rows = answers[arm[0]][arm[1]], answers[baseline[0]][baseline[1]]
     shape = (seeds, rows.shape[-1])
     scores = [item_scores(metric, np.broadcast_to(side, shape), references, unparsed=unparsed)
@@ -288,8 +290,8 @@ def comparisons(
     "undecided", ``low`` and ``high`` of the 90 % interval, ``reason``), under the same gate.
     ``bounds``: the answers' readout bounds (:data:`Bounds`); every entry then also holds
     ``readout_bound`` and ``could_flip`` (:mod:`numtok_compare.readout_error`); ``draws``: each
-    split's :class:`Draws` of a sampled readout, and every entry then also holds ``draws_share``
-    and ``draws_needed``."""
+    split's :class:`Draws` of a sampled readout, and every entry then also holds ``draws_share``,
+    ``draws_needed`` and ``draws_could_flip`` (:func:`_with_draws`)."""
     learnt = {(e["arm"], e["readout"]): e["learnt"] for e in gate["arms"]}
     entries = []
     for split, by_arm in answers.items():
@@ -370,7 +372,7 @@ def learnability_gate(
     [readout]``, :data:`Bounds` of the validation split); every entry then also holds
     ``readout_bound`` and ``could_flip``, whether its decision could change within it;
     ``draws``: the validation split's :class:`Draws`, and every entry then also holds
-    ``draws_share`` and ``draws_needed``.
+    ``draws_share``, ``draws_needed`` and ``draws_could_flip``.
     """
     tested = per_item_metric(metric)
     higher = tested in HIGHER_IS_BETTER

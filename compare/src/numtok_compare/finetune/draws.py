@@ -42,21 +42,23 @@ __all__ = ["draws_for_test_splits"]
 
 
 def _needed(
-    config: FinetuneConfig, chosen: Mapping[Job, dict[str, Any]], data: FinetuneData
+    config: FinetuneConfig, samples: int, chosen: Mapping[Job, dict[str, Any]], data: FinetuneData
 ) -> dict[str, int | None]:
     """Each comparison of the expected readout on validation, ``"was − ce"``: the draws per item
-    it needs (None: more than any count); one whose draws' share is not known is left out."""
+    it needs (None: more than any count) at ``samples`` drawn there; one whose draws' share is
+    not known is left out."""
+    by_arm = _by_arm(chosen)
     answers = {
         arm: {readout: np.stack([answer_values(s["answers"][readout]) for s in stored])
               for readout in stored[0]["answers"]}
-        for arm, stored in _by_arm(chosen).items()
+        for arm, stored in by_arm.items()
     }  # fmt: skip
     errors = {
         arm: {"expected": np.stack([answer_values(s["standard_errors"]["expected"])
                                     for s in stored])}
-        for arm, stored in _by_arm(chosen).items() if "standard_errors" in stored[0]
+        for arm, stored in by_arm.items() if "standard_errors" in stored[0]
     }  # fmt: skip
-    draws = Draws(errors, int(config.readout_samples or 0))
+    draws = Draws(errors, samples)
     references = answer_values([e.value for e in data.splits["validation"]])
     unparsed = constant_answers([e.value for e in data.splits["train"]])["median"]
     pairs = [(arm, ("ce", "expected")) for arm in answers if arm not in ("ce", "head")]
@@ -82,6 +84,7 @@ def _by_arm(chosen: Mapping[Job, dict[str, Any]]) -> dict[str, list[dict[str, An
 
 def _affordable(
     config: FinetuneConfig,
+    samples: int,
     validation: Mapping[Job, dict[str, Any]],
     chosen: Mapping[Job, dict[str, Any]],
     data: FinetuneData,
@@ -98,7 +101,7 @@ def _affordable(
     budget = training - scoring - head
     if tokens <= 0:
         return 0
-    return max(0, math.floor(int(config.readout_samples or 0) * float(budget) / float(tokens)))
+    return max(0, math.floor(samples * float(budget) / float(tokens)))
 
 
 def _doubling(samples: int, count: int, *, up: bool) -> int:
@@ -126,9 +129,9 @@ def draws_for_test_splits(
     if config.max_value is None:
         return None
     chosen = {job: stored for job, stored in validation.items() if job.weight == weights[job.arm]}
-    needed = _needed(config, chosen, data)
-    affordable = _affordable(config, validation, chosen, data)
     samples = config.readout_samples
+    needed = _needed(config, samples, chosen, data)
+    affordable = _affordable(config, samples, validation, chosen, data)
     wanted = max((affordable if c is None else c for c in needed.values()), default=0)
     test = min(_doubling(samples, wanted, up=True), _doubling(samples, affordable, up=False))
     return {
